@@ -1,0 +1,165 @@
+"""The ``fr-agents`` command line.
+
+Each subcommand is a pair of functions: ``_add_<name>(sub)`` declares its arguments and
+``_cmd_<name>(args) -> int`` runs it. Heavy imports happen inside ``_cmd_*`` so that
+``fr-agents --help`` stays fast. This is the only module of ``fr_agents`` that may import
+``envs``, ``tools_sandbox`` or ``trainer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+
+from fr_agents.config import ConfigError
+
+log = logging.getLogger("fr_agents.cli")
+
+_COMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = []
+
+
+def command(name: str, help: str) -> Callable:
+    """Decorator: register ``fn(args) -> int`` as subcommand ``name``; ``fn.add_args`` declares args."""
+
+    def wrap(fn: Callable[..., int]) -> Callable[..., int]:
+        _COMMANDS.append((name, help, getattr(fn, "_add", lambda p: None), fn))
+        return fn
+
+    return wrap
+
+
+def args(add: Callable[[argparse.ArgumentParser], None]) -> Callable:
+    """Decorator placed under :func:`command`: attach the argument declarations."""
+
+    def wrap(fn: Callable[..., int]) -> Callable[..., int]:
+        fn._add = add  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+# =========================================================================== doctor
+
+
+def _doctor_rows() -> list[tuple[str, bool, str]]:
+    rows: list[tuple[str, bool, str]] = []
+
+    def mod(name: str, fix: str, label: str | None = None) -> None:
+        ok = importlib.util.find_spec(name) is not None
+        detail = ""
+        if ok:
+            try:
+                detail = getattr(importlib.import_module(name), "__version__", "")
+            except Exception as e:  # noqa: BLE001 - report, never crash the doctor
+                ok, detail = False, f"import failed: {e}"
+        rows.append((label or name, ok, str(detail) if ok else f"{detail} -> {fix}".strip()))
+
+    mod("torch", "pip install torch==2.13.0 (CPU) or your CUDA build")
+    mod("transformers", "pip install 'transformers>=5.16.1,<5.20'")
+    mod("gymnasium", "pip install gymnasium")
+    mod("math_verify", "pip install 'math-verify[antlr4_13_2]'", "math-verify")
+    mod("vllm", "bash scripts/setup.sh --vllm (CPU) or pip install 'fr-agents[vllm]' (GPU)")
+    mod("ray", "pip install 'fr-agents[ray]'")
+    mod("alfworld", "bash scripts/setup.sh --alfworld")
+    bwrap = shutil.which("bwrap")
+    rows.append(("bwrap", bwrap is not None, bwrap or "apt-get install bubblewrap"))
+    docker_ok, docker_detail = False, "apt-get install docker.io && bash scripts/setup.sh --docker"
+    if shutil.which("docker"):
+        try:
+            out = subprocess.run(
+                ["docker", "version", "--format", "{{.Server.Version}}"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                docker_ok, docker_detail = True, f"daemon {out.stdout.strip()}"
+            else:
+                docker_detail = "client found but no daemon answers -> bash scripts/setup.sh --docker"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            docker_detail = f"docker did not answer ({e}) -> bash scripts/setup.sh --docker"
+    rows.append(("docker daemon", docker_ok, docker_detail))
+    return rows
+
+
+def _add_doctor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any component is missing")
+
+
+@command("doctor", "report which components are available and how to get the missing ones")
+@args(_add_doctor)
+def _cmd_doctor(a: argparse.Namespace) -> int:
+    rows = _doctor_rows()
+    if a.json:
+        print(json.dumps({n: {"ok": ok, "detail": d} for n, ok, d in rows}))
+    else:
+        for name, ok, detail in rows:
+            print(f"{'ok     ' if ok else 'missing'}  {name:<14} {detail}")
+    return 1 if a.strict and not all(ok for _, ok, _ in rows) else 0
+
+
+# =========================================================================== envs
+
+
+@command("envs", "list the registered environment ids, one line each")
+def _cmd_envs(a: argparse.Namespace) -> int:
+    import gymnasium
+
+    import envs  # noqa: F401  (registers the built-in ids)
+    from fr_agents.registry import BUILTIN_ENVS
+
+    for env_id in sorted(k for k in gymnasium.registry if k.startswith("fr_agents/")):
+        doc = BUILTIN_ENVS.get(env_id, ("", ""))[1]
+        print(f"{env_id:<32} {doc}")
+    return 0
+
+
+# =========================================================================== (subcommands are added below)
+
+
+# =========================================================================== main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fr-agents",
+        description="Train LLM agents with asynchronous FlashREINFORCE on multi-turn environments.",
+    )
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text, add, fn in _COMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add(p)
+        p.set_defaults(_fn=fn)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fr_agents.log import setup_logging
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    setup_logging(a.log_level)
+    if not getattr(a, "_fn", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(a._fn(a) or 0)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

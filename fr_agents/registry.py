@@ -1,0 +1,20 @@
+"""The table of built-in environment ids and their (string) entry points.
+
+Entry points are strings, so registering costs no import of ``envs``: ``import fr_agents`` and
+``import envs`` both call :func:`register_builtin_envs`, and gymnasium imports the env module only
+when ``gymnasium.make`` is called.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+
+# id -> (entry point, one-line description). Add an env here when its module lands.
+BUILTIN_ENVS: dict[str, tuple[str, str]] = {}
+
+
+def register_builtin_envs() -> None:
+    """Register every built-in id with gymnasium (idempotent)."""
+    for env_id, (entry_point, _doc) in BUILTIN_ENVS.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, entry_point=entry_point, disable_env_checker=True)

@@ -1,0 +1,1 @@
+"""Isolated code execution: Docker and bubblewrap sandboxes with a persistent Python worker."""

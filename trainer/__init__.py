@@ -1,0 +1,1 @@
+"""Training: the FlashREINFORCE objective, the learner, the async loop, pools and checkpoints."""
