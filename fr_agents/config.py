@@ -114,6 +114,7 @@ class WarmStartConfig:
     epochs: int = 1
     lr: float = 1e-3
     batch_size: int = 32
+    max_minutes: float = 0.0
 
 
 @dataclass
@@ -134,6 +135,9 @@ class TrainerConfig:
     backend: str = _choices("local", "ray", default="local")
     device: str = "cpu"
     threads: int = 0
+    log_every: int = 1
+    plot_every: int = 10
+    keep_checkpoints: int = 2
 
 
 @dataclass
