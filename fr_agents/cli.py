@@ -125,6 +125,25 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== train
+
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset", nargs="?", default=None, help="preset name in configs/ or a YAML path (default math-tiny)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.steps=50 objective.delta=inf")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and placement plan; start nothing")
+    p.add_argument("--run-dir", help="write the run here (default run.out_dir/<preset>-<time>)")
+
+
+@command("train", "train a policy with asynchronous FlashREINFORCE on a preset or YAML config")
+@args(_add_train)
+def _cmd_train(a: argparse.Namespace) -> int:
+    from trainer.train import main_train
+
+    return main_train(a.preset, a.overrides, resume=a.resume, dry_run=a.dry_run, run_dir=a.run_dir)
+
+
 # =========================================================================== main
 
 

@@ -1,0 +1,185 @@
+"""Checkpoints that resume a run exactly.
+
+A checkpoint is one directory ``RUN_DIR/checkpoints/step_000025/`` holding
+
+* the policy in Hugging Face format (``config.json``, ``model.safetensors``, tokenizer files), so
+  ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads it directly;
+* ``trainer_state.pt``: optimizer and scheduler state, the Python/NumPy/torch RNG states, the step,
+  the policy version, the store cursor (which batches the learner has consumed) and the episode
+  counter of the rollout schedule;
+* ``rollout_weights/v<N>.safetensors``: the older policy versions that episodes still in flight
+  were (or will be) sampled with. Bounded-staleness training samples batch ``k`` with version
+  ``k - max_policy_lag``, so resuming exactly needs those few older versions too.
+
+Writes are atomic: everything goes into ``.tmp-step_…`` first, is fsynced and then renamed, and
+``RUN_DIR/checkpoints/LATEST`` names the newest complete checkpoint. A crash while saving leaves
+the previous checkpoint untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.pt"
+LATEST = "LATEST"
+
+
+@dataclass
+class TrainerState:
+    """Everything besides weights and optimizer that an exact resume needs."""
+
+    step: int = 0  # optimizer steps taken
+    version: int = 0  # policy version (== step: one version per optimizer step)
+    consumed_batches: int = 0  # store cursor: batches 0..consumed_batches-1 were trained on
+    next_episode: int = 0  # episodes 0..next_episode-1 have been scheduled
+    elapsed_s: float = 0.0
+    rl_elapsed_s: float = 0.0
+    warm_start: dict[str, Any] = field(default_factory=dict)
+    baseline_reward: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def capture_rng() -> dict[str, Any]:
+    """The state of every random generator the trainer touches."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of ``run_dir``, or ``None``."""
+    root = checkpoint_root(run_dir)
+    pointer = root / LATEST
+    if pointer.exists():
+        path = root / pointer.read_text().strip()
+        if (path / STATE_FILE).exists():
+            return path
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
+    return done[-1] if done else None
+
+
+def _fsync_dir(path: Path) -> None:
+    for p in [*path.rglob("*"), path]:
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: TrainerState,
+    rollout_weights: dict[int, dict[str, torch.Tensor]] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write a checkpoint for ``state.step`` atomically and prune older ones (``keep`` newest)."""
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{state.step:06d}"
+    final = root / name
+    tmp = root / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if rollout_weights:
+        wdir = tmp / "rollout_weights"
+        wdir.mkdir()
+        for version, sd in rollout_weights.items():
+            save_file({k: v.detach().contiguous().cpu() for k, v in sd.items()}, wdir / f"v{version}.safetensors")
+    torch.save(
+        {
+            "trainer": asdict(state),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": capture_rng(),
+        },
+        tmp / STATE_FILE,
+    )
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer_tmp = root / f".{LATEST}.tmp"
+    pointer_tmp.write_text(name)
+    os.replace(pointer_tmp, root / LATEST)
+    _prune(root, keep)
+    log.info("checkpoint saved: %s", final)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
+    for old in done[: max(0, len(done) - max(1, keep))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_rollout_weights(path: str | Path) -> dict[int, dict[str, torch.Tensor]]:
+    """The older policy versions saved next to a checkpoint, by version."""
+    wdir = Path(path) / "rollout_weights"
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for f in sorted(wdir.glob("v*.safetensors")):
+        out[int(f.stem[1:])] = load_file(f)
+    return out
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    restore_rngs: bool = True,
+) -> TrainerState:
+    """Load weights, optimizer, scheduler and RNG from checkpoint ``path``; return its state."""
+    path = Path(path)
+    weights = path / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"checkpoint {path} has no model.safetensors")
+    sd = load_file(weights)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    # Tied embeddings are saved once; anything else missing is a real mismatch.
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if real_missing or unexpected:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing={real_missing} unexpected={unexpected}")
+    blob = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(blob["optimizer"])
+    if scheduler is not None and blob.get("scheduler") is not None:
+        scheduler.load_state_dict(blob["scheduler"])
+    if restore_rngs:
+        restore_rng(blob["rng"])
+    return TrainerState(**blob["trainer"])

@@ -1,0 +1,147 @@
+"""What a run writes while it trains: metrics.jsonl, TensorBoard events, a curves PNG, a progress line.
+
+:class:`MetricsSink` receives one flat ``dict`` per learner step. Every row goes to
+``metrics.jsonl`` (one JSON object a line, flushed at once so a crash loses nothing already
+logged) and to TensorBoard (``RUN_DIR/tb``). Every ``plot_every`` steps ``curves.png`` is redrawn
+with the batch reward and the acceptance rate (the share of tokens whose importance ratio lies
+inside the trust region), and the progress line is refreshed on the console.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "curves.png"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn last line after a crash
+                continue
+    return rows
+
+
+def truncate_metrics(run_dir: str | Path, last_step: int) -> None:
+    """Keep only rows up to ``last_step`` (used on resume: later rows are recomputed)."""
+    path = Path(run_dir) / METRICS_FILE
+    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "step" or r.get("step", 0) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.3f}" if math.isfinite(x) else str(x)
+    return str(x)
+
+
+class MetricsSink:
+    """Fan one metrics row out to jsonl, TensorBoard, the PNG and the console."""
+
+    def __init__(self, run_dir: str | Path, *, plot_every: int = 10, console: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
+        self.plot_every = max(1, plot_every)
+        self._tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        except Exception as e:  # noqa: BLE001 - TensorBoard is optional at run time
+            log.warning("TensorBoard events disabled: %s", e)
+        self._console = None
+        if console:
+            from rich.console import Console
+
+            self._console = Console(stderr=True)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """A non-step row (warm start, evaluation, stop reason)."""
+        row = {"kind": kind, **fields}
+        self._file.write(json.dumps(row, default=float) + "\n")
+        if self._tb is not None and "step" in fields:
+            for k, v in fields.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self._tb.add_scalar(f"{kind}/{k}", v, fields["step"])
+
+    def step(self, row: dict[str, Any]) -> None:
+        row = {"kind": "step", **row}
+        self._file.write(json.dumps(row, default=float) + "\n")
+        step = int(row["step"])
+        if self._tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                    self._tb.add_scalar(f"train/{k}", v, step)
+        if self._console is not None:
+            self._console.print(self.progress_line(row), highlight=False)
+        if step % self.plot_every == 0:
+            self.plot()
+
+    @staticmethod
+    def progress_line(row: dict[str, Any]) -> str:
+        parts = [
+            f"step {row.get('step')}",
+            f"reward {_fmt(row.get('reward', float('nan')))}",
+            f"accept {_fmt(row.get('acceptance', float('nan')))}",
+            f"tok/s {row.get('tokens_per_s', 0):.0f}",
+            f"lag {row.get('lag_mean', 0):.1f} (max {row.get('lag_max', 0)})",
+            f"loss {_fmt(row.get('loss', float('nan')))}",
+        ]
+        return " | ".join(parts)
+
+    def plot(self) -> Path | None:
+        """Redraw ``curves.png`` from metrics.jsonl (reward and acceptance against step)."""
+        rows = [r for r in read_metrics(self.run_dir) if r.get("kind") == "step"]
+        if not rows:
+            return None
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:  # pragma: no cover - matplotlib is a core dependency
+            return None
+        steps = [r["step"] for r in rows]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        axes[0].plot(steps, [r.get("reward", math.nan) for r in rows], label="batch reward")
+        evals = [r for r in read_metrics(self.run_dir) if r.get("kind") == "eval"]
+        if evals:
+            axes[0].plot([e["step"] for e in evals], [e["success"] for e in evals], "o-", label="held-out success")
+        axes[0].set_xlabel("step")
+        axes[0].set_ylabel("reward")
+        axes[0].legend(loc="lower right")
+        axes[1].plot(steps, [r.get("acceptance", math.nan) for r in rows], color="tab:green")
+        axes[1].set_xlabel("step")
+        axes[1].set_ylabel("acceptance rate")
+        axes[1].set_ylim(0, 1.02)
+        fig.tight_layout()
+        out = self.run_dir / PLOT_FILE
+        tmp = self.run_dir / ".curves.tmp.png"
+        fig.savefig(tmp, dpi=80)
+        plt.close(fig)
+        os.replace(tmp, out)
+        return out
+
+    def close(self) -> None:
+        self.plot()
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()

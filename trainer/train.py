@@ -1,0 +1,73 @@
+"""``fr-agents train``: resolve the config, check everything, then hand over to the loop.
+
+Order of business, so that a mistake costs seconds, not a warm start:
+
+1. load the preset or YAML and apply the ``key=value`` overrides (an invalid key is a
+   :class:`~fr_agents.config.ConfigError` naming it);
+2. ``--dry-run``: print the resolved config and the placement plan and return;
+3. preflight: the model, the env id (registered and importable), the task source, the device;
+4. create the run directory (or reopen it with ``--resume``) and run :func:`trainer.loop.run_training`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from fr_agents.config import ConfigError, TrainConfig, dump_config, load_config
+
+log = logging.getLogger(__name__)
+
+
+def resolve_run_dir(cfg: TrainConfig, run_dir: str | None) -> Path:
+    if run_dir:
+        return Path(run_dir)
+    name = cfg.run.name or f"{cfg.preset or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.run.out_dir) / name
+
+
+def load_run_config(preset: str | None, overrides: list[str], resume: str | None) -> TrainConfig:
+    """The config of a new run, or of the run being resumed (with optional overrides on top)."""
+    if preset and "=" in preset:  # `fr-agents train key=value --resume DIR`
+        overrides = [preset, *overrides]
+        preset = None
+    if resume:
+        saved = Path(resume) / "config.yaml"
+        if not saved.exists():
+            raise ConfigError(f"--resume: {resume} has no config.yaml (not a run directory)")
+        if preset:
+            raise ConfigError("--resume: give either a preset or --resume RUN_DIR, not both")
+        return load_config(str(saved), overrides)
+    return load_config(preset or "math-tiny", overrides)
+
+
+def main_train(
+    preset: str | None,
+    overrides: list[str] | None = None,
+    *,
+    resume: str | None = None,
+    dry_run: bool = False,
+    run_dir: str | None = None,
+) -> int:
+    """The ``fr-agents train`` command. Returns the process exit code."""
+    cfg = load_run_config(preset, list(overrides or []), resume)
+    from trainer.preflight import dry_run_report, run_preflight
+
+    if dry_run:
+        print(dry_run_report(cfg))
+        return 0
+    run_preflight(cfg).raise_if_failed()
+    if resume:
+        out = Path(resume)
+    else:
+        out = resolve_run_dir(cfg, run_dir)
+        if (out / "checkpoints").exists() and any((out / "checkpoints").iterdir()):
+            raise ConfigError(f"run directory {out} already holds a run; use --resume {out} to continue it")
+        out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.yaml")
+    from trainer.loop import run_training
+
+    result = run_training(cfg, out, resume=bool(resume))
+    print(result.summary())
+    return 0 if result.ok else 1
