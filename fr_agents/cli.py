@@ -125,6 +125,35 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== model
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="model_cmd", metavar="ACTION", required=True)
+    c = sub.add_parser("create-tiny", help="build the deterministic tiny model into DIR")
+    c.add_argument("dir")
+    c.add_argument("--size", default="micro", choices=["nano", "micro", "small"])
+    c.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("get", help="resolve a model name to a local HF directory (building/converting once)")
+    g.add_argument("name", help="tiny, tiny-<size>, smollm2-135m, a local directory or a hub id")
+
+
+@command("model", "create the tiny model or fetch/convert a default model")
+@args(_add_model)
+def _cmd_model(a: argparse.Namespace) -> int:
+    from fr_agents.models import ModelNotFoundError, create_tiny, resolve_model
+
+    if a.model_cmd == "create-tiny":
+        print(create_tiny(a.dir, size=a.size, seed=a.seed))
+        return 0
+    try:
+        print(resolve_model(a.name))
+    except ModelNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 # =========================================================================== train
 
 
