@@ -125,6 +125,41 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== store
+
+
+def _add_store(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="store_cmd", metavar="ACTION", required=True)
+    st = sub.add_parser("stats", help="print the store's counts as JSON")
+    st.add_argument("path", help="trajectory store file (SQLite)")
+    sh = sub.add_parser("show", help="print the tree indented, with tokens, rewards and versions per node")
+    sh.add_argument("path", help="trajectory store file (SQLite)")
+    sh.add_argument("--root", type=int, default=None, help="only this root id")
+    sh.add_argument("--max-tokens", type=int, default=12, help="token ids shown per node")
+
+
+@command("store", "inspect a trajectory store: `store stats PATH`, `store show PATH [--root N]`")
+@args(_add_store)
+def _cmd_store(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fr_agents.tree import TrajectoryTree
+    from fr_agents.tree.show import render
+
+    if not Path(a.path).is_file():
+        print(f"path: no store at {a.path}", file=sys.stderr)
+        return 2
+    with TrajectoryTree.open(a.path) as tree:
+        if a.store_cmd == "stats":
+            print(json.dumps(tree.stats(), indent=2))
+            return 0
+        if a.root is not None and a.root not in tree.roots():
+            print(f"--root: {a.root} is not a root id (roots: {tree.roots()[:20]})", file=sys.stderr)
+            return 2
+        print(render(tree, a.root, max_tokens=a.max_tokens))
+        return 0
+
+
 # =========================================================================== model
 
 

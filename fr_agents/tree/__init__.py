@@ -1,0 +1,25 @@
+"""The trajectory tree: a durable, prefix-sharing store of agent trajectories.
+
+``TrajectoryTree`` (in :mod:`fr_agents.tree.store`) is what rollout workers write and the learner
+reads; :mod:`fr_agents.tree.batch` turns leaves into flat or tree-packed tensors. The batch
+classes import torch, so they load lazily: rollout processes that only write stay light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fr_agents.tree.store import DuplicateLeafError, NodeView, Trajectory, TrajectoryTree
+
+if TYPE_CHECKING:
+    from fr_agents.tree.batch import FlatBatch, PackedBatch
+
+__all__ = ["DuplicateLeafError", "FlatBatch", "NodeView", "PackedBatch", "Trajectory", "TrajectoryTree"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("FlatBatch", "PackedBatch"):
+        from fr_agents.tree import batch
+
+        return getattr(batch, name)
+    raise AttributeError(f"module 'fr_agents.tree' has no attribute {name!r}")

@@ -1,0 +1,95 @@
+"""Redundancy pruning: drop sibling trajectories that teach nothing new.
+
+Two finished leaves under the same root (one GRPO group) are *redundant* when
+
+* their **actions** are identical after normalisation: the sequence of policy-token runs, each
+  passed through ``normalize_action`` (default: the token ids themselves; pass e.g.
+  ``lambda ids: " ".join(tok.decode(ids).split()).lower()`` to ignore spacing and case), or
+* their **observation sequences** are identical: the environment-token runs that sit *between*
+  two actions. Paths without such a run (single-turn tasks, or only a trailing chat-template
+  suffix) have no observation key and are never pruned on observations, so a plain math group
+  is never collapsed to one sample.
+
+Keys are digests computed when ``finish`` runs (by the writer, with its tree's normaliser) and
+stored in the leaf row; pruning itself is one SQL statement. Within a group the oldest leaf of
+each class survives; only leaves not yet consumed are ever pruned. Pruned leaves get state 3 and
+are counted in ``stats()["pruned"]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable, Hashable, Sequence
+
+import numpy as np
+
+from fr_agents.tree.db import bump
+
+NormalizeAction = Callable[[list[int]], Hashable]
+
+STATE_AVAILABLE, STATE_CONSUMED, STATE_STALE, STATE_PRUNED = 0, 1, 2, 3
+
+
+def runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
+    """Maximal runs of equal mask values as ``(start, stop, is_policy)``."""
+    if mask.size == 0:
+        return []
+    change = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
+    starts = np.concatenate([[0], change])
+    stops = np.concatenate([change, [mask.size]])
+    return [(int(a), int(b), bool(mask[a])) for a, b in zip(starts, stops)]
+
+
+def leaf_keys(
+    tokens: np.ndarray, mask: np.ndarray, prompt_len: int, normalize_action: NormalizeAction | None = None
+) -> tuple[str, str | None]:
+    """``(action_key, obs_key)`` digests for one root-to-leaf path (see module doc)."""
+    body_tokens, body_mask = tokens[prompt_len:], mask[prompt_len:]
+    parts = runs(body_mask)
+    norm = normalize_action or (lambda ids: tuple(ids))
+    actions = [norm(body_tokens[a:b].tolist()) for a, b, pol in parts if pol]
+    policy_idx = [i for i, (_, _, pol) in enumerate(parts) if pol]
+    observations: list[tuple[int, ...]] = []
+    if len(policy_idx) >= 2:
+        first, last = policy_idx[0], policy_idx[-1]
+        observations = [
+            tuple(body_tokens[a:b].tolist()) for a, b, pol in parts[first + 1 : last] if not pol
+        ]
+    action_key = _digest(actions)
+    obs_key = _digest(observations) if observations else None
+    return action_key, obs_key
+
+
+def _digest(obj: Sequence[Hashable]) -> str:
+    return hashlib.blake2b(repr(list(obj)).encode(), digest_size=16).hexdigest()
+
+
+def prune_redundant(
+    c: sqlite3.Connection, *, actions: bool = True, observations: bool = True, root: int | None = None
+) -> int:
+    """Mark redundant available leaves as pruned inside the caller's write transaction."""
+    clauses = []
+    if actions:
+        clauses.append("o.action_key = l.action_key")
+    if observations:
+        clauses.append("(l.obs_key IS NOT NULL AND o.obs_key = l.obs_key)")
+    if not clauses:
+        return 0
+    where_root = "AND l.root = ?" if root is not None else ""
+    sql = f"""
+        UPDATE leaves SET state = {STATE_PRUNED}
+        WHERE id IN (
+            SELECT l.id FROM leaves l
+            WHERE l.state = {STATE_AVAILABLE} {where_root}
+              AND EXISTS (
+                  SELECT 1 FROM leaves o
+                  WHERE o.root = l.root AND o.seq < l.seq AND o.state != {STATE_PRUNED}
+                    AND ({" OR ".join(clauses)})
+              )
+        )
+    """
+    n = c.execute(sql, (root,) if root is not None else ()).rowcount
+    if n:
+        bump(c, "pruned", n)
+    return int(n)

@@ -1,0 +1,620 @@
+"""``TrajectoryTree``: the durable, prefix-sharing radix tree of token segments.
+
+Rollout workers write into it (``add_root`` → ``append``… → ``finish``), the learner reads from
+it (``take_batch`` → ``export_flat`` / ``export_packed``). A root is a prompt (identical prompts
+share one root); a node is a token segment; a *leaf* is a finished node, and its root-to-leaf
+path is one trajectory with one reward. Leaf ids are node ids.
+
+Sharing. ``append(parent, tokens, …)`` walks the children of ``parent``: where an existing child
+starts with the same *sample* (same ids, mask, log-prob bits and version, see
+:mod:`fr_agents.tree.segment`) the common prefix is shared, splitting the child when the match
+ends inside it (the child keeps its id and suffix, so ids held by other workers stay valid).
+Forking is just a second ``append`` under the same node. Because identical samples are stored
+once, a worker that reproduces an already finished path bit for bit gets
+:class:`DuplicateLeafError` (a ``ValueError``) from ``finish``; it carries the existing leaf id.
+
+Storage is SQLite (see :mod:`fr_agents.tree.db`): a private in-memory database for
+``TrajectoryTree()``, a WAL file for ``TrajectoryTree.open(path)``. Every public method is one
+transaction, so concurrent rollout threads/processes and a learner thread/process may share a
+file; bad input raises ``ValueError`` naming the field before anything is written.
+
+Consumption (the learner's cursor). ``take_batch`` marks the leaves it returns as consumed in
+the same durable transaction (pass ``consume=False`` to only peek, then ``mark_consumed``), and
+tags them with a batch number. ``cursor()`` is the last batch number: store it in a checkpoint;
+``rewind(cursor)`` after a resume makes leaves taken after that checkpoint available again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fr_agents.tree.db import Database, bump, counter
+from fr_agents.tree.prune import (
+    STATE_AVAILABLE,
+    STATE_CONSUMED,
+    STATE_PRUNED,
+    STATE_STALE,
+    NormalizeAction,
+    leaf_keys,
+    prune_redundant,
+)
+from fr_agents.tree.segment import Segment, check_reward, common_prefix, make_segment, prompt_tokens
+
+if TYPE_CHECKING:
+    from fr_agents.tree.batch import FlatBatch, PackedBatch
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("finished", "truncated", "aborted")
+REWARD_MODES = ("env", "partial")
+
+_NODE_COLS = "id, parent, root, offset, n, tokens, logprobs, mask, version, created"
+
+
+class DuplicateLeafError(ValueError):
+    """``finish`` on a node that is already a finished leaf (``leaf_id`` names it)."""
+
+    def __init__(self, leaf_id: int) -> None:
+        super().__init__(f"node: {leaf_id} is already a finished leaf (finishing twice)")
+        self.leaf_id = leaf_id
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One stored node: its segment and where it sits."""
+
+    id: int
+    parent: int | None
+    root: int
+    offset: int
+    segment: Segment
+    created: int
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.segment.tokens.tolist()
+
+
+@dataclass
+class Trajectory:
+    """One root-to-leaf path: per-token columns plus the leaf's outcome."""
+
+    leaf_id: int
+    root_id: int
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_mask: list[bool]
+    versions: list[int]
+    reward: float
+    partial_score: float | None
+    status: str
+    info: dict[str, Any]
+    prompt_len: int
+    path: list[int] = field(default_factory=list)  # node ids, root first
+    offsets: list[int] = field(default_factory=list)  # start of each path node on the path
+
+    def learner_reward(self, mode: str = "env") -> float:
+        """The reward the learner sees: the env reward, or (``"partial"``) the partial score of an
+        unfinished (truncated/aborted) leaf when it has one."""
+        if mode not in REWARD_MODES:
+            raise ValueError(f"reward: must be one of {REWARD_MODES}, got {mode!r}")
+        if mode == "partial" and self.status != "finished" and self.partial_score is not None:
+            return float(self.partial_score)
+        return float(self.reward)
+
+    @property
+    def failed(self) -> bool:
+        """A failure: the episode did not finish normally, or its env reward is <= 0."""
+        return self.status != "finished" or self.reward <= 0
+
+
+class TrajectoryTree:
+    """Prefix-sharing trajectory store; see the module docstring for the full contract."""
+
+    def __init__(
+        self,
+        *,
+        normalize_action: NormalizeAction | None = None,
+        _path: str | None = None,
+        busy_timeout_ms: int = 60_000,
+    ) -> None:
+        self.path = _path
+        self.normalize_action = normalize_action
+        self._db = Database(_path, busy_timeout_ms=busy_timeout_ms)
+
+    @classmethod
+    def open(
+        cls, path: str | Path, *, normalize_action: NormalizeAction | None = None, busy_timeout_ms: int = 60_000
+    ) -> TrajectoryTree:
+        """Open (creating if missing) a durable store at ``path`` (SQLite, WAL mode)."""
+        p = Path(path)
+        if p.exists() and p.is_dir():
+            raise ValueError(f"path: {p} is a directory")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return cls(normalize_action=normalize_action, _path=str(p), busy_timeout_ms=busy_timeout_ms)
+
+    def close(self) -> None:
+        """Close this object's connections. Committed data is already safe on disk."""
+        self._db.close()
+
+    def __enter__(self) -> TrajectoryTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TrajectoryTree({self.path or ':memory:'})"
+
+    # ================================================================== writing
+    def add_root(self, prompt_token_ids: Sequence[int], meta: dict[str, Any] | None = None) -> int:
+        """The root for this prompt, created if new (identical prompts share one root)."""
+        tokens = prompt_tokens(prompt_token_ids)
+        meta_json = _json_field(meta, "meta")
+        seg = Segment(tokens, np.zeros(len(tokens), np.float32), np.zeros(len(tokens), bool), -1)
+        key = seg.to_blobs()[0]
+        with self._db.write() as c:
+            row = c.execute("SELECT id FROM nodes WHERE root_key = ?", (key,)).fetchone()
+            if row:
+                return int(row[0])
+            node = _insert(c, None, 0, 0, seg, bump(c, "seq"), root_key=key, meta=meta_json)
+            c.execute("UPDATE nodes SET root = id WHERE id = ?", (node,))
+            return node
+
+    def append(
+        self,
+        parent: int,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        policy_mask: Sequence[bool] | bool,
+        version: int,
+    ) -> int:
+        """Append one token run under ``parent``; returns the node where it ends.
+
+        Shares any prefix already stored under ``parent`` (splitting a node where needed).
+        ``policy_mask`` is True for tokens the policy sampled; ``version`` is the policy version
+        that sampled them (ignored for non-policy tokens, which get -1).
+        """
+        seg = make_segment(token_ids, logprobs, policy_mask, version)
+        parent = _node_id(parent, "parent")
+        with self._db.write() as c:
+            prow = c.execute("SELECT root, offset, n FROM nodes WHERE id = ?", (parent,)).fetchone()
+            if prow is None:
+                raise ValueError(f"parent: unknown node id {parent}")
+            c.execute("UPDATE nodes SET tip = 0 WHERE id = ? AND tip = 1", (parent,))
+            tip = _descend(c, parent, int(prow[0]), int(prow[1]) + int(prow[2]), seg)
+            c.execute(
+                "UPDATE nodes SET tip = 1 WHERE id = ? AND NOT EXISTS (SELECT 1 FROM leaves WHERE id = ?)",
+                (tip, tip),
+            )
+            return tip
+
+    def finish(
+        self,
+        node: int,
+        reward: float,
+        partial_score: float | None = None,
+        status: str = "finished",
+        info: dict[str, Any] | None = None,
+    ) -> int:
+        """Mark ``node``'s path as one finished trajectory; returns the leaf id (= ``node``).
+
+        Returns only after a durable commit (fsync in file mode).
+        """
+        node = _node_id(node, "node")
+        reward = check_reward(reward, "reward")
+        if partial_score is not None:
+            partial_score = check_reward(partial_score, "partial_score", unit=True)
+        if status not in STATUSES:
+            raise ValueError(f"status: must be one of {STATUSES}, got {status!r}")
+        info_json = _json_field(info, "info")
+        with self._db.write(durable=True) as c:
+            rows = _path_rows(c, node)
+            if not rows:
+                raise ValueError(f"node: unknown node id {node}")
+            if len(rows) == 1:
+                raise ValueError(f"node: {node} is a root; append a response before finishing")
+            if c.execute("SELECT 1 FROM leaves WHERE id = ?", (node,)).fetchone():
+                raise DuplicateLeafError(node)
+            segs = [_segment(r) for r in rows]
+            mask = np.concatenate([s.mask for s in segs])
+            tokens = np.concatenate([s.tokens for s in segs])
+            pol_versions = [s.version for s in segs if s.mask.any()]
+            akey, okey = leaf_keys(tokens, mask, len(segs[0]), self.normalize_action)
+            c.execute(
+                "INSERT INTO leaves(id, seq, root, length, start_seq, min_version, max_version, reward,"
+                " partial_score, status, info, action_key, obs_key) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    node,
+                    bump(c, "seq"),
+                    int(rows[0][0]),
+                    int(tokens.shape[0]),
+                    int(rows[1][9]),
+                    min(pol_versions, default=-1),
+                    max(pol_versions, default=-1),
+                    reward,
+                    partial_score,
+                    status,
+                    info_json,
+                    akey,
+                    okey,
+                ),
+            )
+            c.execute("UPDATE nodes SET tip = 0 WHERE id = ?", (node,))
+            return node
+
+    # ================================================================== reading
+    def trajectory(self, leaf: int) -> Trajectory:
+        """The full root-to-leaf trajectory of a finished leaf."""
+        leaf = _node_id(leaf, "leaf")
+        with self._db.read() as c:
+            return _trajectory(c, leaf)
+
+    def trajectories(self, leaf_ids: Sequence[int]) -> list[Trajectory]:
+        """Several trajectories read from one consistent snapshot."""
+        ids = [_node_id(i, "leaf_ids") for i in leaf_ids]
+        with self._db.read() as c:
+            return [_trajectory(c, i) for i in ids]
+
+    def leaf_ids(self) -> list[int]:
+        """Ids of all finished leaves, oldest (first finished) first."""
+        with self._db.read() as c:
+            return [int(r[0]) for r in c.execute("SELECT id FROM leaves ORDER BY seq")]
+
+    def roots(self) -> list[int]:
+        """Root ids, oldest first."""
+        with self._db.read() as c:
+            return [int(r[0]) for r in c.execute("SELECT id FROM nodes WHERE parent IS NULL ORDER BY id")]
+
+    def children(self, node: int) -> list[int]:
+        """Child node ids of ``node``, oldest first."""
+        with self._db.read() as c:
+            return [int(r[0]) for r in c.execute("SELECT id FROM nodes WHERE parent = ? ORDER BY created, id", (node,))]
+
+    def node(self, node: int) -> NodeView:
+        """One node's segment and position."""
+        node = _node_id(node, "node")
+        with self._db.read() as c:
+            r = c.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE id = ?", (node,)).fetchone()
+        if r is None:
+            raise ValueError(f"node: unknown node id {node}")
+        return NodeView(int(r[0]), None if r[1] is None else int(r[1]), int(r[2]), int(r[3]), _segment(r), int(r[9]))
+
+    def root_meta(self, root: int) -> dict[str, Any] | None:
+        """The ``meta`` given to :meth:`add_root` for this root."""
+        with self._db.read() as c:
+            r = c.execute("SELECT meta FROM nodes WHERE id = ? AND parent IS NULL", (root,)).fetchone()
+        if r is None:
+            raise ValueError(f"root: unknown root id {root}")
+        return None if r[0] is None else json.loads(r[0])
+
+    def open_paths(self) -> list[int]:
+        """Tips of in-flight episodes: nodes returned by ``append`` that were neither extended by
+        a later ``append`` nor finished. A resumed run finds its unfinished episodes here."""
+        with self._db.read() as c:
+            return [int(r[0]) for r in c.execute("SELECT id FROM nodes WHERE tip = 1 ORDER BY created, id")]
+
+    def stats(self) -> dict[str, Any]:
+        """Counts: logical_tokens (sum of finished path lengths), stored_tokens, nodes, leaves, …"""
+        with self._db.read() as c:
+            nodes, roots, stored = c.execute(
+                "SELECT COUNT(*), COALESCE(SUM(parent IS NULL), 0), COALESCE(SUM(n), 0) FROM nodes"
+            ).fetchone()
+            leaves, logical = c.execute("SELECT COUNT(*), COALESCE(SUM(length), 0) FROM leaves").fetchone()
+            by_state = dict(c.execute("SELECT state, COUNT(*) FROM leaves GROUP BY state").fetchall())
+            open_n = c.execute("SELECT COUNT(*) FROM nodes WHERE tip = 1").fetchone()[0]
+            page = c.execute("PRAGMA page_size").fetchone()[0] * c.execute("PRAGMA page_count").fetchone()[0]
+            out: dict[str, Any] = {
+                "logical_tokens": int(logical),
+                "stored_tokens": int(stored),
+                "nodes": int(nodes),
+                "roots": int(roots),
+                "leaves": int(leaves),
+                "available": int(by_state.get(STATE_AVAILABLE, 0)),
+                "consumed": int(by_state.get(STATE_CONSUMED, 0)),
+                "stale": int(by_state.get(STATE_STALE, 0)),
+                "pruned": counter(c, "pruned"),
+                "open_paths": int(open_n),
+                "cursor": counter(c, "cursor"),
+                "compacted_nodes": counter(c, "compacted_nodes"),
+                "compacted_leaves": counter(c, "compacted_leaves"),
+                "db_bytes": int(page),
+            }
+        out["sharing_ratio"] = out["logical_tokens"] / out["stored_tokens"] if out["stored_tokens"] else 0.0
+        return out
+
+    # ================================================================== the learner's side
+    def take_batch(
+        self,
+        B: int,
+        max_per_root: int = 5,
+        max_lag: int | None = None,
+        current_version: int | None = None,
+        reward: str = "env",
+        *,
+        prune: bool = True,
+        consume: bool = True,
+        allow_partial: bool = False,
+    ) -> list[int] | None:
+        """The next ``B`` unconsumed leaves, oldest episode first, at most ``max_per_root`` per root.
+
+        Order: by the age of the episode (creation of its first response node), then finish
+        order, so long trajectories are not overtaken by short ones started later. With
+        ``max_lag`` (needs ``current_version``), leaves whose oldest policy version lags more than
+        that are marked stale and never returned. With ``prune`` redundant siblings are pruned
+        first (:mod:`fr_agents.tree.prune`). Returns None when fewer than ``B`` leaves qualify
+        (or that smaller list when ``allow_partial``; None when there are none). With
+        ``consume`` (default) the leaves are durably marked consumed in the same transaction.
+        ``reward`` is validated for symmetry with the exports; selection does not depend on it.
+        """
+        if not isinstance(B, int) or B < 1:
+            raise ValueError(f"B: must be a positive int, got {B!r}")
+        if not isinstance(max_per_root, int) or max_per_root < 1:
+            raise ValueError(f"max_per_root: must be a positive int, got {max_per_root!r}")
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward: must be one of {REWARD_MODES}, got {reward!r}")
+        if max_lag is not None:
+            if max_lag < 0:
+                raise ValueError(f"max_lag: must be >= 0, got {max_lag}")
+            if current_version is None:
+                raise ValueError("current_version: required when max_lag is given")
+        with self._db.write(durable=consume) as c:
+            if prune:
+                prune_redundant(c)
+            if max_lag is not None:
+                n = c.execute(
+                    f"UPDATE leaves SET state = {STATE_STALE} WHERE state = {STATE_AVAILABLE}"
+                    " AND min_version >= 0 AND ? - min_version > ?",
+                    (int(current_version), int(max_lag)),  # type: ignore[arg-type]
+                ).rowcount
+                if n:
+                    bump(c, "stale", n)
+            picked: list[int] = []
+            per_root: dict[int, int] = {}
+            for leaf, root in c.execute(
+                f"SELECT id, root FROM leaves WHERE state = {STATE_AVAILABLE} ORDER BY start_seq, seq"
+            ):
+                if per_root.get(root, 0) >= max_per_root:
+                    continue
+                per_root[root] = per_root.get(root, 0) + 1
+                picked.append(int(leaf))
+                if len(picked) == B:
+                    break
+            if not picked or (len(picked) < B and not allow_partial):
+                return None
+            if consume:
+                _consume(c, picked)
+            return picked
+
+    def mark_consumed(self, leaf_ids: Sequence[int]) -> int:
+        """Durably mark leaves consumed as one batch; returns the new cursor.
+
+        Raises ValueError (nothing written) when a leaf is unknown or not available."""
+        ids = [_node_id(i, "leaf_ids") for i in leaf_ids]
+        if not ids:
+            raise ValueError("leaf_ids: empty")
+        if len(set(ids)) != len(ids):
+            raise ValueError("leaf_ids: contains duplicates")
+        with self._db.write(durable=True) as c:
+            return _consume(c, ids)
+
+    def cursor(self) -> int:
+        """Number of the last consumed batch (store it in a checkpoint)."""
+        with self._db.read() as c:
+            return counter(c, "cursor")
+
+    def rewind(self, cursor: int) -> int:
+        """Make leaves consumed after ``cursor`` available again; returns how many."""
+        if not isinstance(cursor, int) or cursor < 0:
+            raise ValueError(f"cursor: must be an int >= 0, got {cursor!r}")
+        with self._db.write(durable=True) as c:
+            now = counter(c, "cursor")
+            if cursor > now:
+                raise ValueError(f"cursor: {cursor} is ahead of the store's cursor {now}")
+            n = c.execute(
+                f"UPDATE leaves SET state = {STATE_AVAILABLE}, consumed_seq = NULL"
+                f" WHERE state = {STATE_CONSUMED} AND consumed_seq > ?",
+                (cursor,),
+            ).rowcount
+            c.execute("UPDATE counters SET value = ? WHERE name = 'cursor'", (cursor,))
+            return int(n)
+
+    def unconsumed_count(self) -> int:
+        """Finished leaves still available to ``take_batch`` (not consumed, stale or pruned)."""
+        with self._db.read() as c:
+            return int(c.execute(f"SELECT COUNT(*) FROM leaves WHERE state = {STATE_AVAILABLE}").fetchone()[0])
+
+    def oldest_unconsumed_version(self) -> int | None:
+        """Oldest policy version among available leaves (None when none has a policy token)."""
+        with self._db.read() as c:
+            v = c.execute(
+                f"SELECT MIN(min_version) FROM leaves WHERE state = {STATE_AVAILABLE} AND min_version >= 0"
+            ).fetchone()[0]
+        return None if v is None else int(v)
+
+    def prune(self, *, actions: bool = True, observations: bool = True) -> int:
+        """Prune redundant available siblings now; returns how many were pruned."""
+        with self._db.write() as c:
+            return prune_redundant(c, actions=actions, observations=observations)
+
+    def compact(self, upto_cursor: int | None = None) -> int:
+        """Delete nodes no longer needed: everything not on the path of an available leaf, of a
+        leaf consumed after ``upto_cursor`` (default: the current cursor), or of an open tip.
+        Roots always stay. Returns the number of nodes removed. Compacted leaves are gone from
+        ``leaf_ids()``/``trajectory`` and cannot be rewound; pass your last checkpointed cursor.
+        """
+        with self._db.write() as c:
+            upto = counter(c, "cursor") if upto_cursor is None else int(upto_cursor)
+            removed = c.execute(
+                f"""
+                WITH RECURSIVE live(id) AS (
+                    SELECT id FROM nodes WHERE tip = 1 OR parent IS NULL OR id IN (
+                        SELECT id FROM leaves WHERE state = {STATE_AVAILABLE}
+                           OR (state = {STATE_CONSUMED} AND consumed_seq > ?))
+                    UNION
+                    SELECT nodes.parent FROM nodes JOIN live ON nodes.id = live.id
+                    WHERE nodes.parent IS NOT NULL
+                )
+                DELETE FROM nodes WHERE id NOT IN (SELECT id FROM live)
+                """,
+                (upto,),
+            ).rowcount
+            gone = c.execute("DELETE FROM leaves WHERE id NOT IN (SELECT id FROM nodes)").rowcount
+            if removed:
+                bump(c, "compacted_nodes", removed)
+            if gone:
+                bump(c, "compacted_leaves", gone)
+            return int(removed)
+
+    # ================================================================== exports
+    def export_flat(self, leaf_ids: Sequence[int], reward: str = "env") -> FlatBatch:
+        """Padded ``[B, T]`` tensors for these leaves (see :class:`fr_agents.tree.batch.FlatBatch`)."""
+        from fr_agents.tree.batch import build_flat
+
+        return build_flat(self.trajectories(leaf_ids), reward)
+
+    def export_packed(self, leaf_ids: Sequence[int], reward: str = "env") -> PackedBatch:
+        """One tree-packed row holding every shared token once (see ``PackedBatch``)."""
+        from fr_agents.tree.batch import build_packed
+
+        return build_packed(self.trajectories(leaf_ids), reward)
+
+
+# ====================================================================== helpers (one transaction)
+def _node_id(x: Any, field: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise ValueError(f"{field}: expected an int node id, got {x!r}")
+    return int(x)
+
+
+def _json_field(obj: Any, field: str) -> str | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{field}: expected a dict or None, got {type(obj).__name__}")
+    try:
+        return json.dumps(obj, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{field}: not JSON-serialisable ({e})") from None
+
+
+def _segment(r: Sequence[Any]) -> Segment:
+    return Segment.from_blobs(r[5], r[6], r[7], r[8])
+
+
+def _insert(
+    c: sqlite3.Connection,
+    parent: int | None,
+    root: int,
+    offset: int,
+    seg: Segment,
+    created: int,
+    *,
+    root_key: bytes | None = None,
+    meta: str | None = None,
+) -> int:
+    tokens, logprobs, mask = seg.to_blobs()
+    cur = c.execute(
+        "INSERT INTO nodes(parent, root, offset, n, first_tok, tokens, logprobs, mask, version, created,"
+        " root_key, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (parent, root, offset, len(seg), int(seg.tokens[0]), tokens, logprobs, mask, seg.version, created, root_key, meta),
+    )
+    return int(cur.lastrowid)  # type: ignore[arg-type]
+
+
+def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Segment) -> int:
+    """Place ``seg`` below ``parent`` sharing every common prefix; returns the end node."""
+    while True:
+        match, lcp = None, 0
+        for r in c.execute(
+            f"SELECT {_NODE_COLS} FROM nodes WHERE parent = ? AND first_tok = ?", (parent, int(seg.tokens[0]))
+        ).fetchall():
+            child = _segment(r)
+            k = common_prefix(seg, child)
+            if k > 0:  # siblings never share a first sample, so at most one child matches
+                match, lcp, child_seg = r, k, child
+                break
+        if match is None:
+            return _insert(c, parent, root, offset, seg, bump(c, "seq"))
+        child_id, child_n = int(match[0]), int(match[4])
+        if lcp < child_n:  # split: a new node takes the shared head; the child keeps its id
+            head = _insert(c, parent, root, offset, child_seg.slice(0, lcp), int(match[9]))
+            tail = child_seg.slice(lcp)
+            t_tokens, t_lp, t_mask = tail.to_blobs()
+            c.execute(
+                "UPDATE nodes SET parent=?, offset=?, n=?, first_tok=?, tokens=?, logprobs=?, mask=?, version=?"
+                " WHERE id=?",
+                (head, offset + lcp, len(tail), int(tail.tokens[0]), t_tokens, t_lp, t_mask, tail.version, child_id),
+            )
+            child_id = head
+        if lcp == len(seg):
+            return child_id
+        parent, offset, seg = child_id, offset + lcp, seg.slice(lcp)
+
+
+def _path_rows(c: sqlite3.Connection, node: int) -> list[tuple[Any, ...]]:
+    """Rows ``(root, id, offset, n, tokens, logprobs, mask, version, parent, created)`` root first."""
+    rows = c.execute(
+        """
+        WITH RECURSIVE up(id) AS (
+            SELECT ? UNION ALL SELECT nodes.parent FROM nodes JOIN up ON nodes.id = up.id
+            WHERE nodes.parent IS NOT NULL
+        )
+        SELECT root, id, offset, n, NULL, tokens, logprobs, mask, version, created FROM nodes
+        WHERE id IN (SELECT id FROM up) ORDER BY offset
+        """,
+        (node,),
+    ).fetchall()
+    return rows
+
+
+def _trajectory(c: sqlite3.Connection, leaf: int) -> Trajectory:
+    row = c.execute(
+        "SELECT root, reward, partial_score, status, info FROM leaves WHERE id = ?", (leaf,)
+    ).fetchone()
+    if row is None:
+        raise ValueError(f"leaf: {leaf} is not a finished leaf")
+    rows = _path_rows(c, leaf)
+    segs = [_segment(r) for r in rows]
+    mask = np.concatenate([s.mask for s in segs])
+    return Trajectory(
+        leaf_id=leaf,
+        root_id=int(row[0]),
+        token_ids=np.concatenate([s.tokens for s in segs]).tolist(),
+        logprobs=np.concatenate([s.logprobs for s in segs]).astype(np.float64).tolist(),
+        policy_mask=mask.tolist(),
+        versions=np.concatenate([s.versions for s in segs]).tolist(),
+        reward=float(row[1]),
+        partial_score=None if row[2] is None else float(row[2]),
+        status=str(row[3]),
+        info=json.loads(row[4]) if row[4] else {},
+        prompt_len=len(segs[0]),
+        path=[int(r[1]) for r in rows],
+        offsets=[int(r[2]) for r in rows],
+    )
+
+
+def _consume(c: sqlite3.Connection, ids: list[int]) -> int:
+    marks = ",".join("?" * len(ids))
+    found = dict(c.execute(f"SELECT id, state FROM leaves WHERE id IN ({marks})", ids).fetchall())
+    for i in ids:
+        if i not in found:
+            raise ValueError(f"leaf_ids: {i} is not a finished leaf")
+        if found[i] != STATE_AVAILABLE:
+            raise ValueError(f"leaf_ids: leaf {i} is not available (state {found[i]}: already consumed/stale/pruned)")
+    batch = bump(c, "cursor")
+    c.execute(
+        f"UPDATE leaves SET state = {STATE_CONSUMED}, consumed_seq = ? WHERE id IN ({marks})", [batch, *ids]
+    )
+    return batch
+
+
+__all__ = ["DuplicateLeafError", "NodeView", "Trajectory", "TrajectoryTree", "STATE_PRUNED"]
