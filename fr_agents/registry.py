@@ -10,7 +10,12 @@ from __future__ import annotations
 import gymnasium
 
 # id -> (entry point, one-line description). Add an env here when its module lands.
-BUILTIN_ENVS: dict[str, tuple[str, str]] = {}
+BUILTIN_ENVS: dict[str, tuple[str, str]] = {
+    "fr_agents/MathVerifier-v0": (
+        "envs.math_verifier:MathVerifierEnv",
+        "math problem, reward 1 when the last \\boxed{} answer verifies (math-verify, process pool)",
+    ),
+}
 
 
 def register_builtin_envs() -> None:

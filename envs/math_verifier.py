@@ -1,0 +1,229 @@
+"""``fr_agents/MathVerifier-v0``: answer a math problem, scored by math-verify.
+
+One episode::
+
+    env = gymnasium.make("fr_agents/MathVerifier-v0")          # arithmetic tasks, boxed answers
+    obs, info = env.reset(seed=0)                               # obs: the problem + an instruction
+    obs, reward, terminated, truncated, info = env.step(reply)  # reply: the model's whole text
+
+Reward is 1.0 when the final answer verifies against the gold answer, else 0.0 (plus
+``format_reward`` when that is enabled and the reply has a well-formed final answer). ``info``
+says why: ``reason`` is ``correct``, ``wrong``, ``no_answer``, ``too_long``, ``timeout``,
+``unparsable``, ``gold_unparsable`` or ``verifier_error: ...``.
+
+Hack resistance (see :mod:`envs.answer_extract`): with ``answer_format="boxed"`` (the default) only
+the *last* ``\\boxed{}`` counts and an unboxed answer never scores; ``"answer_tag"`` does the same
+for ``<answer>...</answer>``; answers longer than ``max_answer_chars`` score 0. ``"plain"`` treats
+the whole stripped reply as the answer and exists **only** for the tiny arithmetic curriculum,
+where a ~1M-parameter model answers ``"12+7="`` with ``"19"``.
+
+Verification runs in :class:`envs.verifier.VerifierPool` worker processes with a hard deadline
+(``verify_timeout``); a hung check is killed and scored 0 with ``reason="timeout"``.
+
+With ``max_turns > 1`` a wrong answer gets feedback as the next observation and the agent may try
+again; the episode ends when it is right or out of turns (then ``truncated`` is true).
+
+``reset(options={"task": {"prompt": ..., "answer": ...}})`` uses that task instead of drawing one
+(eval and the acceptance checks rely on this name). ``env.unwrapped.fork()`` copies the episode so
+that tree rollouts can branch after any turn.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, SupportsFloat
+
+import gymnasium
+
+from envs.answer_extract import ANSWER_FORMATS, extract_answer
+from envs.tasks import Task, TaskSource, get_task_source
+from envs.verifier import VerifierPool, shared_pool
+from fr_agents.spaces import AnyText
+
+DEFAULT_SUFFIX = {
+    "boxed": "\n\nPut your final answer within \\boxed{}.",
+    "answer_tag": "\n\nGive your final answer as <answer>...</answer>.",
+    "plain": "",
+}
+_HOW = {"boxed": "inside \\boxed{}", "answer_tag": "inside <answer>...</answer>", "plain": "as the whole reply"}
+
+
+class MathVerifierEnv(gymnasium.Env[str, str]):
+    """A single- or multi-turn math problem with a math-verify reward.
+
+    Args:
+        task_source: a source name for :func:`envs.tasks.get_task_source`, a :class:`TaskSource`,
+            a list of task dicts, or None (then every reset must pass ``options={"task": ...}``).
+        task_params: keyword parameters of the named source.
+        split: which split to draw from (``train`` or ``test``).
+        task_seed: the source's seed (which problems land in which split).
+        answer_format: ``boxed`` (default), ``answer_tag`` or ``plain`` (tiny curriculum only).
+        prompt_suffix: text appended to every problem; None picks the instruction matching
+            ``answer_format`` (empty for ``plain``).
+        max_answer_chars: longer extracted answers score 0 (``reason="too_long"``).
+        format_reward: bonus added when the reply contains a well-formed final answer (0 = off).
+        max_turns: attempts per episode; wrong attempts before the last get feedback.
+        feedback: when true the retry message quotes the wrong answer; never the gold one.
+        verify_timeout: hard per-check deadline in seconds.
+        pool: a :class:`VerifierPool`; None uses the process-wide shared pool.
+        render_mode: None or ``"ansi"`` (render returns the transcript).
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        task_source: str | TaskSource | Sequence[Task] | None = "arithmetic",
+        task_params: dict[str, Any] | None = None,
+        split: str = "train",
+        task_seed: int = 0,
+        answer_format: str = "boxed",
+        prompt_suffix: str | None = None,
+        max_answer_chars: int = 200,
+        format_reward: float = 0.0,
+        max_turns: int = 1,
+        feedback: bool = True,
+        verify_timeout: float = 5.0,
+        pool: VerifierPool | None = None,
+        render_mode: str | None = None,
+        max_text_chars: int = 65536,
+    ) -> None:
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format: expected one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
+        if max_answer_chars < 1:
+            raise ValueError(f"max_answer_chars: must be >= 1, got {max_answer_chars}")
+        if verify_timeout <= 0:
+            raise ValueError(f"verify_timeout: must be > 0, got {verify_timeout}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode: expected None or 'ansi', got {render_mode!r}")
+        self.observation_space = AnyText(max_length=max_text_chars)
+        self.action_space = AnyText(max_length=max_text_chars)
+        self.render_mode = render_mode
+        self.answer_format = answer_format
+        self.prompt_suffix = DEFAULT_SUFFIX[answer_format] if prompt_suffix is None else prompt_suffix
+        self.max_answer_chars = max_answer_chars
+        self.format_reward = float(format_reward)
+        self.max_turns = max_turns
+        self.feedback = feedback
+        self.verify_timeout = float(verify_timeout)
+        self._pool = pool
+        self._source_spec = task_source
+        self._task_params = dict(task_params or {})
+        self._split_name = split
+        self._task_seed = task_seed
+        self._split: Sequence[Task] | None = None
+        self._task: Task | None = None
+        self._turn = 0
+        self._done = True
+        self._transcript: list[tuple[str, str]] = []
+
+    # ------------------------------------------------------------------ tasks
+
+    def _tasks(self) -> Sequence[Task]:
+        if self._split is None:
+            spec = self._source_spec
+            if spec is None:
+                raise ValueError('task_source is None: pass reset(options={"task": {"prompt": ..., "answer": ...}})')
+            if isinstance(spec, str):
+                spec = get_task_source(spec, seed=self._task_seed, **self._task_params)
+            self._split = spec.split(self._split_name) if isinstance(spec, TaskSource) else list(spec)
+            if not self._split:
+                raise ValueError(f"split: the '{self._split_name}' split of the task source is empty")
+        return self._split
+
+    @staticmethod
+    def _given_task(task: Any) -> Task:
+        if not isinstance(task, dict) or not isinstance(task.get("prompt"), str) or "answer" not in task:
+            raise ValueError('options["task"]: expected a dict with str "prompt" and "answer"')
+        return Task(
+            id=str(task.get("id", "given")),
+            prompt=task["prompt"],
+            answer=str(task["answer"]),
+            metadata=dict(task.get("metadata") or {}),
+        )
+
+    @property
+    def task(self) -> Task | None:
+        """The current episode's task (with its gold answer)."""
+        return self._task
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if options and "task" in options:
+            self._task = self._given_task(options["task"])
+        else:
+            tasks = self._tasks()
+            self._task = tasks[int(self.np_random.integers(len(tasks)))]
+        self._turn = 0
+        self._done = False
+        obs = self._task["prompt"] + self.prompt_suffix
+        self._transcript = [("problem", obs)]
+        return obs, {"task_id": self._task["id"], "turn": 0, "answer_format": self.answer_format}
+
+    def _score(self, reply: str) -> dict[str, Any]:
+        assert self._task is not None
+        gold = self._task["answer"]
+        extracted = extract_answer(reply, self.answer_format)
+        info: dict[str, Any] = {"gold": gold, "extracted": extracted, "verify_seconds": 0.0, "verify_path": None}
+        if extracted is None:
+            return {**info, "correct": False, "reason": "no_answer", "format_ok": False}
+        if len(extracted) > self.max_answer_chars:
+            return {**info, "correct": False, "reason": "too_long", "format_ok": False}
+        pool = self._pool if self._pool is not None else shared_pool()
+        verdict = pool.check(gold, extracted, timeout_s=self.verify_timeout)
+        info.update(verify_seconds=verdict.seconds, verify_path=verdict.path)
+        return {**info, "correct": verdict.correct, "reason": verdict.reason, "format_ok": True}
+
+    def _retry_message(self, result: dict[str, Any]) -> str:
+        left = self.max_turns - self._turn
+        tries = f"{left} attempt{'s' if left != 1 else ''} left"
+        if result["reason"] == "no_answer":
+            return f"No final answer found. Give your final answer {_HOW[self.answer_format]}. ({tries})"
+        if result["reason"] == "too_long":
+            return f"Your final answer is longer than {self.max_answer_chars} characters. ({tries})"
+        if self.feedback and result["extracted"] is not None:
+            return f"Your answer {result['extracted']} is incorrect. Try again. ({tries})"
+        return f"That is incorrect. Try again. ({tries})"
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        if not isinstance(action, str):
+            raise TypeError(f"action: expected the model's reply as a str, got {type(action).__name__}")
+        if self._done or self._task is None:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self._turn += 1
+        self._transcript.append(("agent", action))
+        result = self._score(action)
+        reward = (1.0 if result["correct"] else 0.0) + (self.format_reward if result["format_ok"] else 0.0)
+        out_of_turns = self._turn >= self.max_turns
+        terminated = bool(result["correct"]) or self.max_turns == 1
+        truncated = not terminated and out_of_turns
+        self._done = terminated or truncated
+        obs = "" if self._done else self._retry_message(result)
+        if obs:
+            self._transcript.append(("feedback", obs))
+        info = {**result, "turn": self._turn, "won": bool(result["correct"]), "task_id": self._task["id"]}
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"[{role}] {text}" for role, text in self._transcript)
+
+    # ------------------------------------------------------------------ branching
+
+    def fork(self) -> MathVerifierEnv:
+        """An independent copy of this env mid-episode (same task, turn and RNG state).
+
+        The copy shares the verifier pool and the (read-only) task list; stepping it does not affect
+        this env. Tree rollouts call this to branch one prefix into several continuations.
+        """
+        twin = copy.copy(self)
+        twin._transcript = list(self._transcript)
+        twin._np_random = copy.deepcopy(self._np_random)
+        twin._task = copy.deepcopy(self._task)
+        return twin

@@ -1,0 +1,91 @@
+"""The worker process behind :class:`envs.verifier.VerifierPool` (run as ``python -m envs.verify_worker``).
+
+Protocol: one JSON object per line on stdin ``{"gold": str, "pred": str, "t": seconds}``, one JSON
+line back on stdout ``{"ok": bool, "reason": str}``. The worker first prints ``{"ready": true}``
+once math-verify is imported, so the parent never charges import time to a check's deadline.
+
+Why a separate process: math-verify (through sympy) can run for minutes on an expression like
+``9^{9^{9^{9}}}``, and its own timeouts use ``signal.alarm``, which only works in a main thread.
+Here we *are* a main thread, so we set one alarm for the whole check (both parses and the
+comparison) and raise a ``BaseException`` the library cannot swallow. Work stuck inside C code
+never sees the signal; for that the parent kills this process at its hard deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any
+
+_GOLD_CACHE_SIZE = 4096
+
+
+class _Deadline(BaseException):
+    """Raised by the alarm handler; a BaseException so math-verify's ``except Exception`` lets it pass."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise _Deadline
+
+
+def _wrap(answer: str) -> str:
+    # One box around the already-extracted answer: math-verify's LaTeX extractor then takes the
+    # whole string as a single expression (a set only when the answer itself lists several values).
+    return "\\boxed{" + answer + "}"
+
+
+def _check(gold: str, pred: str, gold_cache: dict[str, Any]) -> dict[str, Any]:
+    from math_verify import parse, verify
+
+    g = gold_cache.get(gold)
+    if g is None:
+        g = parse(_wrap(gold), parsing_timeout=None)  # type: ignore[arg-type]
+        if len(gold_cache) >= _GOLD_CACHE_SIZE:
+            gold_cache.clear()
+        gold_cache[gold] = g
+    if not g:
+        return {"ok": False, "reason": "gold_unparsable"}
+    p = parse(_wrap(pred), parsing_timeout=None)  # type: ignore[arg-type]
+    if not p:
+        return {"ok": False, "reason": "unparsable"}
+    ok = bool(verify(g, p, timeout_seconds=None))  # type: ignore[arg-type]
+    return {"ok": ok, "reason": "correct" if ok else "wrong"}
+
+
+def main() -> None:
+    import logging
+
+    logging.disable(logging.CRITICAL)  # math-verify logs every timeout; the reason goes back to the parent
+    import math_verify  # noqa: F401  (import before saying ready)
+
+    gold_cache: dict[str, Any] = {}
+    signal.signal(signal.SIGALRM, _on_alarm)
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            gold, pred, budget = str(req["gold"]), str(req["pred"]), float(req["t"])
+        except (ValueError, KeyError, TypeError) as e:
+            out.write(json.dumps({"ok": False, "reason": f"verifier_error: bad request ({e})"}) + "\n")
+            out.flush()
+            continue
+        result: dict[str, Any]
+        try:
+            signal.setitimer(signal.ITIMER_REAL, max(budget, 0.01))
+            try:
+                result = _check(gold, pred, gold_cache)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _Deadline:
+            result = {"ok": False, "reason": "timeout"}
+        except Exception as e:  # noqa: BLE001 - a verifier crash scores 0 and says why
+            result = {"ok": False, "reason": f"verifier_error: {type(e).__name__}: {e}"[:300]}
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
