@@ -48,13 +48,24 @@ class SamplingOptions:
 
 @dataclass
 class Generation:
-    """One completion: exactly the sampled ids, their log-probs and the sampling policy version."""
+    """One completion: exactly the sampled ids, their log-probs and the sampling policy version.
+
+    ``versions`` holds the policy version that sampled each token (an engine may swap weights
+    between two decode steps of one generation); ``version`` is the oldest of them, the
+    conservative value for staleness accounting. Engines that never swap mid-generation may leave
+    ``versions`` empty, meaning "every token has ``version``".
+    """
 
     token_ids: list[int]
     logprobs: list[float]
     version: int
     finish_reason: Literal["stop", "length"] = "length"
     extra: dict[str, Any] = field(default_factory=dict)
+    versions: list[int] = field(default_factory=list)
+
+    def token_versions(self) -> list[int]:
+        """The version of every token (``versions`` or ``version`` repeated)."""
+        return list(self.versions) if self.versions else [self.version] * len(self.token_ids)
 
 
 class Engine(abc.ABC):

@@ -1,0 +1,348 @@
+"""HFEngine: a transformers model behind the async :class:`Engine` interface, with dynamic batching.
+
+How it works
+------------
+Every ``generate()`` call (from any number of concurrent episodes) puts a request on a queue and
+awaits a future. One background thread owns the model and runs *waves*: it takes every pending
+request (waiting ``batch_wait_s`` for stragglers so that episodes stepping their envs at the same
+moment land in one batch), left-pads the prompts into one batch, runs the prefill, then decodes
+one token per step for all rows with a shared KV cache. Rows that finish (stop token, stop string,
+``max_tokens``) are dropped from the batch and the cache between steps, and their futures resolve
+at once, so a fast episode does not wait for the slowest row of its wave.
+
+Sampling is exact: logits are cast to float32, divided by the temperature, normalised with
+``log_softmax``; the token is drawn from exactly that distribution and its log-prob is recorded.
+No top-k/top-p truncation happens when importance correction is on (``SamplingOptions`` refuses it);
+with it off, truncation is applied and the recorded log-prob is that of the truncated distribution.
+
+Weight swaps
+------------
+:meth:`set_weights` may be called from any thread (e.g. the learner's). The new weights are loaded
+*between* two decode steps, never during a forward pass, and ``set_weights`` returns once they are
+live. Each sampled token records the version of the weights whose forward produced its
+distribution (``Generation.versions``); ``Generation.version`` is the oldest of them. After a swap
+the rows keep their KV cache computed by the previous weights, so a post-swap token's log-prob is
+that of the distribution it was actually sampled from (old-weight cache, new-weight step): this is
+the behaviour distribution, which is what the trainer's importance correction needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fr_agents.policy.base import Engine, Generation, SamplingOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    options: SamplingOptions
+    future: concurrent.futures.Future
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+class HFEngine(Engine):
+    """Dynamic-batching generation with a transformers causal LM (CPU or GPU).
+
+    ``model`` is a loaded ``AutoModelForCausalLM``; ``tokenizer`` is only needed for stop strings
+    and the pad id. ``max_batch_size`` caps the rows of one wave.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.002,
+        seed: int = 0,
+        version: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        if pad is None:
+            pad = getattr(model.config, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.version = version
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._swap_lock = threading.Lock()
+        self._pending: tuple[dict[str, Any], int, threading.Event] | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0}
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
+        """Sample a continuation of ``prompt_ids`` (batched with every other pending call)."""
+        return await asyncio.wrap_future(self.submit(prompt_ids, options))
+
+    def generate_sync(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
+        """Blocking form of :meth:`generate`, for scripts and threads without an event loop."""
+        return self.submit(prompt_ids, options).result()
+
+    def submit(self, prompt_ids: Sequence[int], options: SamplingOptions) -> concurrent.futures.Future:
+        """Queue one request and return a future resolving to its :class:`Generation`."""
+        if self._closed:
+            raise RuntimeError("HFEngine is closed")
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("prompt_ids must not be empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_ids holds ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if not isinstance(options, SamplingOptions):
+            raise TypeError(f"options must be a SamplingOptions, got {type(options).__name__}")
+        gen = None
+        if options.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(options.seed)
+        req = _Request(ids, options, concurrent.futures.Future(), gen)
+        self._ensure_thread()
+        self._queue.put(req)
+        return req.future
+
+    def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Load ``state_dict`` between two decode steps and set :attr:`version`; returns once live."""
+        done = threading.Event()
+        with self._swap_lock:
+            self._pending = (state_dict, int(version), done)
+            if not self._busy:
+                self._apply_pending_locked()
+        done.wait()
+
+    async def close(self) -> None:
+        self.close_sync()
+
+    def close_sync(self) -> None:
+        """Stop the batching thread; pending requests fail with RuntimeError."""
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # ------------------------------------------------------------------ weights
+
+    def _apply_pending_locked(self) -> None:
+        if self._pending is None:
+            return
+        state_dict, version, done = self._pending
+        self._pending = None
+        try:
+            with torch.no_grad():
+                self.model.load_state_dict(state_dict, strict=True)
+            self.version = version
+            log.debug("weights swapped to version %d", version)
+        finally:
+            done.set()
+
+    def _between_steps(self) -> int:
+        """Apply a pending weight swap (if any) and return the version the next step runs with."""
+        with self._swap_lock:
+            self._apply_pending_locked()
+            return self.version
+
+    # ------------------------------------------------------------------ batching loop
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="HFEngine", daemon=True)
+                self._thread.start()
+
+    def _collect(self) -> list[_Request] | None:
+        first = self._queue.get()
+        if first is None:
+            return None
+        batch = [first]
+        deadline = time.monotonic() + self.batch_wait_s
+        while len(batch) < self.max_batch_size:
+            timeout = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=max(timeout, 0)) if timeout > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._queue.put(None)
+                break
+            batch.append(item)
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._collect()
+            if batch is None:
+                break
+            with self._swap_lock:
+                self._busy = True
+            try:
+                with torch.inference_mode():
+                    self._run_wave(batch)
+            except Exception as e:  # noqa: BLE001 - hand the error to every caller of this wave
+                log.exception("generation wave failed")
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(e)
+            finally:
+                with self._swap_lock:
+                    self._busy = False
+                    self._apply_pending_locked()
+        while True:  # fail whatever is still queued after close
+            try:
+                r = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if r is not None and not r.future.done():
+                r.future.set_exception(RuntimeError("HFEngine closed"))
+
+    def _run_wave(self, reqs: list[_Request]) -> None:
+        from transformers import DynamicCache
+
+        self.stats["waves"] += 1
+        self.stats["rows"] += len(reqs)
+        dev = self.device
+        longest = max(len(r.prompt_ids) for r in reqs)
+        input_ids = torch.full((len(reqs), longest), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((len(reqs), longest), dtype=torch.long, device=dev)
+        for i, r in enumerate(reqs):
+            n = len(r.prompt_ids)
+            input_ids[i, longest - n :] = torch.tensor(r.prompt_ids, dtype=torch.long, device=dev)
+            mask[i, longest - n :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        active = list(range(len(reqs)))  # indices into reqs of the rows still in the batch
+
+        version = self._between_steps()
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1, :]
+        next_pos = positions[:, -1:] + 1
+        while True:
+            self.stats["steps"] += 1
+            tokens = self._sample([reqs[i] for i in active], logits)
+            keep: list[int] = []
+            for row, i in enumerate(active):
+                r = reqs[i]
+                tok, lp = tokens[row]
+                r.token_ids.append(tok)
+                r.logprobs.append(lp)
+                r.versions.append(version)
+                self.stats["tokens"] += 1
+                reason = self._finished(r)
+                if reason is None:
+                    keep.append(row)
+                else:
+                    r.future.set_result(
+                        Generation(
+                            token_ids=r.token_ids,
+                            logprobs=r.logprobs,
+                            version=min(r.versions),
+                            finish_reason=reason,
+                            versions=r.versions,
+                        )
+                    )
+            if not keep:
+                return
+            last = torch.tensor([reqs[active[row]].token_ids[-1] for row in keep], device=dev).unsqueeze(1)
+            if len(keep) < len(active):
+                idx = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(idx)
+                mask = mask.index_select(0, idx)
+                next_pos = next_pos.index_select(0, idx)
+                active = [active[row] for row in keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            version = self._between_steps()
+            logits = self.model(
+                input_ids=last,
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1, :]
+            next_pos = next_pos + 1
+
+    def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> list[tuple[int, float]]:
+        """Draw one token per row from its tempered distribution; return (token, log-prob) pairs."""
+        temps = torch.tensor([r.options.temperature for r in reqs], dtype=torch.float32, device=logits.device)
+        logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)
+        out: list[tuple[int, float] | None] = [None] * len(reqs)
+        plain = [i for i, r in enumerate(reqs) if r.generator is None and _untruncated(r.options)]
+        if plain:
+            rows = logp[plain]
+            draws = torch.multinomial(rows.exp(), 1, generator=self._gen).squeeze(1)
+            picked = rows.gather(1, draws[:, None]).squeeze(1)
+            for j, i in enumerate(plain):
+                out[i] = (int(draws[j]), float(picked[j]))
+        for i, r in enumerate(reqs):
+            if out[i] is not None:
+                continue
+            row = _truncate(logp[i], r.options)
+            tok = int(torch.multinomial(row.exp(), 1, generator=r.generator or self._gen))
+            out[i] = (tok, float(row[tok]))
+        return out  # type: ignore[return-value]
+
+    def _finished(self, r: _Request) -> str | None:
+        o = r.options
+        if r.token_ids[-1] in o.stop_token_ids:
+            return "stop"
+        if o.stop_strings and self.tokenizer is not None:
+            longest = max(len(s) for s in o.stop_strings)
+            tail = self.tokenizer.decode(r.token_ids[-(longest + 8) :], skip_special_tokens=False)
+            if any(s in tail for s in o.stop_strings):
+                return "stop"
+        if len(r.token_ids) >= o.max_tokens:
+            return "length"
+        return None
+
+
+def _untruncated(o: SamplingOptions) -> bool:
+    return o.top_k == 0 and o.top_p >= 1.0
+
+
+def _truncate(logp: torch.Tensor, o: SamplingOptions) -> torch.Tensor:
+    """Apply top-k/top-p (only reachable with importance correction off) and renormalise."""
+    if _untruncated(o):
+        return logp
+    keep = torch.ones_like(logp, dtype=torch.bool)
+    if o.top_k > 0:
+        kth = torch.topk(logp, min(o.top_k, logp.numel())).values[-1]
+        keep &= logp >= kth
+    if o.top_p < 1.0:
+        sorted_lp, order = torch.sort(logp, descending=True)
+        cum = sorted_lp.exp().cumsum(0)
+        drop_sorted = (cum - sorted_lp.exp()) >= o.top_p
+        drop = torch.zeros_like(keep)
+        drop[order] = drop_sorted
+        keep &= ~drop
+    masked = logp.masked_fill(~keep, float("-inf"))
+    return torch.log_softmax(masked, dim=-1)
