@@ -46,7 +46,11 @@ DEFAULT_SUFFIX = {
     "answer_tag": "\n\nGive your final answer as <answer>...</answer>.",
     "plain": "",
 }
-_HOW = {"boxed": "inside \\boxed{}", "answer_tag": "inside <answer>...</answer>", "plain": "as the whole reply"}
+_HOW = {
+    "boxed": "inside \\boxed{}",
+    "answer_tag": "inside <answer>...</answer>",
+    "plain": "as the whole reply",
+}
 
 
 class MathVerifierEnv(gymnasium.Env[str, str]):
@@ -90,7 +94,9 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         max_text_chars: int = 65536,
     ) -> None:
         if answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format: expected one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
+            raise ValueError(
+                f"answer_format: expected one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
+            )
         if max_turns < 1:
             raise ValueError(f"max_turns: must be >= 1, got {max_turns}")
         if max_answer_chars < 1:
@@ -126,7 +132,9 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         if self._split is None:
             spec = self._source_spec
             if spec is None:
-                raise ValueError('task_source is None: pass reset(options={"task": {"prompt": ..., "answer": ...}})')
+                raise ValueError(
+                    'task_source is None: pass reset(options={"task": {"prompt": ..., "answer": ...}})'
+                )
             if isinstance(spec, str):
                 spec = get_task_source(spec, seed=self._task_seed, **self._task_params)
             self._split = spec.split(self._split_name) if isinstance(spec, TaskSource) else list(spec)
@@ -152,7 +160,9 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
 
     # ------------------------------------------------------------------ gymnasium API
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         if options and "task" in options:
             self._task = self._given_task(options["task"])
@@ -169,7 +179,12 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         assert self._task is not None
         gold = self._task["answer"]
         extracted = extract_answer(reply, self.answer_format)
-        info: dict[str, Any] = {"gold": gold, "extracted": extracted, "verify_seconds": 0.0, "verify_path": None}
+        info: dict[str, Any] = {
+            "gold": gold,
+            "extracted": extracted,
+            "verify_seconds": 0.0,
+            "verify_path": None,
+        }
         if extracted is None:
             return {**info, "correct": False, "reason": "no_answer", "format_ok": False}
         if len(extracted) > self.max_answer_chars:

@@ -96,7 +96,9 @@ class _Worker:
             return
         line = self._readline(_STARTUP_TIMEOUT_S)
         if not line:
-            raise RuntimeError("math-verify worker did not start (is math-verify installed? pip install math-verify)")
+            raise RuntimeError(
+                "math-verify worker did not start (is math-verify installed? pip install math-verify)"
+            )
         self.ready = True
 
     def ask(self, gold: str, pred: str, inner_s: float, deadline_s: float) -> dict | None:
@@ -131,7 +133,9 @@ class VerifierPool:
     checks without a kill; the outer ``timeout_s`` is the hard limit at which the worker is killed.
     """
 
-    def __init__(self, workers: int = 2, timeout_s: float = 5.0, inner_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, workers: int = 2, timeout_s: float = 5.0, inner_timeout_s: float | None = None
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers: must be >= 1, got {workers}")
         if timeout_s <= 0:
@@ -181,7 +185,9 @@ class VerifierPool:
             reply = worker.ask(gold, pred, inner, deadline)
         except (OSError, ValueError) as e:  # broken pipe or garbled reply: replace the worker
             self._retire(worker)
-            return Verdict(False, f"verifier_error: worker failed ({e})", time.perf_counter() - start, "killed")
+            return Verdict(
+                False, f"verifier_error: worker failed ({e})", time.perf_counter() - start, "killed"
+            )
         if reply is None:
             self._count("timeouts")
             self._count("kills")
@@ -216,6 +222,10 @@ class VerifierPool:
             self._all.clear()
         for w in workers:
             w.kill()
+
+    def __deepcopy__(self, memo: dict) -> VerifierPool:
+        """A pool is a shared resource (like a connection): copies of an env share it."""
+        return self
 
     def __enter__(self) -> VerifierPool:
         return self

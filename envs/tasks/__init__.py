@@ -14,6 +14,7 @@ Built-in sources (see each module for its parameters):
 ``reasoning_gym``         a reasoning-gym generator, by ``name`` and ``config``
 ``jsonl``                 GSM8K- or MATH-shaped JSONL files (``path``)
 ``hf``                    a Hugging Face ``datasets`` dataset by ``name`` (online)
+``math`` / ``gsm8k``      ``hf`` with the MATH / GSM8K hub datasets as defaults (online)
 ``champ``                 champ-dataset, auto-verifiable part
 ========================  =========================================================
 
@@ -33,7 +34,7 @@ from typing import Any
 from envs.tasks.arithmetic import ArithmeticSource
 from envs.tasks.base import Task, TaskSource, TaskSplit, holdout, make_task
 from envs.tasks.champ import ChampSource
-from envs.tasks.hf import HFDatasetSource
+from envs.tasks.hf import Gsm8kSource, HFDatasetSource, MathDatasetSource
 from envs.tasks.jsonl import JsonlSource, read_jsonl_tasks
 from envs.tasks.reasoning_gym_source import ReasoningGymSource
 from fr_agents.config import ConfigError
@@ -43,16 +44,21 @@ SOURCES: dict[str, type[TaskSource]] = {
     "reasoning_gym": ReasoningGymSource,
     "jsonl": JsonlSource,
     "hf": HFDatasetSource,
+    "math": MathDatasetSource,
+    "gsm8k": Gsm8kSource,
     "champ": ChampSource,
 }
+"""Source name -> class. Env owners add their own sources here (e.g. ``alfworld``) when they land."""
 
 __all__ = [
     "SOURCES",
     "ArithmeticSource",
     "ChampSource",
+    "Gsm8kSource",
     "HFDatasetSource",
     "JsonlSource",
     "ListSource",
+    "MathDatasetSource",
     "ReasoningGymSource",
     "Task",
     "TaskSource",
@@ -79,7 +85,10 @@ class ListSource(TaskSource):
                     raise ConfigError(f"task {split}[{i}]: missing field(s) {', '.join(sorted(missing))}")
 
     def _load_split(self, split: str) -> list[Task]:
-        return [make_task(str(t["id"]), t["prompt"], str(t["answer"]), **dict(t.get("metadata") or {})) for t in self._lists[split]]
+        return [
+            make_task(str(t["id"]), t["prompt"], str(t["answer"]), **dict(t.get("metadata") or {}))
+            for t in self._lists[split]
+        ]
 
 
 def _check_params(name: str, cls: type, params: dict[str, Any]) -> None:
@@ -93,8 +102,12 @@ def _check_params(name: str, cls: type, params: dict[str, Any]) -> None:
             )
 
 
-def get_task_source(name: str, seed: int = 0, **params: Any) -> TaskSource:
-    """The task source called ``name`` (built-in or ``module:factory``), built with ``params``."""
+def get_task_source(name: str, /, seed: int = 0, **params: Any) -> TaskSource:
+    """The task source called ``name`` (built-in or ``module:factory``), built with ``params``.
+
+    ``name`` is positional-only, so sources may themselves take a ``name`` parameter
+    (``get_task_source("hf", name="openai/gsm8k")``).
+    """
     if name in SOURCES:
         cls = SOURCES[name]
         _check_params(name, cls, params)
@@ -109,4 +122,6 @@ def get_task_source(name: str, seed: int = 0, **params: Any) -> TaskSource:
         return made if isinstance(made, TaskSource) else ListSource(made, seed=seed)
     close = difflib.get_close_matches(name, list(SOURCES), n=2)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise ConfigError(f"tasks.source: unknown source {name!r}.{hint} Built-in: {', '.join(SOURCES)}, or 'module:factory'")
+    raise ConfigError(
+        f"tasks.source: unknown source {name!r}.{hint} Built-in: {', '.join(SOURCES)}, or 'module:factory'"
+    )

@@ -64,7 +64,9 @@ class ArithmeticSource(TaskSource):
         if not ops or any(o not in _OPS for o in ops):
             raise ConfigError(f"tasks.params.ops: expected a list of {', '.join(_OPS)}, got {ops!r}")
         if not 1 <= min_digits <= digits <= 9:
-            raise ConfigError(f"tasks.params.digits: need 1 <= min_digits <= digits <= 9, got {min_digits}, {digits}")
+            raise ConfigError(
+                f"tasks.params.digits: need 1 <= min_digits <= digits <= 9, got {min_digits}, {digits}"
+            )
         if order not in ("random", "curriculum"):
             raise ConfigError(f"tasks.params.order: expected 'random' or 'curriculum', got {order!r}")
         try:
@@ -93,7 +95,9 @@ class ArithmeticSource(TaskSource):
             triples = list(dict.fromkeys(self._canon(a, op, b) for op in self.ops for a, b in pairs))
         else:
             if not 1 <= self.size <= min(total // 2, _MAX_ENUMERATE):
-                raise ConfigError(f"tasks.params.size: must lie in [1, {min(total // 2, _MAX_ENUMERATE)}], got {self.size}")
+                raise ConfigError(
+                    f"tasks.params.size: must lie in [1, {min(total // 2, _MAX_ENUMERATE)}], got {self.size}"
+                )
             rng = np.random.default_rng(self.seed)
             seen: set[tuple[int, str, int]] = set()
             triples = []

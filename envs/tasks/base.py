@@ -84,7 +84,9 @@ class TaskSplit(Sequence[Task]):
             epoch += 1
 
 
-def holdout(items: list[Any], seed: int, test_fraction: float | None = None, test_size: int | None = None) -> tuple[list[Any], list[Any]]:
+def holdout(
+    items: list[Any], seed: int, test_fraction: float | None = None, test_size: int | None = None
+) -> tuple[list[Any], list[Any]]:
     """Split ``items`` into (train, test) by a seeded permutation; train keeps the input order."""
     n = len(items)
     if test_size is None:
@@ -122,7 +124,9 @@ class TaskSource(ABC):
     def split(self, name: str = "train") -> TaskSplit:
         """The tasks of split ``name`` (``train`` or ``test``)."""
         if name not in self.split_names:
-            raise ConfigError(f"tasks split: unknown split {name!r} for source '{self.name}'; choose from {', '.join(self.split_names)}")
+            raise ConfigError(
+                f"tasks split: unknown split {name!r} for source '{self.name}'; choose from {', '.join(self.split_names)}"
+            )
         if name not in self._cache:
             self._cache[name] = TaskSplit(name, self._load_split(name))
         return self._cache[name]

@@ -65,7 +65,9 @@ class ChampSource(TaskSource):
                 continue
             gold = verifiable_answer(p.answer)
             if gold is not None:
-                tasks.append(make_task(f"champ-{pid}", p.text, gold, category=p.category, raw_answer=p.answer))
+                tasks.append(
+                    make_task(f"champ-{pid}", p.text, gold, category=p.category, raw_answer=p.answer)
+                )
         return tasks
 
     def _load_split(self, split: str) -> list[Task]:

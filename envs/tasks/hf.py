@@ -55,9 +55,50 @@ class HFDatasetSource(TaskSource):
             ) from e
         tasks: list[Task] = []
         for i, rec in enumerate(ds):
-            task = record_to_task(dict(rec), f"{self.dataset_name}-{hf_split}-{i}", self.format, source=self.dataset_name)
+            task = record_to_task(
+                dict(rec), f"{self.dataset_name}-{hf_split}-{i}", self.format, source=self.dataset_name
+            )
             if task is not None:
                 tasks.append(task)
             if self.limit is not None and len(tasks) >= self.limit:
                 break
         return tasks
+
+
+class MathDatasetSource(HFDatasetSource):
+    """``math``: the MATH competition set (Hendrycks et al.) from the hub; answers from ``\\boxed{}``.
+
+    Same parameters as ``hf`` with MATH defaults; offline, use ``jsonl`` with a local copy.
+    """
+
+    name = "math"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        name: str | None = "DigitalLearningGmbH/MATH-lighteval",
+        config: str | None = "default",
+        format: str = "math",
+        train_split: str = "train",
+        test_split: str = "test",
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(seed, name, config, format, train_split, test_split, limit)
+
+
+class Gsm8kSource(HFDatasetSource):
+    """``gsm8k``: grade-school math word problems from the hub; answers after ``####``."""
+
+    name = "gsm8k"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        name: str | None = "openai/gsm8k",
+        config: str | None = "main",
+        format: str = "gsm8k",
+        train_split: str = "train",
+        test_split: str = "test",
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(seed, name, config, format, train_split, test_split, limit)

@@ -72,7 +72,9 @@ class JsonlSource(TaskSource):
 
     def _load_split(self, split: str) -> list[Task]:
         if self.path is not None:
-            train, test = holdout(read_jsonl_tasks(self.path, self.format, self.limit), self.seed, self.test_fraction)
+            train, test = holdout(
+                read_jsonl_tasks(self.path, self.format, self.limit), self.seed, self.test_fraction
+            )
             return train if split == "train" else test
         chosen = self.train_path if split == "train" else self.test_path
         if chosen is None:

@@ -44,9 +44,13 @@ class ReasoningGymSource(TaskSource):
     ) -> None:
         super().__init__(seed)
         if not name:
-            raise ConfigError("tasks.params.name: the reasoning-gym dataset name is required (e.g. basic_arithmetic)")
+            raise ConfigError(
+                "tasks.params.name: the reasoning-gym dataset name is required (e.g. basic_arithmetic)"
+            )
         if size < 1 or test_size < 0:
-            raise ConfigError(f"tasks.params.size/test_size: need size >= 1 and test_size >= 0, got {size}, {test_size}")
+            raise ConfigError(
+                f"tasks.params.size/test_size: need size >= 1 and test_size >= 0, got {size}, {test_size}"
+            )
         self.dataset_name, self.config = name, dict(config or {})
         self.size, self.test_size = size, test_size
 
@@ -70,7 +74,11 @@ class ReasoningGymSource(TaskSource):
             if self.test_size == 0:
                 return []
             train_q = {t["prompt"] for t in self.split("train")}
-            items = [x for x in self._generate(self.seed + _TEST_SEED_OFFSET, self.test_size) if x["question"] not in train_q]
+            items = [
+                x
+                for x in self._generate(self.seed + _TEST_SEED_OFFSET, self.test_size)
+                if x["question"] not in train_q
+            ]
             tag = "test"
         return [
             make_task(

@@ -53,12 +53,18 @@ def record_to_task(rec: dict[str, Any], task_id: str, fmt: str = "auto", **metad
             prompt, answer = rec["question"], gsm8k_answer(str(rec["answer"]))
         elif kind == "math":
             prompt = rec["problem"]
-            answer = str(rec["answer"]) if rec.get("answer") not in (None, "") else last_boxed(str(rec.get("solution", "")))
+            answer = (
+                str(rec["answer"])
+                if rec.get("answer") not in (None, "")
+                else last_boxed(str(rec.get("solution", "")))
+            )
         else:
             prompt, answer = rec.get("prompt", rec.get("question")), rec["answer"]
             answer = None if answer is None else str(answer)
     except KeyError as e:
-        raise ConfigError(f"tasks.params.format: record {tid} has no field {e} required by format '{kind}'") from e
+        raise ConfigError(
+            f"tasks.params.format: record {tid} has no field {e} required by format '{kind}'"
+        ) from e
     if not answer or prompt is None:
         return None
     extra = {k: v for k, v in rec.items() if k in ("level", "type", "subject", "category")}
