@@ -175,7 +175,7 @@ def build_packed(trajs: Sequence[Trajectory], reward: str = "env") -> PackedBatc
     for x in trajs:
         ends = [*x.offsets[1:], len(x.token_ids)]
         prev: int | None = None
-        for node, start, stop in zip(x.path, x.offsets, ends):
+        for node, start, stop in zip(x.path, x.offsets, ends, strict=True):
             if node not in span:
                 parent_of[node] = prev
                 span[node] = (start, x.token_ids[start:stop])

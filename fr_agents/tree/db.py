@@ -15,6 +15,7 @@ processes and a reader work at once:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -120,10 +121,9 @@ class Database:
         """Close every connection this object opened (in this process)."""
         with self._lock:
             for conn in self._all:
-                try:
+                # a connection made by another thread refuses; it closes when collected
+                with contextlib.suppress(sqlite3.ProgrammingError):
                     conn.close()
-                except sqlite3.ProgrammingError:  # made by another thread: closed when it is collected
-                    pass
             self._all.clear()
             self._memory = None
             self.closed = True

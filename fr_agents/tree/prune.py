@@ -38,7 +38,7 @@ def runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
     change = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
     starts = np.concatenate([[0], change])
     stops = np.concatenate([change, [mask.size]])
-    return [(int(a), int(b), bool(mask[a])) for a, b in zip(starts, stops)]
+    return [(int(a), int(b), bool(mask[a])) for a, b in zip(starts, stops, strict=True)]
 
 
 def leaf_keys(

@@ -466,7 +466,8 @@ class TrajectoryTree:
                 DELETE FROM nodes WHERE id NOT IN (SELECT id FROM live)
                 """,
                 (upto,),
-            ).rowcount
+            )
+            removed = int(c.execute("SELECT changes()").fetchone()[0])  # rowcount is -1 after WITH
             gone = c.execute("DELETE FROM leaves WHERE id NOT IN (SELECT id FROM nodes)").rowcount
             if removed:
                 bump(c, "compacted_nodes", removed)
