@@ -110,7 +110,9 @@ class PackedBatch:
     def attention_mask(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """Float additive 4-D mask ``[1, 1, N, N]``: 0 where allowed, ``finfo(dtype).min`` elsewhere."""
         if not dtype.is_floating_point:
-            raise ValueError(f"dtype: the packed mask must be a float dtype (bool is wrong under eager), got {dtype}")
+            raise ValueError(
+                f"dtype: the packed mask must be a float dtype (bool is wrong under eager), got {dtype}"
+            )
         mask = torch.full((self.num_tokens, self.num_tokens), torch.finfo(dtype).min, dtype=dtype)
         mask.masked_fill_(self.allowed(), 0.0)
         return mask[None, None]

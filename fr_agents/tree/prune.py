@@ -53,9 +53,7 @@ def leaf_keys(
     observations: list[tuple[int, ...]] = []
     if len(policy_idx) >= 2:
         first, last = policy_idx[0], policy_idx[-1]
-        observations = [
-            tuple(body_tokens[a:b].tolist()) for a, b, pol in parts[first + 1 : last] if not pol
-        ]
+        observations = [tuple(body_tokens[a:b].tolist()) for a, b, pol in parts[first + 1 : last] if not pol]
     action_key = _digest(actions)
     obs_key = _digest(observations) if observations else None
     return action_key, obs_key

@@ -23,7 +23,9 @@ def render(tree: TrajectoryTree, root: int | None = None, *, max_tokens: int = 1
             seg = v.segment
             pol = int(seg.mask.sum())
             ver = f"v={seg.version}" if pol else "env"
-            text = f"{'  ' * depth}#{node} [{len(seg)} tok, {pol} policy, {ver}] {_ids(v.token_ids, max_tokens)}"
+            text = (
+                f"{'  ' * depth}#{node} [{len(seg)} tok, {pol} policy, {ver}] {_ids(v.token_ids, max_tokens)}"
+            )
             if depth == 0:
                 meta = tree.root_meta(node)
                 text += f"  root{' ' + str(meta) if meta else ''}"

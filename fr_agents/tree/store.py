@@ -132,7 +132,11 @@ class TrajectoryTree:
 
     @classmethod
     def open(
-        cls, path: str | Path, *, normalize_action: NormalizeAction | None = None, busy_timeout_ms: int = 60_000
+        cls,
+        path: str | Path,
+        *,
+        normalize_action: NormalizeAction | None = None,
+        busy_timeout_ms: int = 60_000,
     ) -> TrajectoryTree:
         """Open (creating if missing) a durable store at ``path`` (SQLite, WAL mode)."""
         p = Path(path)
@@ -277,7 +281,10 @@ class TrajectoryTree:
     def children(self, node: int) -> list[int]:
         """Child node ids of ``node``, oldest first."""
         with self._db.read() as c:
-            return [int(r[0]) for r in c.execute("SELECT id FROM nodes WHERE parent = ? ORDER BY created, id", (node,))]
+            return [
+                int(r[0])
+                for r in c.execute("SELECT id FROM nodes WHERE parent = ? ORDER BY created, id", (node,))
+            ]
 
     def node(self, node: int) -> NodeView:
         """One node's segment and position."""
@@ -286,7 +293,9 @@ class TrajectoryTree:
             r = c.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE id = ?", (node,)).fetchone()
         if r is None:
             raise ValueError(f"node: unknown node id {node}")
-        return NodeView(int(r[0]), None if r[1] is None else int(r[1]), int(r[2]), int(r[3]), _segment(r), int(r[9]))
+        return NodeView(
+            int(r[0]), None if r[1] is None else int(r[1]), int(r[2]), int(r[3]), _segment(r), int(r[9])
+        )
 
     def root_meta(self, root: int) -> dict[str, Any] | None:
         """The ``meta`` given to :meth:`add_root` for this root."""
@@ -430,7 +439,9 @@ class TrajectoryTree:
     def unconsumed_count(self) -> int:
         """Finished leaves still available to ``take_batch`` (not consumed, stale or pruned)."""
         with self._db.read() as c:
-            return int(c.execute(f"SELECT COUNT(*) FROM leaves WHERE state = {STATE_AVAILABLE}").fetchone()[0])
+            return int(
+                c.execute(f"SELECT COUNT(*) FROM leaves WHERE state = {STATE_AVAILABLE}").fetchone()[0]
+            )
 
     def oldest_unconsumed_version(self) -> int | None:
         """Oldest policy version among available leaves (None when none has a policy token)."""
@@ -526,7 +537,20 @@ def _insert(
     cur = c.execute(
         "INSERT INTO nodes(parent, root, offset, n, first_tok, tokens, logprobs, mask, version, created,"
         " root_key, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-        (parent, root, offset, len(seg), int(seg.tokens[0]), tokens, logprobs, mask, seg.version, created, root_key, meta),
+        (
+            parent,
+            root,
+            offset,
+            len(seg),
+            int(seg.tokens[0]),
+            tokens,
+            logprobs,
+            mask,
+            seg.version,
+            created,
+            root_key,
+            meta,
+        ),
     )
     return int(cur.lastrowid)  # type: ignore[arg-type]
 
@@ -553,7 +577,17 @@ def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Se
             c.execute(
                 "UPDATE nodes SET parent=?, offset=?, n=?, first_tok=?, tokens=?, logprobs=?, mask=?, version=?"
                 " WHERE id=?",
-                (head, offset + lcp, len(tail), int(tail.tokens[0]), t_tokens, t_lp, t_mask, tail.version, child_id),
+                (
+                    head,
+                    offset + lcp,
+                    len(tail),
+                    int(tail.tokens[0]),
+                    t_tokens,
+                    t_lp,
+                    t_mask,
+                    tail.version,
+                    child_id,
+                ),
             )
             child_id = head
         if lcp == len(seg):
@@ -610,7 +644,9 @@ def _consume(c: sqlite3.Connection, ids: list[int]) -> int:
         if i not in found:
             raise ValueError(f"leaf_ids: {i} is not a finished leaf")
         if found[i] != STATE_AVAILABLE:
-            raise ValueError(f"leaf_ids: leaf {i} is not available (state {found[i]}: already consumed/stale/pruned)")
+            raise ValueError(
+                f"leaf_ids: leaf {i} is not available (state {found[i]}: already consumed/stale/pruned)"
+            )
     batch = bump(c, "cursor")
     c.execute(
         f"UPDATE leaves SET state = {STATE_CONSUMED}, consumed_seq = ? WHERE id IN ({marks})", [batch, *ids]

@@ -15,7 +15,9 @@ LOGPROBS = (-0.25, -1.0)
 token = st.tuples(st.integers(0, 2), st.sampled_from(LOGPROBS), st.booleans(), st.integers(0, 1))
 op = st.one_of(
     st.tuples(st.just("root"), st.lists(st.integers(0, 1), min_size=1, max_size=2)),
-    st.tuples(st.just("append"), st.integers(0, 10**6), st.lists(token, min_size=1, max_size=4), st.integers(0, 1)),
+    st.tuples(
+        st.just("append"), st.integers(0, 10**6), st.lists(token, min_size=1, max_size=4), st.integers(0, 1)
+    ),
     st.tuples(st.just("finish"), st.integers(0, 10**6), st.integers(-1, 2)),
     st.tuples(st.just("take"), st.integers(1, 4), st.integers(1, 3)),
 )
@@ -49,9 +51,7 @@ def _run(tree: TrajectoryTree, ops: list[tuple]) -> None:
             toks = o[2]
             # a segment has one version: the op's last field picks it for every policy token
             ver = o[3]
-            node = tree.append(
-                parent, [t[0] for t in toks], [t[1] for t in toks], [t[2] for t in toks], ver
-            )
+            node = tree.append(parent, [t[0] for t in toks], [t[1] for t in toks], [t[2] for t in toks], ver)
             expect = path_of[parent] + tuple(_identity(t[0], t[1], t[2], ver) for t in toks)
             assert path_of.setdefault(node, expect) == expect, "one node id, two different paths"
             assert id_of.setdefault(expect, node) == node, "one path, two node ids"
@@ -108,7 +108,11 @@ def test_random_workloads_in_memory(ops):
         tree.close()
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(op, min_size=1, max_size=40))
 def test_random_workloads_durable(tmp_path_factory, ops):
     path = tmp_path_factory.mktemp("prop") / "s.db"

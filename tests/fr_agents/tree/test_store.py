@@ -249,6 +249,7 @@ def test_pruning_identical_actions_and_observations(tree):
     # Same action tokens sampled under another version: a different sample, same action.
     a = tree.finish(tree.append(r, [5, 6], [-0.1, -0.2], True, 0), 1.0)
     b = tree.finish(tree.append(r, [5, 6], [-0.3, -0.4], True, 1), 1.0)
+
     # Two-turn episodes with different actions but the same observation.
     def two_turn(act1: int, act2: int) -> int:
         n = tree.append(r, [act1], [-0.5], True, 0)
