@@ -125,6 +125,228 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== play
+
+
+def _add_play(p: argparse.ArgumentParser) -> None:
+    p.add_argument("env_id", metavar="ENV_ID")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--model", default=None, help="play with this model (default: tiny)")
+    who.add_argument("--human", action="store_true", help="you type the actions (stdin, pipes work)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make")
+
+
+def _play_human(env: object, seed: int, max_turns: int) -> int:
+    obs, _ = env.reset(seed=seed)
+    if not isinstance(obs, str):
+        print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
+        return 2
+    total, interactive = 0.0, sys.stdin.isatty()
+    print(f"[observation]\n{obs}")
+    for turn in range(max_turns):
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            print("stdin ended before the episode did", file=sys.stderr)
+            return 1
+        action = line.rstrip("\n")
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += float(reward)
+        print(f"[action {turn}] {action}\n[reward] {float(reward)}")
+        if not isinstance(obs, str):
+            print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
+            return 2
+        if terminated or truncated:
+            status = "finished" if terminated else "truncated"
+            print(f"[result] {status}, total reward {total}, partial_score {info.get('partial_score')}")
+            return 0
+        print(f"[observation]\n{obs}")
+    print(f"[result] truncated after {max_turns} turns, total reward {total}")
+    return 0
+
+
+@command("play", "play one episode in the terminal, as a model or as a human (--human)")
+@args(_add_play)
+def _cmd_play(a: argparse.Namespace) -> int:
+    import asyncio
+
+    from fr_agents.models import ModelNotFoundError, load_policy
+    from fr_agents.policy.hf import HFEngine
+    from fr_agents.rollout import ObservationTypeError, RolloutOptions, run_episode
+    from fr_agents.tree import TrajectoryTree
+
+    try:
+        make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
+    except _EnvIdError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    env = make_env()
+    if a.human:
+        try:
+            return _play_human(env, a.seed, a.max_turns)
+        finally:
+            env.close()
+    try:
+        opts = RolloutOptions(
+            temperature=a.temperature,
+            max_new_tokens=a.max_new_tokens,
+            max_context=max(2048, a.max_new_tokens * 2),
+            max_turns=a.max_turns,
+            system_prompt=a.system_prompt,
+        )
+        model, tokenizer = load_policy(a.model or "tiny")
+    except (ValueError, ModelNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def show(kind: str, ev: dict) -> None:
+        if kind == "prompt":
+            print(f"[observation]\n{ev['observation']}", flush=True)
+        elif kind == "action":
+            print(f"[model turn {ev['turn']}] {ev['text']}", flush=True)
+        elif kind == "observation":
+            print(f"[reward] {ev['reward']}", flush=True)
+            if not ev["done"]:
+                print(f"[observation]\n{ev['text']}", flush=True)
+        elif kind == "finish":
+            print(f"[result] {ev['status']}, reward {ev['reward']}, partial_score {ev['partial_score']}", flush=True)
+
+    engine = HFEngine(model, tokenizer)
+    try:
+        asyncio.run(run_episode(env, engine, tokenizer, TrajectoryTree(), opts, seed=a.seed, make_env=make_env, on_event=show))
+    except ObservationTypeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close_sync()
+    return 0
+
+
+# =========================================================================== rollout
+
+
+class _EnvIdError(ValueError):
+    """An env id gymnasium cannot make; the message lists the closest registered ids."""
+
+
+def _make_env_factory(env_id: str, kwargs: dict) -> Callable[[], object]:
+    """Check ``env_id`` once (suggesting close ids) and return a factory making fresh envs."""
+    import difflib
+
+    import gymnasium
+
+    import envs  # noqa: F401  (registers the built-in ids)
+
+    known = sorted(gymnasium.registry)
+    try:
+        gymnasium.make(env_id, **kwargs).close()
+    except gymnasium.error.Error as e:
+        close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.4)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `fr-agents envs` lists the registered ids"
+        raise _EnvIdError(f"ENV_ID: cannot make {env_id!r} ({e}){hint}") from e
+    return lambda: gymnasium.make(env_id, **kwargs)
+
+
+def _json_kwargs(text: str | None, field: str) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{field}: not valid JSON ({e})") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"{field}: must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _add_rollout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("env_id", metavar="ENV_ID")
+    p.add_argument("--model", default="tiny", help="tiny, tiny-<size>, smollm2-135m, a local dir or a hub id")
+    p.add_argument("--episodes", type=int, default=8)
+    p.add_argument("--out", required=True, help="trajectory store file (SQLite) to write")
+    p.add_argument("--branch", type=int, default=1, help="branch factor K at each --branch-at turn")
+    p.add_argument("--branch-at", default="0", help="comma-separated turn boundaries to branch at (0 = prompt)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-context", type=int, default=1024)
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="episode i is reset with seed+i")
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make")
+    p.add_argument("--dtype", default="float32")
+
+
+@command("rollout", "run N episodes with a model and store them in a durable trajectory tree")
+@args(_add_rollout)
+def _cmd_rollout(a: argparse.Namespace) -> int:
+    import asyncio
+    import time
+
+    from rich.progress import Progress
+
+    from fr_agents.models import ModelNotFoundError, load_policy
+    from fr_agents.policy.hf import HFEngine
+    from fr_agents.rollout import RolloutOptions, run_episodes
+    from fr_agents.tree import TrajectoryTree
+
+    if a.episodes < 1:
+        raise ConfigError(f"--episodes: must be >= 1, got {a.episodes}")
+    try:
+        branch_at = tuple(int(x) for x in a.branch_at.split(",") if x.strip())
+    except ValueError as e:
+        raise ConfigError(f"--branch-at: expected comma-separated integers, got {a.branch_at!r}") from e
+    try:
+        opts = RolloutOptions(
+            temperature=a.temperature,
+            max_new_tokens=a.max_new_tokens,
+            max_context=a.max_context,
+            max_turns=a.max_turns,
+            system_prompt=a.system_prompt,
+            branch_factor=a.branch,
+            branch_at=branch_at,
+        )
+        make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
+        model, tokenizer = load_policy(a.model, a.dtype)
+    except (ValueError, ModelNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    engine = HFEngine(model, tokenizer)
+    t0 = time.monotonic()
+    with TrajectoryTree.open(a.out) as tree, Progress(transient=True) as bar:
+        task = bar.add_task("episodes", total=a.episodes)
+        results = asyncio.run(
+            run_episodes(
+                make_env,
+                engine,
+                tokenizer,
+                tree,
+                a.episodes,
+                opts,
+                concurrency=a.concurrency,
+                seeds=[a.seed + i for i in range(a.episodes)],
+                on_done=lambda r: bar.advance(task),
+            )
+        )
+        stats = tree.stats()
+    engine.close_sync()
+    elapsed = time.monotonic() - t0
+    leaves = [leaf for r in results for leaf in r.leaves]
+    tokens = sum(leaf.policy_tokens for leaf in leaves)
+    print(f"episodes     {len(results)}")
+    print(f"leaves       {len(leaves)}")
+    print(f"mean reward  {sum(leaf.reward for leaf in leaves) / len(leaves):.4f}")
+    print(f"tokens/s     {tokens / elapsed:.1f}  ({tokens} policy tokens in {elapsed:.1f}s)")
+    print(f"store        {a.out}  (leaves {stats['leaves']}, sharing_ratio {stats['sharing_ratio']:.2f})")
+    return 0
+
+
 # =========================================================================== store
 
 

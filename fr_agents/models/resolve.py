@@ -124,7 +124,9 @@ def resolve_model(name: str) -> Path | str:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise ModelNotFoundError(f"model directory {path} has no config.json; accepted forms: {ACCEPTED_FORMS}")
+            raise ModelNotFoundError(
+                f"model directory {path} has no config.json; accepted forms: {ACCEPTED_FORMS}"
+            )
         return path
     if _HUB_ID.match(name) and not path.exists():
         return name
@@ -145,7 +147,9 @@ def load_policy(name: str, dtype: str = "float32", device: str | None = None) ->
         tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype)
     except OSError as e:
-        raise ModelNotFoundError(f"could not load model {name!r} ({e}); accepted forms: {ACCEPTED_FORMS}") from e
+        raise ModelNotFoundError(
+            f"could not load model {name!r} ({e}); accepted forms: {ACCEPTED_FORMS}"
+        ) from e
     if device:
         model.to(device)
     model.eval()

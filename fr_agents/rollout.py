@@ -1,0 +1,552 @@
+"""The token-truthful multi-turn episode runner.
+
+One episode, token by token::
+
+    prompt   = chat_template([system?, user(first observation)], add_generation_prompt=True)
+    repeat:  tokens = engine.generate(held)           # kept exactly as sampled (policy tokens)
+             obs, r, done = env.step(decode(tokens))
+             suffix = template(conversation + [assistant, user(obs)])[len(held text):]
+             held += tokens + encode(suffix)          # observation tokens (not policy)
+
+Token truth. The sampled ids are never re-tokenised: the trainer sees exactly what the engine
+sampled, with the engine's behaviour log-probs and per-token policy versions. The chat template
+is only asked for the *text that follows* what is already held. If the re-rendered conversation
+does not start with the held text (a template that rewrites earlier turns, e.g. strips whitespace
+or reasoning from past assistant messages), that is :class:`TokenDriftError` naming the turn,
+never a silent fix. The suffix must round-trip through the tokenizer exactly, too.
+
+Storage. Every segment is appended to the :class:`~fr_agents.tree.TrajectoryTree` as soon as it
+exists (the prompt as root, each generation split into runs of equal policy version, each
+observation as non-policy tokens), so an unfinished episode's prefix is already stored.
+
+Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token sequence. When the
+context is exhausted the episode ends ``truncated`` with the env's last ``partial_score``.
+
+Branching. At each turn boundary named in ``branch_at`` (0 = before the first action) the episode
+forks into ``branch_factor`` continuations sharing the prefix in the tree. The env is forked with
+its ``fork()`` method when it has one; otherwise a fresh env is made, reset with the same seed and
+task, and the action prefix is replayed, checking that every observation matches.
+
+Concurrency. Episodes are coroutines; :func:`run_episodes` runs many against one engine (which
+batches their requests). Env calls run in a thread pool so a slow env does not stall the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from fr_agents.policy.base import Engine, Generation, SamplingOptions
+
+log = logging.getLogger(__name__)
+
+_ENV_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="fr-env")
+# Tree writes (SQLite, an fsync per finished leaf in file mode) run on one writer thread so that
+# they never stall the event loop; one thread keeps each episode's writes in order.
+_TREE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fr-tree")
+
+
+class TokenDriftError(RuntimeError):
+    """The chat template re-renders an earlier turn differently from the tokens already held."""
+
+    def __init__(self, turn: int, detail: str) -> None:
+        super().__init__(f"token drift at turn {turn}: {detail}")
+        self.turn = turn
+
+
+class ObservationTypeError(TypeError):
+    """An env returned an observation that is not a ``str``."""
+
+
+class ForkMismatchError(RuntimeError):
+    """Replaying the action prefix on a fresh env did not reproduce the recorded observations."""
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How episodes are run. ``branch_at`` lists turn boundaries (0 = before the first action)."""
+
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    max_context: int = 2048
+    max_turns: int = 8
+    system_prompt: str | None = None
+    observation_role: str = "user"
+    turn_reward: Literal["sum", "last"] = "sum"
+    branch_factor: int = 1
+    branch_at: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] | None = None  # None: derived from the tokenizer
+    stop_strings: tuple[str, ...] = ()
+    top_p: float = 1.0
+    top_k: int = 0
+    importance_correction: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "max_context", "max_turns", "branch_factor"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.turn_reward not in ("sum", "last"):
+            raise ValueError(f"turn_reward must be 'sum' or 'last', got {self.turn_reward!r}")
+        if any(int(t) < 0 for t in self.branch_at):
+            raise ValueError(f"branch_at must hold turn indices >= 0, got {list(self.branch_at)}")
+        if self.observation_role not in ("user", "tool"):
+            raise ValueError(f"observation_role must be 'user' or 'tool', got {self.observation_role!r}")
+        # Validate the sampling fields once, here, with the same rules as the engines.
+        SamplingOptions(
+            temperature=self.temperature,
+            max_tokens=self.max_new_tokens,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            importance_correction=self.importance_correction,
+        )
+
+
+@dataclass
+class LeafResult:
+    """One finished trajectory (one root-to-leaf path)."""
+
+    leaf_id: int
+    reward: float
+    status: str
+    partial_score: float | None
+    turns: int
+    policy_tokens: int
+    rewards: list[float]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeResult:
+    """An episode: its root and its leaves (one leaf, or more when it branched)."""
+
+    root_id: int
+    seed: int
+    leaves: list[LeafResult]
+
+    @property
+    def reward(self) -> float:
+        """Mean reward over the leaves."""
+        return sum(leaf.reward for leaf in self.leaves) / len(self.leaves)
+
+    @property
+    def policy_tokens(self) -> int:
+        """Policy tokens sampled for this episode (shared prefixes counted once per leaf path)."""
+        return sum(leaf.policy_tokens for leaf in self.leaves)
+
+
+@dataclass
+class _Branch:
+    """The state of one (possibly forked) conversation."""
+
+    env: Any
+    messages: list[dict[str, str]]
+    held_ids: list[int]
+    held_text: str
+    node: int
+    turn: int = 0
+    rewards: list[float] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    policy_tokens: int = 0
+    branched: set[int] = field(default_factory=set)
+
+
+EventFn = Callable[[str, dict[str, Any]], None]
+
+
+def default_stop_ids(tokenizer: Any) -> tuple[int, ...]:
+    """End-of-turn ids of a chat tokenizer: its eos plus the usual ChatML/Llama turn ends."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        if tok in vocab:
+            ids.add(int(vocab[tok]))
+    return tuple(sorted(ids))
+
+
+def _env_name(env: Any) -> str:
+    spec = getattr(env, "spec", None)
+    return getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
+
+
+def _check_obs(env: Any, obs: Any, where: str) -> str:
+    if not isinstance(obs, str):
+        raise ObservationTypeError(
+            f"env {_env_name(env)} returned a {type(obs).__name__} observation from {where}; "
+            "fr-agents drives text envs whose observations are str (see fr_agents.spaces.AnyText)"
+        )
+    return obs
+
+
+def _json_safe(value: Any) -> Any:
+    import json
+
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _partial(info: dict[str, Any]) -> float | None:
+    ps = info.get("partial_score")
+    if isinstance(ps, (int, float)) and not isinstance(ps, bool) and 0.0 <= float(ps) <= 1.0:
+        return float(ps)
+    return None
+
+
+async def _in_thread(fn: Callable[..., Any], *a: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_ENV_POOL, fn, *a)
+
+
+async def _tree(fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_TREE_POOL, lambda: fn(*a, **kw))
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _encode_exact(tokenizer: Any, text: str, turn: int) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if back != text:
+        raise TokenDriftError(
+            turn,
+            f"the tokenizer does not round-trip the appended text {text[:80]!r} (decodes to {back[:80]!r})",
+        )
+    return list(ids)
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+class _Runner:
+    """Runs one episode (all its branches) against one engine and one tree."""
+
+    def __init__(
+        self,
+        make_env: Callable[[], Any] | None,
+        engine: Engine,
+        tokenizer: Any,
+        tree: Any,
+        options: RolloutOptions,
+        seed: int,
+        reset_options: dict[str, Any] | None,
+        on_event: EventFn | None,
+    ) -> None:
+        self.make_env = make_env
+        self.engine = engine
+        self.tok = tokenizer
+        self.tree = tree
+        self.opt = options
+        self.seed = seed
+        self.reset_options = reset_options
+        self.on_event = on_event
+        stops = options.stop_token_ids if options.stop_token_ids is not None else default_stop_ids(tokenizer)
+        self.stop_ids = tuple(int(t) for t in stops)
+        self.sampling = SamplingOptions(
+            temperature=options.temperature,
+            max_tokens=options.max_new_tokens,
+            stop_token_ids=self.stop_ids,
+            stop_strings=tuple(options.stop_strings),
+            top_p=options.top_p,
+            top_k=options.top_k,
+            importance_correction=options.importance_correction,
+        )
+
+    def emit(self, kind: str, **payload: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, payload)
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self, env: Any) -> EpisodeResult:
+        obs, info = await _in_thread(lambda: env.reset(seed=self.seed, options=self.reset_options))
+        obs = _check_obs(env, obs, "reset()")
+        messages: list[dict[str, str]] = []
+        if self.opt.system_prompt:
+            messages.append({"role": "system", "content": self.opt.system_prompt})
+        messages.append({"role": "user", "content": obs})
+        text = _render(self.tok, messages)
+        ids = _encode_exact(self.tok, text, 0)
+        if len(ids) >= self.opt.max_context:
+            raise ValueError(
+                f"max_context: the prompt alone is {len(ids)} tokens, max_context is {self.opt.max_context}"
+            )
+        meta = {
+            "env": _env_name(env),
+            "seed": self.seed,
+            "task": _json_safe((self.reset_options or {}).get("task")),
+        }
+        root = await _tree(self.tree.add_root, ids, meta=meta)
+        self.emit("prompt", text=text, observation=obs)
+        branch = _Branch(env, messages, list(ids), text, root, info=dict(info or {}), observations=[obs])
+        leaves = await self.run(branch)
+        return EpisodeResult(root_id=root, seed=self.seed, leaves=leaves)
+
+    # ------------------------------------------------------------------ turns
+
+    async def run(self, b: _Branch) -> list[LeafResult]:
+        while True:
+            if self.opt.branch_factor > 1 and b.turn in self.opt.branch_at and b.turn not in b.branched:
+                return await self.branch(b)
+            budget = self.opt.max_context - len(b.held_ids)
+            if budget < 1:
+                return [await self.finish(b, "truncated", reason="context")]
+            opts = self.sampling
+            if budget < opts.max_tokens:
+                opts = replace(opts, max_tokens=budget)
+            gen = await self.engine.generate(b.held_ids, opts)
+            await self.store_generation(b, gen)
+            action = self.action_text(gen)
+            self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
+            obs, reward, terminated, truncated, info = await _in_thread(b.env.step, action)
+            obs = _check_obs(b.env, obs, f"step() at turn {b.turn}")
+            b.actions.append(action)
+            b.observations.append(obs)
+            b.rewards.append(float(reward))
+            b.info = dict(info or {})
+            b.turn += 1
+            self.emit(
+                "observation", turn=b.turn - 1, text=obs, reward=float(reward), done=terminated or truncated
+            )
+            if terminated:
+                return [await self.finish(b, "finished")]
+            if truncated or b.turn >= self.opt.max_turns:
+                return [await self.finish(b, "truncated", reason="env" if truncated else "max_turns")]
+            if not await self.append_observation(b, action, obs):
+                return [await self.finish(b, "truncated", reason="context")]
+
+    def action_text(self, gen: Generation) -> str:
+        ids = gen.token_ids
+        if gen.finish_reason == "stop" and ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        return _decode(self.tok, ids)
+
+    async def store_generation(self, b: _Branch, gen: Generation) -> None:
+        """Append the sampled tokens (split into runs of equal version) and extend the held text."""
+        versions = gen.token_versions()
+        start = 0
+        for i in range(1, len(versions) + 1):
+            if i == len(versions) or versions[i] != versions[start]:
+                b.node = await _tree(
+                    self.tree.append,
+                    b.node,
+                    gen.token_ids[start:i],
+                    gen.logprobs[start:i],
+                    True,
+                    versions[start],
+                )
+                start = i
+        ids = gen.token_ids
+        stop_tail = gen.finish_reason == "stop" and ids and ids[-1] in self.stop_ids
+        body = ids[:-1] if stop_tail else ids
+        b.held_text += _decode(self.tok, body) + (_decode(self.tok, ids[-1:]) if stop_tail else "")
+        b.held_ids.extend(ids)
+        b.policy_tokens += len(ids)
+
+    async def append_observation(self, b: _Branch, action: str, obs: str) -> bool:
+        """Template the next observation onto the held tokens; False when it does not fit."""
+        messages = [
+            *b.messages,
+            {"role": "assistant", "content": action},
+            {"role": self.opt.observation_role, "content": obs},
+        ]
+        text = _render(self.tok, messages)
+        if not text.startswith(b.held_text):
+            at = next(
+                (i for i, (x, y) in enumerate(zip(text, b.held_text, strict=False)) if x != y),
+                min(len(text), len(b.held_text)),
+            )
+            raise TokenDriftError(
+                b.turn,
+                "the chat template re-renders the conversation so that it no longer starts with the held "
+                f"tokens (first difference at character {at}: held {b.held_text[at : at + 40]!r}, "
+                f"template {text[at : at + 40]!r})",
+            )
+        suffix = text[len(b.held_text) :]
+        ids = _encode_exact(self.tok, suffix, b.turn)
+        if len(b.held_ids) + len(ids) >= self.opt.max_context:
+            return False
+        b.node = await _tree(self.tree.append, b.node, ids, None, False, -1)
+        b.held_ids.extend(ids)
+        b.held_text = text
+        b.messages = messages
+        return True
+
+    async def finish(self, b: _Branch, status: str, reason: str | None = None) -> LeafResult:
+        from fr_agents.tree import DuplicateLeafError
+
+        reward = 0.0
+        if b.rewards:
+            reward = sum(b.rewards) if self.opt.turn_reward == "sum" else b.rewards[-1]
+        partial = _partial(b.info)
+        info = {"turns": b.turn, "rewards": b.rewards}
+        if reason:
+            info["truncated_by"] = reason
+        for key in ("won", "tool_calls"):
+            if key in b.info:
+                info[key] = _json_safe(b.info[key])
+        try:
+            leaf = await _tree(
+                self.tree.finish, b.node, reward, partial_score=partial, status=status, info=info
+            )
+        except DuplicateLeafError as e:  # an identical path was already stored: it is that leaf
+            leaf = e.leaf_id
+        self.emit("finish", status=status, reward=reward, partial_score=partial, turns=b.turn)
+        if b.env is not None:
+            await _in_thread(b.env.close)
+        return LeafResult(leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info)
+
+    # ------------------------------------------------------------------ branching
+
+    async def branch(self, b: _Branch) -> list[LeafResult]:
+        b.branched.add(b.turn)
+        clones = [b]
+        for _ in range(self.opt.branch_factor - 1):
+            env = await self.fork_env(b)
+            clone = copy.copy(b)
+            clone.env = env
+            clone.messages = list(b.messages)
+            clone.held_ids = list(b.held_ids)
+            clone.rewards = list(b.rewards)
+            clone.actions = list(b.actions)
+            clone.observations = list(b.observations)
+            clone.info = dict(b.info)
+            clone.branched = set(b.branched)
+            clones.append(clone)
+        results = await asyncio.gather(*(self.run(c) for c in clones))
+        return [leaf for leaves in results for leaf in leaves]
+
+    async def fork_env(self, b: _Branch) -> Any:
+        fork = getattr(b.env.unwrapped, "fork", None) or getattr(b.env, "fork", None)
+        if callable(fork):
+            return await _in_thread(fork)
+        if self.make_env is None:
+            raise ValueError("branching needs env.fork() or a make_env factory to replay the episode")
+        return await _in_thread(self._replay, b)
+
+    def _replay(self, b: _Branch) -> Any:
+        env = self.make_env()  # type: ignore[misc]
+        obs, _ = env.reset(seed=self.seed, options=self.reset_options)
+        if obs != b.observations[0]:
+            env.close()
+            raise ForkMismatchError(
+                f"env {_env_name(env)}: replay with seed {self.seed} gave a different first observation; "
+                "implement fork() or make reset deterministic in its seed"
+            )
+        for t, action in enumerate(b.actions):
+            obs, *_ = env.step(action)
+            if obs != b.observations[t + 1]:
+                env.close()
+                raise ForkMismatchError(
+                    f"env {_env_name(env)}: replaying turn {t} gave a different observation; "
+                    "implement fork() or make the env deterministic in its seed"
+                )
+        return env
+
+
+async def run_episode(
+    env: Any,
+    engine: Engine,
+    tokenizer: Any,
+    tree: Any,
+    options: RolloutOptions | None = None,
+    *,
+    seed: int | None = None,
+    task: Any = None,
+    make_env: Callable[[], Any] | None = None,
+    on_event: EventFn | None = None,
+) -> EpisodeResult:
+    """Run one episode of ``env`` (already made) and store it in ``tree``.
+
+    ``task`` is passed as ``reset(options={"task": task})``; ``make_env`` makes a fresh env for
+    replay-forking (default: ``gymnasium.make(env.spec)`` when the env has a spec). The env is
+    closed at the end of each branch.
+    """
+    options = options or RolloutOptions()
+    if seed is None:
+        seed = random.randrange(2**31)
+    if make_env is None and getattr(env, "spec", None) is not None:
+        import gymnasium
+
+        spec = env.spec
+        make_env = lambda: gymnasium.make(spec)  # noqa: E731
+    runner = _Runner(
+        make_env,
+        engine,
+        tokenizer,
+        tree,
+        options,
+        seed,
+        {"task": task} if task is not None else None,
+        on_event,
+    )
+    try:
+        return await runner.start(env)
+    except BaseException:
+        env.close()
+        raise
+
+
+async def run_episodes(
+    make_env: Callable[[], Any],
+    engine: Engine,
+    tokenizer: Any,
+    tree: Any,
+    n: int,
+    options: RolloutOptions | None = None,
+    *,
+    concurrency: int = 64,
+    seeds: Sequence[int] | None = None,
+    tasks: Sequence[Any] | None = None,
+    on_done: Callable[[EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    """Run ``n`` episodes, at most ``concurrency`` at once, against one engine; results in order.
+
+    ``seeds[i]`` / ``tasks[i]`` (when given) seed and choose the task of episode ``i``;
+    ``on_done`` is called as each episode finishes (progress bars).
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    for name, seq in (("seeds", seeds), ("tasks", tasks)):
+        if seq is not None and len(seq) < n:
+            raise ValueError(f"{name} has {len(seq)} entries for {n} episodes")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> EpisodeResult:
+        async with gate:
+            env = await _in_thread(make_env)
+            res = await run_episode(
+                env,
+                engine,
+                tokenizer,
+                tree,
+                options,
+                seed=seeds[i] if seeds is not None else None,
+                task=tasks[i] if tasks is not None else None,
+                make_env=make_env,
+            )
+            if on_done is not None:
+                on_done(res)
+            return res
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def run_episodes_sync(*args: Any, **kwargs: Any) -> list[EpisodeResult]:
+    """:func:`run_episodes` from synchronous code (starts and closes its own event loop)."""
+    return asyncio.run(run_episodes(*args, **kwargs))
