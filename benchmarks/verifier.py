@@ -72,7 +72,9 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=300)
     a = ap.parse_args()
 
-    with VerifierPool(workers=1) as one, VerifierPool(workers=a.workers) as many:
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} CPUs, 1-min load average {load:.1f} (pool scaling needs idle cores)")
+    with VerifierPool(workers=1, eager=True) as one, VerifierPool(workers=a.workers, eager=True) as many:
         r1 = checks_per_second(one, MV_PAIRS, a.checks, threads=1)
         rn = checks_per_second(many, MV_PAIRS, a.checks, threads=a.workers * 2)
         fast = checks_per_second(

@@ -131,10 +131,16 @@ class VerifierPool:
 
     ``inner_timeout_s`` (default 0.8 x ``timeout_s``) is the worker's own alarm, which ends most slow
     checks without a kill; the outer ``timeout_s`` is the hard limit at which the worker is killed.
+    Workers start on the first check that needs math-verify (or at once with ``eager=True``), so a
+    pool that only ever sees fast-path answers (the tiny curriculum) costs no processes.
     """
 
     def __init__(
-        self, workers: int = 2, timeout_s: float = 5.0, inner_timeout_s: float | None = None
+        self,
+        workers: int = 2,
+        timeout_s: float = 5.0,
+        inner_timeout_s: float | None = None,
+        eager: bool = False,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers: must be >= 1, got {workers}")
@@ -148,7 +154,17 @@ class VerifierPool:
         self._all: set[_Worker] = set()
         self._closed = False
         self.stats = {"checks": 0, "fast_path": 0, "pool_checks": 0, "timeouts": 0, "kills": 0}
-        for _ in range(workers):
+        self._started = False
+        if eager:
+            self.start()
+
+    def start(self) -> None:
+        """Start the worker processes now (otherwise the first check that needs math-verify does)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        for _ in range(self.workers):
             self._idle.put(self._spawn())
 
     def _spawn(self) -> _Worker:
@@ -174,6 +190,8 @@ class VerifierPool:
             return Verdict(fast, "correct" if fast else "wrong", time.perf_counter() - start, path)
         deadline = self.timeout_s if timeout_s is None else float(timeout_s)
         inner = self.inner_timeout_s if timeout_s is None else 0.8 * deadline
+        if not self._started:
+            self.start()
         worker = self._idle.get()
         try:
             worker.wait_ready()

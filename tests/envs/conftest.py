@@ -11,6 +11,6 @@ from envs.verifier import VerifierPool
 
 @pytest.fixture(scope="session")
 def verifier_pool() -> Iterator[VerifierPool]:
-    p = VerifierPool(workers=2, timeout_s=10.0)
+    p = VerifierPool(workers=2, timeout_s=10.0, eager=True)
     yield p
     p.close()

@@ -164,3 +164,9 @@ def test_fast_paths_only_decide_safe_cases(verifier_pool: VerifierPool) -> None:
     assert v.path == "integer" and not v.correct
     assert verifier_pool.check("19", "019").correct
     assert verifier_pool.check("0.5", "1/2").path == "math_verify"
+
+
+def test_fast_path_needs_no_worker_processes() -> None:
+    with VerifierPool(workers=2) as p:
+        assert p.check("19", "19").correct and not p.check("19", "18").correct
+        assert p.stats["pool_checks"] == 0 and not p._all  # nothing was started
