@@ -1,0 +1,172 @@
+"""Scheduled episodes -> engine -> env -> trajectory tree, for the training loop.
+
+:class:`EpisodeRunner` owns the rollout engine (its own copy of the model, fed weights by the
+learner) and turns one :class:`~trainer.schedule.EpisodeSpec` into one finished leaf of the tree
+with :func:`fr_agents.rollout.run_episode` (chat template, token truth, per-token versions; the
+prompt is the tree root, so identical prompts share it and GRPO groups pack together). Every
+request of an episode is seeded from the spec (:class:`SeededEngine`), so a re-run after a crash
+reproduces the tokens. It also provides the encodings evaluation and the warm start need, built the
+same way the rollout builds prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fr_agents.config import TrainConfig
+from fr_agents.policy.base import Engine, Generation, SamplingOptions
+from trainer.schedule import EpisodeSpec, derive_seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeOutcome:
+    leaf_id: int
+    reward: float
+    policy_tokens: int
+    turns: int
+
+
+class SeededEngine(Engine):
+    """An engine view that seeds every request of one episode from the episode's seed.
+
+    The shared engine otherwise samples from one process-wide generator, so which episode gets
+    which random numbers would depend on timing. With a per-request seed (the ``n``-th call of the
+    episode uses ``derive_seed(seed, n)``) re-running an episode with the same weights reproduces
+    its tokens, whatever else the engine is batching at the time.
+    """
+
+    def __init__(self, engine: Engine, seed: int) -> None:
+        self.inner = engine
+        self.seed = seed
+        self.calls = 0
+
+    @property  # type: ignore[override]
+    def version(self) -> int:
+        return self.inner.version
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
+        n = self.calls
+        self.calls += 1
+        seeded = replace(options, seed=derive_seed("sample", self.seed, n) % (2**63))
+        return await self.inner.generate(prompt_ids, seeded)
+
+    def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.inner.set_weights(state_dict, version)
+
+
+class EpisodeRunner:
+    """Runs scheduled episodes for the loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model_dir: Path | str,
+        tokenizer: Any,
+        tree: Any,
+        make_env: Any,
+        tasks: list[dict[str, Any]],
+        *,
+        model: Any = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from fr_agents.policy.hf import HFEngine
+
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.tree = tree
+        self.make_env = make_env
+        self.tasks = tasks
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.model.dtype))
+            model.to(cfg.trainer.device)
+        else:
+            model = copy.deepcopy(model)
+        self.engine = HFEngine(model, tokenizer, max_batch_size=max(1, cfg.rollout.concurrency), seed=cfg.trainer.seed)
+        from fr_agents.rollout import RolloutOptions, default_stop_ids
+
+        r = cfg.rollout
+        self.stop_ids: list[int] = list(default_stop_ids(tokenizer))
+        eos = tokenizer.eos_token_id
+        # the end-of-turn token a perfect reply ends with (warm-start demos)
+        self.end_of_turn = int(eos) if eos is not None else self.stop_ids[0]
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_of_turn)
+        self.options = RolloutOptions(
+            temperature=r.temperature,
+            max_new_tokens=r.max_new_tokens,
+            max_context=r.max_context,
+            max_turns=max(1, cfg.env.max_turns),
+            system_prompt=cfg.env.system_prompt,
+            turn_reward=r.turn_reward,
+            branch_factor=1,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            importance_correction=cfg.objective.importance_sampling,
+        )
+
+    # ------------------------------------------------------------------ encoding
+
+    def _messages(self, obs: str) -> list[dict[str, str]]:
+        msgs = []
+        if self.cfg.env.system_prompt:
+            msgs.append({"role": "system", "content": self.cfg.env.system_prompt})
+        msgs.append({"role": "user", "content": obs})
+        return msgs
+
+    def encode_observation(self, obs: str) -> list[int]:
+        """The prompt tokens for a first observation (chat template with generation prompt)."""
+        text = self.tokenizer.apply_chat_template(self._messages(obs), tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_task(self, task: dict[str, Any]) -> list[int]:
+        env = self.make_env()
+        try:
+            obs, _ = env.reset(options={"task": dict(task)})
+        finally:
+            env.close()
+        return self.encode_observation(obs)
+
+    def encode_answer(self, task: dict[str, Any]) -> list[int]:
+        """A perfect reply's tokens (the gold answer, then the end-of-turn token) for warm starts."""
+        return list(self.tokenizer.encode(str(task["answer"]), add_special_tokens=False)) + [self.end_of_turn]
+
+    # ------------------------------------------------------------------ weights
+
+    def set_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.set_weights(state_dict, version)
+
+    # ------------------------------------------------------------------ one episode
+
+    async def run(self, spec: EpisodeSpec) -> EpisodeOutcome:
+        """Run one scheduled episode with :func:`fr_agents.rollout.run_episode`; one leaf."""
+        from fr_agents.rollout import run_episode
+
+        task = self.tasks[spec.task_index]
+        env = await asyncio.to_thread(self.make_env)
+        result = await run_episode(
+            env,
+            SeededEngine(self.engine, spec.seed),
+            self.tokenizer,
+            self.tree,
+            self.options,
+            seed=spec.seed % (2**31),
+            task=dict(task),
+            make_env=self.make_env,
+        )
+        leaf = result.leaves[0]
+        if len(result.leaves) != 1:
+            raise RuntimeError("branching episodes are not scheduled by the training loop (set rollout.branch_factor=1)")
+        return EpisodeOutcome(leaf.leaf_id, leaf.reward, leaf.policy_tokens, leaf.turns)
+
+    def close(self) -> None:
+        self.engine.close_sync()
