@@ -125,6 +125,55 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== sandbox
+
+
+def _add_sandbox(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="sandbox_cmd", metavar="ACTION")
+    b = sub.add_parser("build-image", help="debootstrap + docker import the sandbox image (cached by recipe hash)")
+    b.add_argument("--force", action="store_true", help="rebuild the rootfs and re-import even when cached")
+    b.add_argument("--rootfs-only", action="store_true", help="only debootstrap the rootfs (no Docker needed)")
+    g = sub.add_parser("gc", help="remove sandboxes (containers, bwrap processes, cgroups) whose owner is gone")
+    g.add_argument("--all", action="store_true", help="also remove sandboxes of live owners")
+    sub.add_parser("status", help="which sandbox backends work here, and why not")
+
+
+@command("sandbox", "sandboxes: `sandbox build-image`, `sandbox gc [--all]`, `sandbox status`")
+@args(_add_sandbox)
+def _cmd_sandbox(a: argparse.Namespace) -> int:
+    if a.sandbox_cmd == "build-image":
+        from tools_sandbox.image import build_image
+
+        try:
+            tag = build_image(force=a.force, docker=not a.rootfs_only)
+        except RuntimeError as e:
+            print(f"build-image failed: {e}", file=sys.stderr)
+            return 1
+        print(tag)
+        return 0
+    if a.sandbox_cmd == "gc":
+        from tools_sandbox.reaper import gc
+
+        removed = gc(all_owners=a.all)
+        for backend, items in removed.items():
+            print(f"{backend}: removed {len(items)}" + "".join(f"\n  {i}" for i in items))
+        return 0
+    if a.sandbox_cmd == "status":
+        from tools_sandbox import backend_status, resolve_backend
+
+        for backend, (ok, detail) in backend_status().items():
+            print(f"{'ok     ' if ok else 'missing'}  {backend:<7} {detail}")
+        try:
+            print(f"auto -> {resolve_backend('auto')}")
+        except Exception as e:  # noqa: BLE001 - report the reason
+            print(f"auto -> unavailable: {e}")
+            return 1
+        return 0
+    print("usage: fr-agents sandbox {build-image,gc,status}", file=sys.stderr)
+    return 2
+
+
+
 # =========================================================================== play
 
 

@@ -1,0 +1,327 @@
+"""``fr_agents/PythonTool-v0``: solve a math problem with a persistent, sandboxed Python tool.
+
+One episode::
+
+    env = gymnasium.make("fr_agents/PythonTool-v0")
+    obs, info = env.reset(seed=0)          # the tool instructions + the problem
+    obs, r, term, trunc, info = env.step('<tool_call>{"name": "python", "arguments": {"code": "x = 3**20\\nx"}}</tool_call>')
+    # obs == "<tool_response>\\n3486784401\\n</tool_response>"
+    obs, r, term, trunc, info = env.step("The answer is \\\\boxed{3486784401}")   # r == 1.0, term
+
+Tool calls are Hermes/Qwen style: ``<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>``
+(several per reply are run in order). With ``allow_fenced=True`` a reply without a final answer whose
+```` ```python ```` blocks hold code runs those blocks too. Each call's output (stdout, stderr, and a status
+line for errors, timeouts and restarts) comes back in ``<tool_response>...</tool_response>``.
+
+The code runs in the episode's own sandbox session (:mod:`tools_sandbox`), so variables and imports
+persist across calls and turns. The session is opened at the first call (from a warm pool when
+``sandbox_pool_size > 0``) and closed when the episode ends, at the next ``reset``, on ``close()``, and
+when the env is garbage-collected. A session is never shared between episodes.
+
+A reply without a tool call is the final answer and is graded exactly as ``MathVerifier-v0`` grades it
+(an inner :class:`envs.math_verifier.MathVerifierEnv` draws the task and scores the reply: last
+``\\boxed{}``, math-verify in a process pool with a hard deadline). After ``max_turns`` replies the
+episode is truncated and the last reply is graded. A malformed call (bad JSON, unknown tool, missing
+code) gets an explanatory ``<tool_response>`` and the episode goes on. ``info["tool_calls"]`` counts
+the calls run so far.
+
+``env.unwrapped.fork()`` branches the episode: the twin gets a fresh sandbox into which the code run
+since the last restart is replayed (lazily, at the twin's first call), so its Python state matches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any, SupportsFloat
+
+import gymnasium
+
+from envs.answer_extract import extract_answer
+from envs.math_verifier import MathVerifierEnv
+from envs.tasks import Task, TaskSource
+from envs.verifier import VerifierPool
+from fr_agents.spaces import AnyText
+from tools_sandbox import RunResult, Sandbox, SandboxLimits, create_sandbox, shared_pool
+
+log = logging.getLogger(__name__)
+
+TOOL_NAME = "python"
+DEFAULT_TOOL_PROMPT = (
+    "You can run Python code with the `python` tool. To call it, write\n"
+    '<tool_call>\n{"name": "python", "arguments": {"code": "print(2 + 2)"}}\n</tool_call>\n'
+    "and the output comes back in <tool_response>...</tool_response>. Variables and imports persist "
+    "between calls. When you know the answer, reply without a tool call.\n\n"
+)
+_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_FENCE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
+_EXAMPLE = '<tool_call>{"name": "python", "arguments": {"code": "print(1 + 1)"}}</tool_call>'
+
+
+def parse_tool_calls(text: str) -> list[dict[str, Any]]:
+    """Every ``<tool_call>`` of ``text`` in order: ``{"code": str}`` or ``{"error": why}``.
+
+    ``arguments`` may be an object or a JSON string holding one (some models emit the latter).
+    An opening ``<tool_call>`` without its closing tag is reported as an error too.
+    """
+    calls: list[dict[str, Any]] = []
+    for m in _CALL_RE.finditer(text):
+        calls.append(_parse_one(m.group(1)))
+    tail = text[text.rfind("</tool_call>") + len("</tool_call>") :] if calls else text
+    if "<tool_call>" in tail:
+        calls.append({"error": "a <tool_call> was opened but never closed with </tool_call>"})
+    return calls
+
+
+def _parse_one(body: str) -> dict[str, Any]:
+    try:
+        call = json.loads(body.strip(), strict=False)  # tolerate raw newlines inside strings
+    except json.JSONDecodeError as e:
+        return {"error": f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"}
+    if not isinstance(call, dict) or "name" not in call:
+        return {"error": 'the tool call must be a JSON object with "name" and "arguments"'}
+    if call["name"] != TOOL_NAME:
+        return {"error": f"unknown tool {call['name']!r}; the only tool is {TOOL_NAME!r}"}
+    args = call.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args, strict=False)
+        except json.JSONDecodeError:
+            return {"error": '"arguments" must be an object like {"code": "..."}'}
+    if not isinstance(args, dict) or not isinstance(args.get("code"), str):
+        return {"error": 'missing "code": the arguments must be {"code": "<python source>"}'}
+    if not args["code"].strip():
+        return {"error": '"code" is empty'}
+    return {"code": args["code"]}
+
+
+def format_result(r: RunResult, max_chars: int) -> str:
+    """The text of one ``<tool_response>``: output, then a status line when something went wrong."""
+    parts = [r.stdout, r.stderr]
+    if r.status == "error" and r.exit_code not in (None, 1):
+        parts.append(r.describe())
+    text = "\n".join(p.rstrip("\n") for p in parts if p)
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n[... {len(text) - max_chars} more characters cut]"
+    return text if text else "(no output)"
+
+
+class PythonToolEnv(gymnasium.Env[str, str]):
+    """Math with a persistent sandboxed Python tool; graded like MathVerifier.
+
+    Args:
+        task_source, task_params, split, task_seed, answer_format, prompt_suffix, max_answer_chars,
+            verify_timeout, verifier_pool: as in :class:`envs.math_verifier.MathVerifierEnv`, which
+            draws the tasks and grades the final answer.
+        max_turns: replies per episode (tool-call turns included); default 10.
+        backend: sandbox backend, ``auto`` (Docker if its daemon answers, else bubblewrap), ``docker``
+            or ``bwrap``. There is no unsandboxed mode.
+        limits: :class:`tools_sandbox.SandboxLimits` (or a dict of its fields) for each session.
+        sandbox_pool_size: keep this many sessions pre-started in a process-wide warm pool (0: start
+            each episode's session when its first call comes).
+        call_timeout: hard deadline of one tool call in seconds.
+        allow_fenced: also run ```` ```python ```` blocks of replies that have no final answer.
+        max_calls_per_turn: tool calls run per reply; the rest get an error response.
+        max_tool_output_chars: each ``<tool_response>`` is cut to this many characters.
+        tool_prompt: instructions put before the problem; None for the default, "" for none (when the
+            chat template already describes the tool).
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        task_source: str | TaskSource | Sequence[Task] | None = "arithmetic",
+        task_params: dict[str, Any] | None = None,
+        split: str = "train",
+        task_seed: int = 0,
+        answer_format: str = "boxed",
+        prompt_suffix: str | None = None,
+        max_answer_chars: int = 200,
+        verify_timeout: float = 5.0,
+        verifier_pool: VerifierPool | None = None,
+        max_turns: int = 10,
+        backend: str = "auto",
+        limits: SandboxLimits | dict[str, Any] | None = None,
+        sandbox_pool_size: int = 0,
+        call_timeout: float = 10.0,
+        allow_fenced: bool = False,
+        max_calls_per_turn: int = 4,
+        max_tool_output_chars: int = 4096,
+        tool_prompt: str | None = None,
+        render_mode: str | None = None,
+        max_text_chars: int = 65536,
+    ) -> None:
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns: must be an int >= 1, got {max_turns!r}")
+        if call_timeout <= 0:
+            raise ValueError(f"call_timeout: must be > 0, got {call_timeout}")
+        if max_calls_per_turn < 1:
+            raise ValueError(f"max_calls_per_turn: must be >= 1, got {max_calls_per_turn}")
+        if max_tool_output_chars < 64:
+            raise ValueError(f"max_tool_output_chars: must be >= 64, got {max_tool_output_chars}")
+        if backend not in ("auto", "docker", "bwrap"):
+            raise ValueError(f"backend: expected 'auto', 'docker' or 'bwrap', got {backend!r}")
+        if sandbox_pool_size < 0:
+            raise ValueError(f"sandbox_pool_size: must be >= 0, got {sandbox_pool_size}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode: expected None or 'ansi', got {render_mode!r}")
+        if isinstance(limits, dict):
+            limits = SandboxLimits(**limits)
+        self.grader = MathVerifierEnv(
+            task_source=task_source,
+            task_params=task_params,
+            split=split,
+            task_seed=task_seed,
+            answer_format=answer_format,
+            prompt_suffix=prompt_suffix,
+            max_answer_chars=max_answer_chars,
+            max_turns=1,
+            verify_timeout=verify_timeout,
+            pool=verifier_pool,
+            max_text_chars=max_text_chars,
+        )
+        self.observation_space = AnyText(max_length=max_text_chars)
+        self.action_space = AnyText(max_length=max_text_chars)
+        self.render_mode = render_mode
+        self.answer_format = answer_format
+        self.max_turns = max_turns
+        self.backend = backend
+        self.limits = limits or SandboxLimits(call_timeout=call_timeout)
+        self.sandbox_pool_size = sandbox_pool_size
+        self.call_timeout = float(call_timeout)
+        self.allow_fenced = allow_fenced
+        self.max_calls_per_turn = max_calls_per_turn
+        self.max_tool_output_chars = max_tool_output_chars
+        self.tool_prompt = DEFAULT_TOOL_PROMPT if tool_prompt is None else tool_prompt
+        self._sandbox: Sandbox | None = None
+        self._history: list[str] = []  # code run in the current interpreter state (since the last restart)
+        self._replay: list[str] = []  # code a forked twin must replay before its first call
+        self._turn = 0
+        self._tool_calls = 0
+        self._malformed = 0
+        self._done = True
+        self._transcript: list[tuple[str, str]] = []
+
+    # ------------------------------------------------------------------ sandbox
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        """The episode's session, once the first call opened it."""
+        return self._sandbox
+
+    def _open_sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            if self.sandbox_pool_size > 0:
+                self._sandbox = shared_pool(self.backend, self.limits, self.sandbox_pool_size).acquire()
+            else:
+                self._sandbox = create_sandbox(self.backend, self.limits)
+            replay, self._replay = self._replay, []
+            for code in replay:
+                r = self._sandbox.run_python(code, timeout=self.call_timeout)
+                if r.restarted:  # the replayed state is gone again; keep what still holds
+                    self._history.clear()
+                    log.warning(
+                        "replaying forked state hit %s; the twin starts from an empty state", r.status
+                    )
+                    break
+                self._history.append(code)
+        return self._sandbox
+
+    def _close_sandbox(self) -> None:
+        sb, self._sandbox = self._sandbox, None
+        if sb is not None:
+            sb.close()
+
+    def _run(self, code: str) -> str:
+        r = self._open_sandbox().run_python(code, timeout=self.call_timeout)
+        self._tool_calls += 1
+        if r.restarted:
+            self._history.clear()
+        else:
+            self._history.append(code)
+        return format_result(r, self.max_tool_output_chars)
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._close_sandbox()
+        problem, info = self.grader.reset(seed=seed, options=options)
+        self._history, self._replay = [], []
+        self._turn = self._tool_calls = self._malformed = 0
+        self._done = False
+        obs = self.tool_prompt + problem
+        self._transcript = [("problem", obs)]
+        return obs, {**info, "tool_calls": 0}
+
+    def _calls_in(self, action: str) -> list[dict[str, Any]]:
+        calls = parse_tool_calls(action)
+        if not calls and self.allow_fenced and extract_answer(action, self.answer_format) is None:
+            calls = [{"code": c} for c in _FENCE_RE.findall(action) if c.strip()]
+        return calls
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        if not isinstance(action, str):
+            raise TypeError(f"action: expected the model's reply as a str, got {type(action).__name__}")
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self._turn += 1
+        self._transcript.append(("agent", action))
+        calls = self._calls_in(action)
+        if calls and self._turn < self.max_turns:
+            responses = []
+            for i, call in enumerate(calls):
+                if i >= self.max_calls_per_turn:
+                    body = f"Error: at most {self.max_calls_per_turn} tool calls per reply; this one was not run."
+                elif "error" in call:
+                    self._malformed += 1
+                    body = f"Error: {call['error']}. A call looks like {_EXAMPLE}"
+                else:
+                    body = self._run(call["code"])
+                responses.append(f"<tool_response>\n{body}\n</tool_response>")
+            obs = "\n".join(responses)
+            self._transcript.append(("tool", obs))
+            info = {"turn": self._turn, "tool_calls": self._tool_calls, "malformed_calls": self._malformed}
+            return obs, 0.0, False, False, info
+        # A final answer, or the last allowed turn: grade the reply as MathVerifier does.
+        _, reward, _, _, graded = self.grader.step(action)
+        truncated = bool(calls)  # turns ran out while the agent still wanted to call the tool
+        self._done = True
+        self._close_sandbox()
+        info = {
+            **graded,
+            "turn": self._turn,
+            "tool_calls": self._tool_calls,
+            "malformed_calls": self._malformed,
+        }
+        return "", reward, not truncated, truncated, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"[{role}] {text}" for role, text in self._transcript)
+
+    def close(self) -> None:
+        self._close_sandbox()
+        super().close()
+
+    # ------------------------------------------------------------------ branching
+
+    def fork(self) -> PythonToolEnv:
+        """An independent copy mid-episode: same task, turn and counters; its own fresh sandbox, into
+        which the code run so far (since the last restart) is replayed before its first call."""
+        import copy
+
+        twin = copy.copy(self)
+        twin.grader = self.grader.fork()
+        twin._transcript = list(self._transcript)
+        twin._np_random = copy.deepcopy(self._np_random)
+        twin._sandbox = None
+        twin._replay = list(self._replay) + list(self._history)
+        twin._history = []
+        return twin
