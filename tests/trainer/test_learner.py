@@ -1,0 +1,318 @@
+"""The one-step learner on a tiny Qwen2 in float64: micro-batching, packing, temperature, guards."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from fr_agents.config import config_from_dict
+from fr_agents.tree.batch import FlatBatch, PackedBatch, build_flat, build_packed
+from fr_agents.tree.store import Trajectory
+from trainer.learner import Learner, NonFiniteLossError
+
+torch.set_num_threads(1)
+
+VOCAB = 300
+
+
+def tiny_model(attn: str = "sdpa", seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        initializer_range=0.3,  # peaky enough that probabilities are not all ~1/V
+        attn_implementation=attn,
+    )
+    return Qwen2ForCausalLM(cfg).to(torch.float64)
+
+
+def _tree_paths() -> list[tuple[int, list[tuple[int, list[int], bool]]]]:
+    """Leaves as (root id, [(node id, tokens, is_policy)]), sharing prompts and branch prefixes.
+
+    Two prompts; prompt 1 branches after a shared policy segment, and one leaf is multi-turn
+    (policy, observation, policy).
+    """
+    p1 = (1, [5, 17, 33, 2, 9], False)
+    p2 = (2, [8, 8, 41], False)
+    shared = (3, [101, 55, 7], True)
+    return [
+        (1, [p1, shared, (4, [12, 13], True)]),
+        (1, [p1, shared, (5, [200, 201, 202, 203], True)]),
+        (1, [p1, shared, (6, [77], True), (7, [250, 251, 252], False), (8, [30, 31, 32], True)]),
+        (1, [p1, (9, [99, 98, 97, 96, 95, 94, 93], True)]),
+        (2, [p2, (10, [1, 2], True)]),
+        (2, [p2, (11, [150, 151, 152, 153, 154, 155], True), (12, [60], False), (13, [61, 62], True)]),
+        (2, [p2, (14, [3], True)]),
+        (2, [p2, (15, [270, 271, 272, 273, 274, 275, 276, 277, 278], True)]),
+    ]
+
+
+def make_trajectories(
+    model: torch.nn.Module, temperature: float = 1.0, noise: float = 0.05, rewards: list[float] | None = None
+) -> list[Trajectory]:
+    """Trajectories whose behaviour log-probs are the model's own (at ``temperature``) plus noise."""
+    rewards = rewards or [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.5, 0.0]
+    trajs = []
+    for leaf, ((root, nodes), reward) in enumerate(zip(_tree_paths(), rewards, strict=True)):
+        ids: list[int] = []
+        mask: list[bool] = []
+        path: list[int] = []
+        offsets: list[int] = []
+        for node, toks, policy in nodes:
+            path.append(node)
+            offsets.append(len(ids))
+            ids.extend(toks)
+            mask.extend([policy] * len(toks))
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1] / temperature
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        # Deterministic per-token perturbation, the same wherever a token is shared.
+        wobble = [noise * math.sin(7.0 * pos + tok) for pos, tok in enumerate(ids)]
+        logprobs = [0.0] + [min(0.0, float(v) + w) for v, w in zip(lp, wobble[1:], strict=True)]
+        logprobs = [x if m else 0.0 for x, m in zip(logprobs, mask, strict=True)]
+        trajs.append(
+            Trajectory(
+                leaf_id=100 + leaf,
+                root_id=root,
+                token_ids=ids,
+                logprobs=logprobs,
+                policy_mask=mask,
+                versions=[0 if m else -1 for m in mask],
+                reward=reward,
+                partial_score=None,
+                status="finished",
+                info={},
+                prompt_len=len(nodes[0][1]),
+                path=path,
+                offsets=offsets,
+            )
+        )
+    return trajs
+
+
+@torch.no_grad()
+def params_close(a: torch.nn.Module, b: torch.nn.Module, tol: float) -> float:
+    worst = 0.0
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert na == nb
+        worst = max(worst, float((pa - pb).abs().max()))
+    assert worst <= tol, f"parameters differ by {worst}"
+    return worst
+
+
+@torch.no_grad()
+def moved(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max(float((pa - pb).abs().max()) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+
+
+CONFIGS = [
+    {},
+    {"negative_token_fraction": 0.5, "aggregation": "token_mean"},
+    {"importance_sampling": False, "delta": math.inf},
+    {"algo": "grpo"},
+]
+
+
+@pytest.mark.parametrize("switches", CONFIGS, ids=["default", "filter+token_mean", "no_is", "grpo"])
+def test_micro_batched_step_equals_full_batch_step(switches: dict) -> None:
+    model = tiny_model()
+    trajs = make_trajectories(model)
+    ref = copy.deepcopy(model)
+    switches = {"delta": 0.05, **switches}
+    full = Learner(ref, lr=1e-2, micro_batch_tokens=0, **switches)
+    micro = Learner(model, lr=1e-2, micro_batch_tokens=24, **switches)
+    s_full = full.step(build_flat(trajs))
+    s_micro = micro.step(build_flat(trajs))
+    assert s_full["micro_batches"] == 1 and s_micro["micro_batches"] >= 4
+    assert s_micro["forward_tokens"] < s_full["forward_tokens"]  # trimmed padding
+    for key in ("loss", "grad_norm", "acceptance_rate", "seq_kl_mean", "ratio_max", "retained_tokens"):
+        assert s_micro[key] == pytest.approx(s_full[key], rel=1e-9, abs=1e-12), key
+    assert moved(ref, tiny_model()) > 1e-4  # the step really moved the weights
+    params_close(model, ref, 1e-6)
+    if switches.get("negative_token_fraction"):
+        assert s_full["retained_fraction"] < 1.0
+    if switches.get("algo") == "grpo":
+        assert "clip_fraction" in s_full
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_packed_step_equals_flat_step(attn: str) -> None:
+    model = tiny_model(attn)
+    trajs = make_trajectories(model)
+    ref = copy.deepcopy(model)
+    packed_batch = build_packed(trajs)
+    assert isinstance(packed_batch, PackedBatch)
+    # SGD, not Adam: transformers' Qwen2 runs RMSNorm (and eager softmax) in float32 even in a
+    # float64 model, so packed and flat gradients agree to ~1e-7 relative, not 1e-15; Adam's
+    # sign-like first step would amplify that noise on near-zero gradient entries.
+    kw = {"delta": 0.05, "negative_token_fraction": 0.5}
+    s_packed = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), **kw).step(packed_batch)
+    s_flat = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(
+        build_flat(trajs)
+    )
+    assert s_packed["packed"] == 1.0 and s_flat["packed"] == 0.0
+    assert s_packed["forward_tokens"] < sum(len(t.token_ids) for t in trajs)  # shared tokens once
+    for key in ("loss", "grad_norm", "seq_kl_max", "ratio_mean", "retained_tokens"):
+        assert s_packed[key] == pytest.approx(s_flat[key], rel=1e-6, abs=1e-9), key
+    params_close(model, ref, 1e-6)
+    assert packed_batch.consumed
+
+
+def test_packed_batch_over_budget_falls_back_to_flat_micro_batches() -> None:
+    model = tiny_model()
+    trajs = make_trajectories(model)
+    stats = Learner(model, micro_batch_tokens=20).step(build_packed(trajs))
+    assert stats["packed"] == 0.0 and stats["micro_batches"] > 1
+    never = Learner(tiny_model(), packed="never").step(build_packed(trajs))
+    assert never["packed"] == 0.0
+
+
+def test_log_probs_are_recomputed_at_the_sampling_temperature() -> None:
+    model = tiny_model()
+    trajs = make_trajectories(model, temperature=0.7, noise=0.0)
+    at_temp = Learner(copy.deepcopy(model), temperature=0.7).step(build_flat(trajs))
+    # Behaviour log-probs are stored as float32: ratios are 1 to float32 precision.
+    assert at_temp["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert at_temp["ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert at_temp["seq_kl_max"] < 1e-9
+    assert at_temp["acceptance_rate"] == 1.0
+    wrong = Learner(copy.deepcopy(model), temperature=1.0, delta=math.inf).step(build_flat(trajs))
+    assert abs(wrong["ratio_mean"] - 1.0) > 1e-3
+    assert wrong["seq_kl_max"] > 1e-4
+
+
+def test_one_optimizer_step_then_the_batch_is_consumed() -> None:
+    model = tiny_model()
+    learner = Learner(model, lr=1e-2)
+    batch = build_flat(make_trajectories(model))
+    stats = learner.step(batch)
+    assert batch.consumed and learner.version == 1 and stats["version"] == 1.0
+    steps = {int(s["step"]) for s in learner.optimizer.state.values()}
+    assert steps == {1}
+    snapshot = copy.deepcopy(model)
+    with pytest.raises(RuntimeError, match="consumed"):
+        learner.step(batch)
+    params_close(model, snapshot, 0.0)
+    assert {int(s["step"]) for s in learner.optimizer.state.values()} == {1}
+
+
+def test_a_step_raises_rewarded_log_probs_and_lowers_penalised_ones() -> None:
+    model = tiny_model()
+    trajs = make_trajectories(model, noise=0.0, rewards=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    before = build_flat(trajs)
+    learner = Learner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), grad_clip=0.0)
+    learner.step(build_flat(trajs))
+    with torch.no_grad():
+        after = before.gather_logprobs(model(input_ids=before.token_ids).logits)
+    gain = ((after - before.behavior_logprobs.double()) * before.action_mask).sum(dim=1)
+    assert gain[0] > 0  # the only rewarded trajectory became more likely
+    assert gain[1:].mean() < 0
+
+
+def test_non_finite_loss_is_refused_before_stepping() -> None:
+    model = tiny_model()
+    snapshot = copy.deepcopy(model)
+    learner = Learner(model, lr=1e-2)
+    batch = build_flat(make_trajectories(model))
+    # Finite rewards whose advantage times log-prob overflows: the loss is -inf.
+    batch.rewards = torch.tensor([1.7e308] + [0.0] * 7, dtype=torch.float64)
+    with pytest.raises(NonFiniteLossError) as info:
+        learner.step(batch)
+    assert info.value.batch is batch
+    assert not batch.consumed and learner.version == 0
+    assert all(p.grad is None for p in model.parameters())
+    params_close(model, snapshot, 0.0)
+    assert not learner.optimizer.state
+    # Rewards whose mean overflows give non-finite advantages: refused the same way.
+    batch.rewards = torch.tensor([1e308, -1e308] * 4, dtype=torch.float64)
+    with pytest.raises(NonFiniteLossError):
+        learner.step(batch)
+    params_close(model, snapshot, 0.0)
+
+
+def test_diverged_weights_raise_non_finite_loss_error() -> None:
+    model = tiny_model()
+    trajs = make_trajectories(model)
+    with torch.no_grad():
+        model.model.norm.weight[0] = math.nan
+    with pytest.raises(NonFiniteLossError):
+        Learner(model).step(build_flat(trajs))
+
+
+def test_from_config_applies_every_switch() -> None:
+    cfg = config_from_dict(
+        {
+            "rollout": {"temperature": 0.8},
+            "objective": {
+                "delta": 0.01,
+                "importance_sampling": False,
+                "aggregation": "token_mean",
+                "negative_token_fraction": 0.25,
+            },
+            "optim": {"lr": 3e-3, "grad_clip": 0.5, "scheduler": "cosine", "warmup_steps": 2},
+            "trainer": {"micro_batch_tokens": 64, "packed": "never", "steps": 10},
+        }
+    )
+    model = tiny_model()
+    learner = Learner.from_config(model, cfg)
+    assert learner.temperature == 0.8 and learner.delta == 0.01 and not learner.importance_sampling
+    assert learner.aggregation == "token_mean" and learner.negative_token_fraction == 0.25
+    assert learner.micro_batch_tokens == 64 and learner.grad_clip == 0.5 and learner.packed == "never"
+    assert learner.scheduler is not None
+    stats = learner.step(build_packed(make_trajectories(model, temperature=0.8)))
+    assert stats["lr"] == pytest.approx(3e-3 / 2)  # first warm-up step
+    assert stats["packed"] == 0.0
+    grpo = Learner.from_config(tiny_model(), config_from_dict({"objective": {"algo": "grpo"}}))
+    assert grpo.algo == "grpo"
+    out = grpo.step(build_flat(make_trajectories(model)))
+    assert 0.0 <= out["clip_fraction"] <= 1.0
+
+
+def test_stats_cover_the_logged_quantities() -> None:
+    model = tiny_model()
+    stats = Learner(model).step(build_flat(make_trajectories(model)))
+    for key in (
+        "loss",
+        "acceptance_rate",
+        "seq_kl_mean",
+        "seq_kl_max",
+        "ratio_mean",
+        "ratio_max",
+        "adv_mean",
+        "adv_std",
+        "adv_min",
+        "adv_max",
+        "retained_tokens",
+        "retained_fraction",
+        "grad_norm",
+        "lr",
+        "staleness_max",
+    ):
+        assert key in stats and isinstance(stats[key], float), key
+    assert stats["adv_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert stats["staleness_max"] == 0.0
+
+
+def test_malformed_batches_are_rejected_naming_the_field() -> None:
+    model = tiny_model()
+    batch = build_flat(make_trajectories(model))
+    bad = FlatBatch(**{**batch.__dict__, "action_mask": batch.action_mask.clone()})
+    bad.action_mask[0, 0] = True
+    with pytest.raises(ValueError, match="action_mask"):
+        Learner(model).step(bad)
+    bad = FlatBatch(**{**batch.__dict__, "rewards": torch.tensor([1.0])})
+    with pytest.raises(ValueError, match="rewards"):
+        Learner(model).step(bad)
+    with pytest.raises(ValueError, match="algo"):
+        Learner(model, algo="ppo")
+    assert not batch.consumed

@@ -1,0 +1,560 @@
+"""The learner: exactly one optimizer step per fresh batch of complete trajectories.
+
+``Learner.step(batch)`` takes a :class:`~fr_agents.tree.batch.FlatBatch` (one ``[B, T]`` row per
+trajectory) or a :class:`~fr_agents.tree.batch.PackedBatch` (every shared prefix token laid out once,
+plus the index map back to rows) and
+
+1. recomputes the current log-probs with the model at the *sampling temperature* (the behaviour
+   log-probs were recorded after temperature, so the ratio compares like with like);
+2. computes the advantages once on the full batch (centred rewards, or GRPO group-normalised);
+3. runs the objective over micro-batches of rows chosen by a token budget, passing the full-batch
+   advantages and denominators (``B``, ``T_i``, total tokens), and accumulates the gradients, so the
+   step does not depend on the micro-batch size;
+4. refuses a non-finite loss or gradient (:class:`NonFiniteLossError`) *before* stepping;
+5. clips the gradient norm, takes one optimizer step, marks the batch consumed (a second use raises)
+   and returns the step's statistics.
+
+A packed batch is run as one forward over the packed tokens (float additive 4-D mask, explicit
+position ids) when it fits the token budget (or ``packed="always"``); otherwise its flat view is
+micro-batched. Both give the same loss and gradients.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from fr_agents.config import OptimConfig, TrainConfig
+from trainer.objective import (
+    centered_advantages,
+    compute_dtype,
+    flashreinforce_loss,
+    group_normalized_advantages,
+    grpo_loss,
+)
+
+logger = logging.getLogger(__name__)
+
+Tensor = torch.Tensor
+
+ALGOS = ("flashreinforce", "grpo")
+PACKED_MODES = ("auto", "always", "never")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss or the gradient norm of a step is NaN/inf. Raised before the optimizer steps.
+
+    The gradients are zeroed and the batch is *not* consumed, so the training loop can save the
+    batch (``.batch``) for inspection and stop. ``.stats`` holds what was computed so far.
+    """
+
+    def __init__(self, message: str, batch: Any = None, stats: dict[str, float] | None = None):
+        super().__init__(message)
+        self.batch = batch
+        self.stats = stats or {}
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up for ``optim.warmup_steps``, then constant, linear or cosine decay to 0."""
+    warmup = max(0, optim.warmup_steps)
+    total = max(1, total_steps)
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if optim.scheduler == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if optim.scheduler == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _is_packed(batch: Any) -> bool:
+    return hasattr(batch, "flat") and hasattr(batch, "prev_index")
+
+
+def _token_log_probs(scaled: Tensor, targets: Tensor) -> Tensor:
+    """``log_softmax(scaled)[..., targets]`` without materialising the full log-softmax."""
+    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(scaled, dim=-1)
+
+
+def _entropy(scaled: Tensor) -> Tensor:
+    """Entropy of ``softmax(scaled)`` along the last axis (no gradient)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(scaled, dim=-1)
+        return -(logp.exp() * logp).sum(dim=-1)
+
+
+class Learner:
+    """One optimizer step per fresh batch (see the module docstring).
+
+    Args:
+        model: a causal LM returning ``.logits`` (a transformers model).
+        optimizer: defaults to ``AdamW(lr, betas, weight_decay)``.
+        temperature: the sampling temperature the rollouts used.
+        algo: ``"flashreinforce"`` or ``"grpo"``.
+        delta, importance_sampling, aggregation, negative_token_fraction: the FlashREINFORCE
+            switches (:func:`trainer.objective.flashreinforce_loss`).
+        grpo_group_size, grpo_clip: the GRPO baseline; groups are the batch's ``root_ids`` when
+            present, else consecutive runs of ``grpo_group_size`` rows.
+        micro_batch_tokens: token budget of one forward (rows x padded length); <= 0 means one
+            micro-batch.
+        grad_clip: max gradient norm; <= 0 disables clipping (the norm is still reported).
+        packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
+        scheduler: an LR scheduler stepped after every optimizer step.
+        version: the policy version of the current weights; +1 per step.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        temperature: float = 1.0,
+        algo: str = "flashreinforce",
+        delta: float = 3e-3,
+        importance_sampling: bool = True,
+        aggregation: str = "sample_mean",
+        negative_token_fraction: float = 1.0,
+        grpo_group_size: int = 4,
+        grpo_clip: float = 0.2,
+        micro_batch_tokens: int = 8192,
+        grad_clip: float = 1.0,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        packed: str = "auto",
+        scheduler: Any = None,
+        version: int = 0,
+    ) -> None:
+        if algo not in ALGOS:
+            raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
+        if packed not in PACKED_MODES:
+            raise ValueError(f"packed: expected one of {PACKED_MODES}, got {packed!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature: must be > 0, got {temperature!r}")
+        if delta != delta or delta < 0:
+            raise ValueError(f"delta: must be >= 0 (inf disables the trust region), got {delta}")
+        if not 0.0 <= negative_token_fraction <= 1.0:
+            raise ValueError(f"negative_token_fraction: must lie in [0, 1], got {negative_token_fraction}")
+        if aggregation not in ("sample_mean", "token_mean"):
+            raise ValueError(f"aggregation: expected sample_mean or token_mean, got {aggregation!r}")
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = optimizer or torch.optim.AdamW(
+            self.params, lr=lr, betas=tuple(betas), weight_decay=weight_decay
+        )
+        self.scheduler = scheduler
+        self.temperature = float(temperature)
+        self.algo = algo
+        self.delta = float(delta)
+        self.importance_sampling = importance_sampling
+        self.aggregation = aggregation
+        self.negative_token_fraction = float(negative_token_fraction)
+        self.grpo_group_size = grpo_group_size
+        self.grpo_clip = grpo_clip
+        self.micro_batch_tokens = micro_batch_tokens
+        self.grad_clip = grad_clip
+        self.packed = packed
+        self.version = version
+
+    @classmethod
+    def from_config(
+        cls, model: torch.nn.Module, cfg: TrainConfig, optimizer: torch.optim.Optimizer | None = None
+    ) -> Learner:
+        """A learner with every switch taken from ``cfg`` (objective, optim, rollout temperature)."""
+        o, opt = cfg.objective, cfg.optim
+        learner = cls(
+            model,
+            optimizer,
+            temperature=cfg.rollout.temperature,
+            algo=o.algo,
+            delta=o.delta,
+            importance_sampling=o.importance_sampling,
+            aggregation=o.aggregation,
+            negative_token_fraction=o.negative_token_fraction,
+            grpo_group_size=o.grpo_group_size,
+            grpo_clip=o.grpo_clip,
+            micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+            grad_clip=opt.grad_clip,
+            lr=opt.lr,
+            betas=(float(opt.betas[0]), float(opt.betas[1])),
+            weight_decay=opt.weight_decay,
+            packed=cfg.trainer.packed,
+        )
+        if opt.scheduler != "constant" or opt.warmup_steps:
+            learner.scheduler = make_scheduler(learner.optimizer, opt, cfg.trainer.steps)
+        return learner
+
+    # ----------------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, scheduler and version (the model's weights are saved separately)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+
+    # ----------------------------------------------------------------------- the step
+
+    @property
+    def _filtering(self) -> bool:
+        return self.algo == "flashreinforce" and self.negative_token_fraction < 1.0
+
+    def step(self, batch: Any) -> dict[str, float]:
+        """Recompute log-probs, accumulate the loss gradient, clip, take one optimizer step.
+
+        Raises:
+            RuntimeError: the batch was already consumed by a step.
+            ValueError: the batch is malformed (the message names the field).
+            NonFiniteLossError: the loss or gradient is NaN/inf (nothing was stepped).
+        """
+        if batch.consumed:
+            raise RuntimeError("batch: already consumed by a learner step (one step per fresh batch)")
+        started = time.perf_counter()
+        packed_input = _is_packed(batch)
+        flat = batch.flat if packed_input else batch
+        self._validate_flat(flat)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        b = flat.token_ids.shape[0]
+        action_mask = flat.action_mask.to(device)
+        rewards = flat.rewards.to(device)
+        try:
+            advantages = self._advantages(flat, rewards)
+        except NonFiniteLossError as e:
+            e.batch = batch
+            raise
+        num_tokens = int(action_mask.sum())
+
+        use_packed = packed_input and (
+            self.packed == "always"
+            or (
+                self.packed == "auto"
+                and (self.micro_batch_tokens <= 0 or batch.input_ids.shape[1] <= self.micro_batch_tokens)
+            )
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            if use_packed:
+                chunks = [self._packed_chunk(batch, advantages, b, num_tokens, device)]
+            else:
+                chunks = [
+                    self._flat_chunk(flat, rows, advantages, b, num_tokens, device)
+                    for rows in self._micro_batches(flat.attention_mask)
+                ]
+        except NonFiniteLossError as e:
+            self.optimizer.zero_grad(set_to_none=True)
+            e.batch = batch
+            raise
+        except FloatingPointError as e:  # an admitted importance ratio overflowed
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"{e} at version {self.version}", batch) from e
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        stats = self._merge_stats(chunks, flat, rewards, advantages)
+        stats["packed"] = float(use_packed)
+        loss = stats["loss"]
+        if not math.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"non-finite loss {loss} at version {self.version}", batch, stats)
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        stats["grad_norm"] = grad_norm
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"non-finite gradient norm at version {self.version}", batch, stats)
+        stats["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        batch.mark_consumed()
+        self.version += 1
+        stats["version"] = float(self.version)
+        stats["step_seconds"] = time.perf_counter() - started
+        logger.info(
+            "step %d loss=%.4g accept=%.3f kl_mean=%.3g kl_max=%.3g ratio_mean=%.3f ratio_max=%.3f "
+            "adv_std=%.3g retained=%.3f grad_norm=%.3g",
+            self.version,
+            loss,
+            stats["acceptance_rate"],
+            stats["seq_kl_mean"],
+            stats["seq_kl_max"],
+            stats["ratio_mean"],
+            stats["ratio_max"],
+            stats["adv_std"],
+            stats["retained_fraction"],
+            grad_norm,
+        )
+        return stats
+
+    # ----------------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _validate_flat(flat: Any) -> None:
+        ids = flat.token_ids
+        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
+            raise ValueError("token_ids: expected a LongTensor [B, T]")
+        shape = tuple(ids.shape)
+        for name in ("behavior_logprobs", "action_mask", "attention_mask"):
+            t = getattr(flat, name)
+            if not isinstance(t, Tensor) or tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected shape {list(shape)}")
+        for name in ("action_mask", "attention_mask"):
+            if getattr(flat, name).dtype != torch.bool:
+                raise ValueError(f"{name}: expected dtype torch.bool")
+        if bool((flat.action_mask & ~flat.attention_mask).any()):
+            raise ValueError("action_mask: a policy token lies outside attention_mask")
+        if bool(flat.action_mask[:, 0].any()):
+            raise ValueError(
+                "action_mask: the first token of a row has no context and cannot be a policy token"
+            )
+        if not isinstance(flat.rewards, Tensor) or tuple(flat.rewards.shape) != shape[:1]:
+            raise ValueError(f"rewards: expected shape [{shape[0]}]")
+
+    def _advantages(self, flat: Any, rewards: Tensor) -> Tensor:
+        r = rewards.to(torch.float64)
+        if self.algo == "flashreinforce":
+            if not bool(torch.isfinite(r).all()):
+                raise ValueError("rewards: every reward must be finite")
+            return self._finite(centered_advantages(r))
+        roots = list(getattr(flat, "root_ids", None) or [])
+        groups: Any = roots if len(roots) == r.shape[0] else None
+        if groups is None:
+            if r.shape[0] % self.grpo_group_size:
+                raise ValueError(
+                    f"root_ids: missing, and grpo_group_size={self.grpo_group_size} does not divide "
+                    f"the batch of {r.shape[0]} rows"
+                )
+            groups = torch.arange(r.shape[0], device=r.device) // self.grpo_group_size
+        return self._finite(group_normalized_advantages(r, groups))
+
+    @staticmethod
+    def _finite(advantages: Tensor) -> Tensor:
+        if not bool(torch.isfinite(advantages).all()):
+            raise NonFiniteLossError("advantages: non-finite (the reward statistics overflowed)")
+        return advantages
+
+    def _micro_batches(self, attention_mask: Tensor) -> list[Tensor]:
+        """Row chunks whose ``rows x padded length`` fits the token budget (longest rows first)."""
+        t = attention_mask.shape[1]
+        positions = torch.arange(1, t + 1).expand_as(attention_mask)
+        lengths = (positions * attention_mask.cpu()).max(dim=1).values
+        order = torch.argsort(lengths, descending=True, stable=True)
+        if self.micro_batch_tokens <= 0:
+            return [order]
+        chunks: list[list[int]] = []
+        current: list[int] = []
+        for row in order.tolist():
+            width = int(lengths[current[0]]) if current else int(lengths[row])
+            if current and (len(current) + 1) * width > self.micro_batch_tokens:
+                chunks.append(current)
+                current = []
+            current.append(row)
+        chunks.append(current)
+        return [torch.tensor(c, dtype=torch.long) for c in chunks]
+
+    def _check_current(self, log_probs: Tensor, action_mask: Tensor) -> None:
+        """The model's own log-probs must be finite on policy tokens (else the weights diverged)."""
+        if not bool(torch.isfinite(log_probs.detach()[action_mask]).all()):
+            raise NonFiniteLossError(f"the model gives non-finite log-probs at version {self.version}")
+
+    def _objective(
+        self,
+        log_probs: Tensor,
+        behavior: Tensor,
+        rewards: Tensor,
+        action_mask: Tensor,
+        advantages: Tensor,
+        entropies: Tensor | None,
+        failures: Tensor | None,
+        num_rows: int,
+        num_tokens: int,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        if self.algo == "grpo":
+            return grpo_loss(
+                log_probs,
+                behavior,
+                rewards,
+                action_mask,
+                clip_eps=self.grpo_clip,
+                advantages=advantages,
+                num_tokens=num_tokens,
+            )
+        return flashreinforce_loss(
+            log_probs,
+            behavior,
+            rewards,
+            action_mask,
+            delta=self.delta,
+            negative_token_fraction=self.negative_token_fraction,
+            entropies=entropies,
+            failures=failures,
+            importance_sampling=self.importance_sampling,
+            aggregation=self.aggregation,
+            advantages=advantages,
+            num_rows=num_rows,
+            num_tokens=num_tokens,
+        )
+
+    def _failures(self, flat: Any, rows: Tensor | None, device: torch.device) -> Tensor | None:
+        if not self._filtering:
+            return None
+        failures = getattr(flat, "failures", None)
+        if not isinstance(failures, Tensor) or failures.dtype != torch.bool:
+            raise ValueError("failures: the entropy filter needs explicit bool failure labels [B]")
+        return (failures if rows is None else failures[rows]).to(device)
+
+    def _flat_chunk(
+        self, flat: Any, rows: Tensor, advantages: Tensor, b: int, num_tokens: int, device: torch.device
+    ) -> dict[str, Any]:
+        """Forward + backward of one row chunk, trimmed to its longest real row."""
+        am = flat.attention_mask[rows]
+        width = int((torch.arange(1, am.shape[1] + 1) * am.cpu()).max())
+        ids = flat.token_ids[rows, :width].to(device)
+        attn = am[:, :width].to(device)
+        out = self.model(input_ids=ids, attention_mask=attn.long())
+        logits = out.logits[:, :-1]
+        scaled = logits.to(compute_dtype(logits)) / self.temperature
+        lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device)
+        lp = torch.cat([lp[:, :1], _token_log_probs(scaled, ids[:, 1:])], dim=1)
+        entropies = None
+        if self._filtering:
+            entropies = torch.cat([torch.zeros_like(lp[:, :1]), _entropy(scaled)], dim=1).detach()
+        sub_rows = rows.to(device)
+        action_mask = flat.action_mask[rows, :width].to(device)
+        self._check_current(lp, action_mask)
+        loss, st = self._objective(
+            lp,
+            flat.behavior_logprobs[rows, :width].to(device),
+            flat.rewards[rows].to(device),
+            action_mask,
+            advantages[sub_rows],
+            entropies,
+            self._failures(flat, rows, device),
+            b,
+            num_tokens,
+        )
+        loss.backward()
+        return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": ids.numel()}
+
+    def _packed_chunk(
+        self, batch: Any, advantages: Tensor, b: int, num_tokens: int, device: torch.device
+    ) -> dict[str, Any]:
+        """One forward over the packed tokens; per-row log-probs are gathered by ``prev_index``."""
+        flat = batch.flat
+        dtype = self.params[0].dtype if self.params else torch.float32
+        ids = batch.input_ids.to(device)
+        out = self.model(
+            input_ids=ids,
+            position_ids=batch.position_ids.to(device),
+            attention_mask=batch.attention_mask(dtype).to(device),
+        )
+        logits = out.logits[0]
+        scaled = logits.to(compute_dtype(logits)) / self.temperature  # [N, V]
+        lse = torch.logsumexp(scaled, dim=-1)  # [N]
+        prev = batch.prev_index.to(device)
+        targets = flat.token_ids.to(device)
+        lp = scaled[prev, targets] - lse[prev]  # [B, T]
+        entropies = _entropy(scaled)[prev] if self._filtering else None
+        action_mask = flat.action_mask.to(device)
+        self._check_current(lp, action_mask)
+        loss, st = self._objective(
+            lp,
+            flat.behavior_logprobs.to(device),
+            flat.rewards.to(device),
+            action_mask,
+            advantages,
+            entropies,
+            self._failures(flat, None, device),
+            b,
+            num_tokens,
+        )
+        loss.backward()
+        rows = torch.arange(b)
+        return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": ids.numel()}
+
+    def _merge_stats(
+        self, chunks: list[dict[str, Any]], flat: Any, rewards: Tensor, advantages: Tensor
+    ) -> dict[str, float]:
+        """Reassemble per-row stats in batch order and reduce them to floats."""
+        b = flat.token_ids.shape[0]
+        policy = torch.zeros(b, dtype=torch.long)
+        ratio_sum = 0.0
+        ratio_max = -math.inf
+        loss = 0.0
+        per_row: dict[str, Tensor] = {}
+        clip_tokens = 0.0
+        for c in chunks:
+            st, rows = c["stats"], c["rows"]
+            loss += float(c["loss"])
+            n = st["policy_tokens"].cpu()
+            policy[rows] = n
+            ratio_sum += float(st["ratio_mean"]) * int(n.sum())
+            ratio_max = max(ratio_max, float(st["ratio_max"]))
+            if "clip_fraction" in st:
+                clip_tokens += float(st["clip_fraction"]) * int(n.sum())
+            for key in ("sequence_kl", "admitted", "retained_tokens"):
+                if key in st:
+                    if key not in per_row:
+                        per_row[key] = torch.zeros(b, dtype=st[key].dtype)
+                    per_row[key][rows] = st[key].cpu()
+        total = int(policy.sum())
+        adv = advantages.detach().cpu().to(torch.float64)
+        r = rewards.detach().cpu().to(torch.float64)
+        stats: dict[str, float] = {
+            "loss": loss,
+            "rows": float(b),
+            "micro_batches": float(len(chunks)),
+            "forward_tokens": float(sum(c["forward_tokens"] for c in chunks)),
+            "policy_tokens": float(total),
+            "reward_mean": float(r.mean()),
+            "adv_mean": float(adv.mean()),
+            "adv_std": float(adv.std(unbiased=False)),
+            "adv_min": float(adv.min()),
+            "adv_max": float(adv.max()),
+            "ratio_mean": ratio_sum / total,
+            "ratio_max": ratio_max,
+        }
+        kl = per_row["sequence_kl"].to(torch.float64)
+        stats.update(seq_kl_mean=float(kl.mean()), seq_kl_max=float(kl.max()))
+        if self.algo == "flashreinforce":
+            retained = int(per_row["retained_tokens"].sum())
+            stats.update(
+                acceptance_rate=float(per_row["admitted"].to(torch.float64).mean()),
+                retained_tokens=float(retained),
+                retained_fraction=retained / total,
+            )
+        else:  # GRPO has no gate and no filter: every row and token counts
+            stats.update(
+                acceptance_rate=1.0,
+                retained_tokens=float(total),
+                retained_fraction=1.0,
+                clip_fraction=clip_tokens / total,
+            )
+        versions = getattr(flat, "versions", None)
+        if isinstance(versions, Tensor) and versions.shape == flat.action_mask.shape:
+            v = versions[flat.action_mask]
+            if v.numel() and bool((v >= 0).all()):
+                lag = self.version - v.to(torch.float64)
+                stats["staleness_mean"] = float(lag.mean())
+                stats["staleness_max"] = float(lag.max())
+        return stats
