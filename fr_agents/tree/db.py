@@ -38,11 +38,11 @@ CREATE TABLE IF NOT EXISTS nodes (
     version   INTEGER NOT NULL,       -- policy version of the policy tokens, -1 when none
     created   INTEGER NOT NULL,       -- creation sequence number (keeps age across splits)
     tip       INTEGER NOT NULL DEFAULT 0, -- 1 = returned by append, not yet extended/finished
-    root_key  BLOB,                   -- prompt bytes, roots only (identical prompts share)
+    root_key  INTEGER,                -- roots only: 64-bit hash of the prompt (tokens are compared too)
     meta      TEXT                    -- roots only: JSON given to add_root
 );
 CREATE INDEX IF NOT EXISTS nodes_child ON nodes(parent, first_tok);
-CREATE UNIQUE INDEX IF NOT EXISTS nodes_root_key ON nodes(root_key) WHERE root_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS nodes_root_key ON nodes(root_key) WHERE root_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS nodes_tip ON nodes(tip) WHERE tip = 1;
 
 CREATE TABLE IF NOT EXISTS leaves (
@@ -57,8 +57,8 @@ CREATE TABLE IF NOT EXISTS leaves (
     partial_score REAL,
     status        TEXT NOT NULL,
     info          TEXT,
-    action_key    TEXT,                 -- digest of normalised actions (redundancy pruning)
-    obs_key       TEXT,                 -- digest of observations, NULL when the path has none
+    action_key    INTEGER,              -- 64-bit digest of normalised actions (redundancy pruning)
+    obs_key       INTEGER,              -- 64-bit digest of observations, NULL when the path has none
     state         INTEGER NOT NULL DEFAULT 0, -- 0 available, 1 consumed, 2 stale, 3 pruned
     consumed_seq  INTEGER               -- consumption batch number (the store cursor)
 );
@@ -180,8 +180,11 @@ class Database:
 
 def bump(c: sqlite3.Connection, name: str, by: int = 1) -> int:
     """Add ``by`` to counter ``name`` inside the caller's transaction; returns the new value."""
-    c.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, name))
-    return int(c.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[0])
+    return int(
+        c.execute(
+            "UPDATE counters SET value = value + ? WHERE name = ? RETURNING value", (by, name)
+        ).fetchone()[0]
+    )
 
 
 def counter(c: sqlite3.Connection, name: str) -> int:

@@ -43,7 +43,7 @@ def runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
 
 def leaf_keys(
     tokens: np.ndarray, mask: np.ndarray, prompt_len: int, normalize_action: NormalizeAction | None = None
-) -> tuple[str, str | None]:
+) -> tuple[int, int | None]:
     """``(action_key, obs_key)`` digests for one root-to-leaf path (see module doc)."""
     body_tokens, body_mask = tokens[prompt_len:], mask[prompt_len:]
     parts = runs(body_mask)
@@ -59,8 +59,10 @@ def leaf_keys(
     return action_key, obs_key
 
 
-def _digest(obj: Sequence[Hashable]) -> str:
-    return hashlib.blake2b(repr(list(obj)).encode(), digest_size=16).hexdigest()
+def _digest(obj: Sequence[Hashable]) -> int:
+    """A stable signed 64-bit digest (fits an SQLite INTEGER)."""
+    raw = hashlib.blake2b(repr(list(obj)).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little", signed=True)
 
 
 def prune_redundant(

@@ -26,6 +26,7 @@ tags them with a batch number. ``cursor()`` is the last batch number: store it i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
@@ -164,11 +165,14 @@ class TrajectoryTree:
         tokens = prompt_tokens(prompt_token_ids)
         meta_json = _json_field(meta, "meta")
         seg = Segment(tokens, np.zeros(len(tokens), np.float32), np.zeros(len(tokens), bool), -1)
-        key = seg.to_blobs()[0]
+        blob = seg.to_blobs()[0]
+        key = _prompt_key(blob)
         with self._db.write() as c:
-            row = c.execute("SELECT id FROM nodes WHERE root_key = ?", (key,)).fetchone()
-            if row:
-                return int(row[0])
+            for node, stored in c.execute(
+                "SELECT id, tokens FROM nodes WHERE root_key = ?", (key,)
+            ).fetchall():
+                if stored == blob:
+                    return int(node)
             node = _insert(c, None, 0, 0, seg, bump(c, "seq"), root_key=key, meta=meta_json)
             c.execute("UPDATE nodes SET root = id WHERE id = ?", (node,))
             return node
@@ -190,15 +194,18 @@ class TrajectoryTree:
         seg = make_segment(token_ids, logprobs, policy_mask, version)
         parent = _node_id(parent, "parent")
         with self._db.write() as c:
-            prow = c.execute("SELECT root, offset, n FROM nodes WHERE id = ?", (parent,)).fetchone()
+            # one statement: the parent exists, and it is no longer an open tip (it is extended)
+            prow = c.execute(
+                "UPDATE nodes SET tip = 0 WHERE id = ? RETURNING root, offset, n", (parent,)
+            ).fetchone()
             if prow is None:
                 raise ValueError(f"parent: unknown node id {parent}")
-            c.execute("UPDATE nodes SET tip = 0 WHERE id = ? AND tip = 1", (parent,))
-            tip = _descend(c, parent, int(prow[0]), int(prow[1]) + int(prow[2]), seg)
-            c.execute(
-                "UPDATE nodes SET tip = 1 WHERE id = ? AND NOT EXISTS (SELECT 1 FROM leaves WHERE id = ?)",
-                (tip, tip),
-            )
+            tip, created = _descend(c, parent, int(prow[0]), int(prow[1]) + int(prow[2]), seg)
+            if not created:  # an existing node: open unless it is already a finished leaf
+                c.execute(
+                    "UPDATE nodes SET tip = 1 WHERE id = ? AND NOT EXISTS (SELECT 1 FROM leaves WHERE id = ?)",
+                    (tip, tip),
+                )
             return tip
 
     def finish(
@@ -518,6 +525,11 @@ def _json_field(obj: Any, field: str) -> str | None:
         raise ValueError(f"{field}: not JSON-serialisable ({e})") from None
 
 
+def _prompt_key(blob: bytes) -> int:
+    """Signed 64-bit hash of a prompt's token bytes (lookups also compare the tokens)."""
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little", signed=True)
+
+
 def _segment(r: Sequence[Any]) -> Segment:
     return Segment.from_blobs(r[5], r[6], r[7], r[8])
 
@@ -530,13 +542,14 @@ def _insert(
     seg: Segment,
     created: int,
     *,
-    root_key: bytes | None = None,
+    root_key: int | None = None,
     meta: str | None = None,
+    tip: int = 0,
 ) -> int:
     tokens, logprobs, mask = seg.to_blobs()
     cur = c.execute(
         "INSERT INTO nodes(parent, root, offset, n, first_tok, tokens, logprobs, mask, version, created,"
-        " root_key, meta) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        " root_key, meta, tip) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             parent,
             root,
@@ -550,13 +563,16 @@ def _insert(
             created,
             root_key,
             meta,
+            tip,
         ),
     )
     return int(cur.lastrowid)  # type: ignore[arg-type]
 
 
-def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Segment) -> int:
-    """Place ``seg`` below ``parent`` sharing every common prefix; returns the end node."""
+def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Segment) -> tuple[int, bool]:
+    """Place ``seg`` below ``parent`` sharing every common prefix.
+
+    Returns the end node and whether it is a new (open-tip) node holding the unshared rest."""
     while True:
         match, lcp = None, 0
         for r in c.execute(
@@ -568,7 +584,7 @@ def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Se
                 match, lcp, child_seg = r, k, child
                 break
         if match is None:
-            return _insert(c, parent, root, offset, seg, bump(c, "seq"))
+            return _insert(c, parent, root, offset, seg, bump(c, "seq"), tip=1), True
         child_id, child_n = int(match[0]), int(match[4])
         if lcp < child_n:  # split: a new node takes the shared head; the child keeps its id
             head = _insert(c, parent, root, offset, child_seg.slice(0, lcp), int(match[9]))
@@ -591,7 +607,7 @@ def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Se
             )
             child_id = head
         if lcp == len(seg):
-            return child_id
+            return child_id, False
         parent, offset, seg = child_id, offset + lcp, seg.slice(lcp)
 
 
