@@ -86,10 +86,10 @@ def _validate_rows(
     if not bool(torch.isfinite(rewards).all()):
         raise ValueError("rewards: every reward must be finite")
     for name, lp in (("log_probs", log_probs), ("behavior_log_probs", behavior_log_probs)):
-        vals = lp.detach()[action_mask]
-        if not bool(torch.isfinite(vals).all()):
+        vals = lp.detach()
+        if bool((action_mask & ~torch.isfinite(vals)).any()):
             raise ValueError(f"{name}: a policy token has a non-finite log-prob")
-        if bool((vals > 0).any()):
+        if bool((action_mask & (vals > 0)).any()):
             raise ValueError(f"{name}: a policy token has a positive log-prob (> 0)")
     return b, t
 
@@ -243,7 +243,7 @@ def flashreinforce_loss(
             "entropies", entropies, shape=tuple(log_probs.shape), device=log_probs.device, kind="float"
         )
         _check_tensor("failures", failures, shape=(b,), device=log_probs.device, kind="bool")
-        if not bool(torch.isfinite(entropies[action_mask]).all()):
+        if bool((action_mask & ~torch.isfinite(entropies)).any()):
             raise ValueError("entropies: a policy token has a non-finite entropy")
     if advantages is not None:
         _validate_advantages(advantages, b, log_probs.device)
@@ -267,7 +267,7 @@ def flashreinforce_loss(
         admitted = seq_kl <= delta
         log_ratio = cur.detach() - beh
         ratio = torch.where(mask, log_ratio.exp(), zero)
-        if importance_sampling and bool(torch.isinf(ratio[admitted[:, None] & mask]).any()):
+        if importance_sampling and bool((torch.isinf(ratio) & admitted[:, None]).any()):
             raise FloatingPointError("importance ratio overflowed on a policy token of an admitted row")
         keep = (
             entropy_filter(entropies, failures, mask, negative_token_fraction)  # type: ignore[arg-type]
