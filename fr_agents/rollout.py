@@ -156,6 +156,7 @@ class _Branch:
     info: dict[str, Any] = field(default_factory=dict)
     policy_tokens: int = 0
     branched: set[int] = field(default_factory=set)
+    turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
 
 
 EventFn = Callable[[str, dict[str, Any]], None]
@@ -350,6 +351,7 @@ class _Runner:
                 )
                 start = i
         ids = gen.token_ids
+        b.turn_starts.append(len(b.held_text))
         stop_tail = gen.finish_reason == "stop" and ids and ids[-1] in self.stop_ids
         body = ids[:-1] if stop_tail else ids
         b.held_text += _decode(self.tok, body) + (_decode(self.tok, ids[-1:]) if stop_tail else "")
@@ -369,11 +371,12 @@ class _Runner:
                 (i for i, (x, y) in enumerate(zip(text, b.held_text, strict=False)) if x != y),
                 min(len(text), len(b.held_text)),
             )
+            drifted = max((t for t, start in enumerate(b.turn_starts) if start <= at), default=0)
             raise TokenDriftError(
-                b.turn,
-                "the chat template re-renders the conversation so that it no longer starts with the held "
-                f"tokens (first difference at character {at}: held {b.held_text[at : at + 40]!r}, "
-                f"template {text[at : at + 40]!r})",
+                drifted,
+                f"the chat template re-renders the conversation (while appending the observation of turn "
+                f"{b.turn - 1}) so that it no longer starts with the held tokens (first difference at "
+                f"character {at}: held {b.held_text[at : at + 40]!r}, template {text[at : at + 40]!r})",
             )
         suffix = text[len(b.held_text) :]
         ids = _encode_exact(self.tok, suffix, b.turn)
@@ -425,6 +428,7 @@ class _Runner:
             clone.observations = list(b.observations)
             clone.info = dict(b.info)
             clone.branched = set(b.branched)
+            clone.turn_starts = list(b.turn_starts)
             clones.append(clone)
         results = await asyncio.gather(*(self.run(c) for c in clones))
         return [leaf for leaves in results for leaf in leaves]

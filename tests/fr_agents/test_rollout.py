@@ -1,0 +1,244 @@
+"""Episode runner: token truth against a plain transformers forward, drift, budgets, branching."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import gymnasium
+import pytest
+import rollout_envs
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from fr_agents.models import create_tiny
+from fr_agents.policy.base import SamplingOptions
+from fr_agents.policy.hf import HFEngine
+from fr_agents.rollout import (
+    ObservationTypeError,
+    RolloutOptions,
+    TokenDriftError,
+    run_episode,
+    run_episodes_sync,
+)
+from fr_agents.tree import TrajectoryTree
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="micro", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(path)
+    return path, model, tok
+
+
+def _make(env_id="fr_agents_test/Count-v0", **kw):
+    return lambda: gymnasium.make(env_id, **kw)
+
+
+def _recompute(path, tree, leaf_ids, temperature=1.0):
+    """Behaviour log-probs recomputed by an independently loaded model, one plain forward each."""
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    worst = 0.0
+    for leaf in leaf_ids:
+        tr = tree.trajectory(leaf)
+        ids = torch.tensor([tr.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(ref(ids).logits[0, :-1].float() / temperature, -1)
+        target = ids[0, 1:]
+        lp = logp.gather(1, target[:, None]).squeeze(1)
+        mask = torch.tensor(tr.policy_mask[1:])
+        stored = torch.tensor(tr.logprobs[1:], dtype=torch.float32)
+        assert mask.sum() > 0
+        worst = max(worst, (lp[mask] - stored[mask]).abs().max().item())
+    return worst
+
+
+def test_token_truth_multi_turn_concurrent(tiny):
+    path, model, tok = tiny
+    engine = HFEngine(model, tok, seed=1)
+    tree = TrajectoryTree()
+    opts = RolloutOptions(temperature=1.0, max_new_tokens=12, max_context=400, max_turns=3)
+    res = run_episodes_sync(_make(), engine, tok, tree, 8, opts, seeds=list(range(8)))
+    engine.close_sync()
+    leaves = [leaf for r in res for leaf in r.leaves]
+    assert len(leaves) == 8 and all(leaf.turns == 3 for leaf in leaves)
+    assert engine.stats["waves"] < engine.stats["rows"]  # requests really were batched
+    # Several turns per path: policy and observation tokens interleave.
+    tr = tree.trajectory(leaves[0].leaf_id)
+    runs = sum(1 for a, b in zip(tr.policy_mask, tr.policy_mask[1:], strict=False) if a != b)
+    assert runs >= 4
+    assert _recompute(path, tree, [leaf.leaf_id for leaf in leaves]) <= 1e-4
+
+
+def test_token_truth_temperature(tiny):
+    path, model, tok = tiny
+    engine = HFEngine(model, tok, seed=2)
+    tree = TrajectoryTree()
+    opts = RolloutOptions(temperature=0.7, max_new_tokens=10, max_context=300, max_turns=2)
+    res = run_episodes_sync(_make(), engine, tok, tree, 4, opts, seeds=[5, 6, 7, 8])
+    engine.close_sync()
+    ids = [leaf.leaf_id for r in res for leaf in r.leaves]
+    assert _recompute(path, tree, ids, temperature=0.7) <= 1e-4
+
+
+def test_held_tokens_equal_what_was_sampled(tiny):
+    """The stored path is exactly prompt + sampled ids + templated observation ids, turn by turn."""
+    _, model, tok = tiny
+    engine = HFEngine(model, tok, seed=3)
+    tree = TrajectoryTree()
+    events = []
+    opts = RolloutOptions(max_new_tokens=8, max_context=300, max_turns=2)
+    res = asyncio.run(
+        run_episode(
+            gymnasium.make("fr_agents_test/Count-v0"),
+            engine,
+            tok,
+            tree,
+            opts,
+            seed=3,
+            on_event=lambda k, e: events.append((k, e)),
+        )
+    )
+    engine.close_sync()
+    tr = tree.trajectory(res.leaves[0].leaf_id)
+    text = tok.decode(tr.token_ids, skip_special_tokens=False)
+    actions = [e["text"] for k, e in events if k == "action"]
+    obs = [e["text"] for k, e in events if k == "observation"]
+    assert text.startswith("<|im_start|>user\nWrite exactly")
+    assert (
+        f"{actions[0]}" in text and f"<|im_start|>user\n{obs[0]}<|im_end|>\n<|im_start|>assistant\n" in text
+    )
+
+
+DRIFT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n(earlier) ' + m['content'] + '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_template_that_rewrites_earlier_turns_raises_drift(tiny):
+    path, model, _ = tiny
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = DRIFT_TEMPLATE
+    engine = HFEngine(model, tok)
+    opts = RolloutOptions(max_new_tokens=6, max_context=300, max_turns=3)
+    with pytest.raises(TokenDriftError, match="turn 0") as e:
+        asyncio.run(
+            run_episode(
+                gymnasium.make("fr_agents_test/Count-v0"), engine, tok, TrajectoryTree(), opts, seed=0
+            )
+        )
+    engine.close_sync()
+    assert e.value.turn == 0
+
+
+def test_context_budget_truncates_with_partial_score(tiny):
+    _, model, tok = tiny
+    engine = HFEngine(model, tok)
+    tree = TrajectoryTree()
+    opts = RolloutOptions(max_new_tokens=16, max_context=60, max_turns=10, stop_token_ids=(10**6,))
+    res = asyncio.run(
+        run_episode(gymnasium.make("fr_agents_test/Count-v0", turns=10), engine, tok, tree, opts, seed=1)
+    )
+    engine.close_sync()
+    leaf = res.leaves[0]
+    assert leaf.status == "truncated" and leaf.info["truncated_by"] == "context"
+    assert leaf.partial_score is not None and 0 < leaf.partial_score < 1
+    tr = tree.trajectory(leaf.leaf_id)
+    assert len(tr.token_ids) <= 60 and tr.status == "truncated"
+
+
+def test_turn_reward_sum_and_last(tiny):
+    _, model, tok = tiny
+    engine = HFEngine(model, tok, seed=4)
+    for mode in ("sum", "last"):
+        opts = RolloutOptions(max_new_tokens=4, max_context=300, max_turns=3, turn_reward=mode)
+        res = asyncio.run(
+            run_episode(
+                gymnasium.make("fr_agents_test/Count-v0"), engine, tok, TrajectoryTree(), opts, seed=2, task=1
+            )
+        )
+        leaf = res.leaves[0]
+        assert leaf.reward == (sum(leaf.rewards) if mode == "sum" else leaf.rewards[-1])
+    engine.close_sync()
+
+
+@pytest.mark.parametrize("env_id", ["fr_agents_test/Count-v0", "fr_agents_test/ForkCount-v0"])
+def test_branching_shares_prefix(tiny, env_id):
+    """K leaves per fork (replay-forking and env.fork()), prefix stored once, visible in stats."""
+    _, model, tok = tiny
+    engine = HFEngine(model, tok, seed=5)
+    tree = TrajectoryTree()
+    forks_before = rollout_envs.ForkableCountEnv.forks
+    opts = RolloutOptions(max_new_tokens=6, max_context=300, max_turns=3, branch_factor=3, branch_at=(1,))
+    res = run_episodes_sync(_make(env_id), engine, tok, tree, 2, opts, seeds=[10, 11])
+    engine.close_sync()
+    for r in res:
+        assert len(r.leaves) == 3
+        paths = [tree.trajectory(leaf.leaf_id) for leaf in r.leaves]
+        first_turn_end = paths[0].policy_mask.index(False, paths[0].prompt_len + 1)
+        assert all(p.token_ids[:first_turn_end] == paths[0].token_ids[:first_turn_end] for p in paths)
+        assert len({p.path[1] for p in paths}) == 1  # the shared first turn is one node
+    stats = tree.stats()
+    assert stats["leaves"] == 6 and stats["sharing_ratio"] > 1.0
+    if "Fork" in env_id:
+        assert rollout_envs.ForkableCountEnv.forks - forks_before == 4
+
+
+def test_non_str_observation_names_env(tiny):
+    _, model, tok = tiny
+    engine = HFEngine(model, tok)
+    with pytest.raises(ObservationTypeError, match="fr_agents_test/IntObs-v0"):
+        asyncio.run(
+            run_episode(gymnasium.make("fr_agents_test/IntObs-v0"), engine, tok, TrajectoryTree(), seed=0)
+        )
+    engine.close_sync()
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="max_context"):
+        RolloutOptions(max_context=0)
+    with pytest.raises(ValueError, match="turn_reward"):
+        RolloutOptions(turn_reward="mean")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="top_p"):
+        RolloutOptions(top_p=0.9)
+
+
+def test_weight_swap_mid_generation_records_per_token_versions(tiny):
+    path, model, tok = tiny
+    import copy
+
+    engine = HFEngine(copy.deepcopy(model), tok, seed=6)
+    new = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    started = threading.Event()
+
+    async def main():
+        fut = engine.submit(
+            tok.encode("Write exactly 3 words."), SamplingOptions(max_tokens=200, stop_token_ids=())
+        )
+        while engine.stats["steps"] < 5:
+            await asyncio.sleep(0.001)
+        started.set()
+        await asyncio.to_thread(engine.set_weights, new, 7)
+        return await asyncio.wrap_future(fut)
+
+    gen = asyncio.run(main())
+    assert started.is_set() and engine.version == 7
+    assert gen.versions[0] == 0 and gen.versions[-1] == 7 and gen.version == 0
+    assert gen.versions == sorted(gen.versions)
+    # After the swap returns, fresh generations are sampled (and scored) by the new weights.
+    prompt = tok.encode("Turn 1: again.")
+    g2 = engine.generate_sync(prompt, SamplingOptions(max_tokens=5, stop_token_ids=()))
+    engine.close_sync()
+    ref = copy.deepcopy(model)
+    ref.load_state_dict(new)
+    with torch.no_grad():
+        logp = torch.log_softmax(ref(torch.tensor([prompt + g2.token_ids])).logits[0].float(), -1)
+    lp = logp[len(prompt) - 1 : -1].gather(1, torch.tensor(g2.token_ids)[:, None]).squeeze(1)
+    assert g2.versions == [7] * 5
+    assert (lp - torch.tensor(g2.logprobs)).abs().max() <= 1e-4
