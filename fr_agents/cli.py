@@ -125,6 +125,51 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== repo-tasks
+
+
+def _add_repo_tasks(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="repo_tasks_cmd", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="build (or reuse) a RepoCoding-v0 task set in DIR")
+    b.add_argument("--out", required=True, help="output folder (tasks.jsonl, repos/, manifest.json)")
+    b.add_argument("--seed", type=int, default=0, help="mutation sampling seed (default 0)")
+    b.add_argument("--repos", nargs="+", default=None, help="repo names, or seed / real / all (default all)")
+    b.add_argument("--quota", type=int, default=None, help="tasks per repository (default: per-repo setting)")
+    b.add_argument("--workers", type=int, default=2, help="parallel test runs (default 2)")
+    b.add_argument("--cache-dir", default=None, help="sdist + test-run cache (default ~/.cache/fr_agents/repo_coding)")
+    b.add_argument("--force", action="store_true", help="rebuild even when DIR holds the same build")
+    s = sub.add_parser("stats", help="count the tasks of a task file/folder per repo and mutation kind")
+    s.add_argument("path", help="tasks.jsonl / .parquet, or a folder holding tasks.jsonl")
+
+
+@command("repo-tasks", "RepoCoding-v0 tasks: `repo-tasks build --out DIR [--seed S]`, `repo-tasks stats PATH`")
+@args(_add_repo_tasks)
+def _cmd_repo_tasks(a: argparse.Namespace) -> int:
+    import time
+    from collections import Counter
+
+    from envs.repo_coding.task import load_tasks
+
+    if a.repo_tasks_cmd == "build":
+        from envs.repo_coding.builder import build_tasks
+
+        t0 = time.monotonic()
+        try:
+            tasks = build_tasks(a.out, seed=a.seed, repos=a.repos, cache_dir=a.cache_dir, workers=a.workers,
+                                quota=a.quota, force=a.force)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        per_repo = Counter(t.repo for t in tasks)
+        print(json.dumps({"out": a.out, "tasks": len(tasks), "per_repo": per_repo,
+                          "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+        return 0 if tasks else 1
+    tasks = load_tasks(a.path)
+    print(json.dumps({"tasks": len(tasks), "per_repo": Counter(t.repo for t in tasks),
+                      "per_kind": Counter(t.mutation.get("kind", "?") for t in tasks)}, indent=1))
+    return 0
+
+
 # =========================================================================== sandbox
 
 

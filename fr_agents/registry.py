@@ -15,6 +15,10 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
         "envs.math_verifier:MathVerifierEnv",
         "math problem, reward 1 when the last \\boxed{} answer verifies (math-verify, process pool)",
     ),
+    "fr_agents/RepoCoding-v0": (
+        "envs.repo_coding.env:RepoCodingEnv",
+        "fix an injected bug in a real repo in a sandbox; graded on hidden tests (SWE-bench fields)",
+    ),
     "fr_agents/PythonTool-v0": (
         "envs.python_tool:PythonToolEnv",
         "math with a persistent sandboxed Python tool (Hermes <tool_call>), graded like MathVerifier",
