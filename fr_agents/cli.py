@@ -508,12 +508,17 @@ def _cmd_model(a: argparse.Namespace) -> int:
 # =========================================================================== train
 
 
-def _add_train(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", nargs="?", default=None, help="preset name in configs/ or a YAML path (default math-tiny)")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.steps=50 objective.delta=inf")
+def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and placement plan; start nothing")
     p.add_argument("--run-dir", help="write the run here (default run.out_dir/<preset>-<time>)")
+
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset", nargs="?", default=None, help="preset name in configs/ or a YAML path (default math-tiny)")
+    # REMAINDER so that flags may follow the overrides: `train math-tiny x=1 --dry-run y=2`
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="dotted key=value overrides, e.g. trainer.steps=50")
+    _train_flags(p)
 
 
 @command("train", "train a policy with asynchronous FlashREINFORCE on a preset or YAML config")
@@ -521,7 +526,19 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 def _cmd_train(a: argparse.Namespace) -> int:
     from trainer.train import main_train
 
-    return main_train(a.preset, a.overrides, resume=a.resume, dry_run=a.dry_run, run_dir=a.run_dir)
+    late = argparse.ArgumentParser(prog="fr-agents train", add_help=False)
+    _train_flags(late)
+    flags, overrides = late.parse_known_args(a.overrides or [])
+    unknown = [o for o in overrides if o.startswith("-")]
+    if unknown:
+        raise ConfigError(f"train: unknown option(s) {' '.join(unknown)} (see fr-agents train --help)")
+    return main_train(
+        a.preset,
+        overrides,
+        resume=flags.resume or a.resume,
+        dry_run=flags.dry_run or a.dry_run,
+        run_dir=flags.run_dir or a.run_dir,
+    )
 
 
 # =========================================================================== main
