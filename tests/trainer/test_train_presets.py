@@ -1,0 +1,61 @@
+"""Every preset validates and dry-runs; bad input fails early with the culprit named."""
+
+from __future__ import annotations
+
+import pytest
+
+from fr_agents.cli import main
+from fr_agents.config import ConfigError, list_presets, load_config
+from trainer.preflight import check_env, check_model, run_preflight
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_every_preset_dry_runs(preset: str, capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    rc = main(["train", preset, "--dry-run", f"run.out_dir={tmp_path}"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "# resolved config" in out and "# placement plan" in out
+    assert "nothing was started" in out
+    assert f"preset: {preset}" in out
+    assert not any(tmp_path.iterdir()), "a dry run must not create the run directory"
+
+
+def test_gpu_presets_mirror_the_paper() -> None:
+    math = load_config("math-qwen2.5-math-1.5b")
+    assert (math.model.name, math.objective.delta, math.trainer.batch_size) == ("Qwen/Qwen2.5-Math-1.5B", 3e-3, 128)
+    tool = load_config("python-tool-qwen2.5-7b")
+    assert (tool.env.max_turns, tool.objective.delta, tool.trainer.batch_size) == (10, 1e-3, 128)
+    alf = load_config("alfworld-qwen2.5-7b")
+    assert (alf.env.max_turns, alf.trainer.batch_size, alf.objective.delta) == (50, 64, 1e-3)
+    assert "R1-Distill" in load_config("math-r1-distill-1.5b").model.name
+    for name in ("math-qwen2.5-math-1.5b", "python-tool-qwen2.5-7b", "alfworld-qwen2.5-7b", "math-r1-distill-1.5b"):
+        cfg = load_config(name)
+        assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.rollout.temperature, cfg.rollout.top_p) == (1e-6, 0.1, 1.0, 1.0)
+
+
+def test_ablation_switches_are_config_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    for override in ("objective.delta=inf", "objective.importance_sampling=false", "objective.aggregation=token_mean",
+                     "objective.algo=grpo"):
+        assert main(["train", "math-tiny", override, "--dry-run"]) == 0
+    assert "GRPO groups of 4" in capsys.readouterr().out
+
+
+def test_invalid_key_is_named_before_anything_starts(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    rc = main(["train", "math-tiny", "trainer.batch_sise=8", f"run.out_dir={tmp_path}"])
+    assert rc == 2
+    assert "trainer.batch_sise" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_model_and_env_fail_preflight(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    cfg = load_config("math-tiny", ["model.name=/nonexistent/model", "env.id=fr_agents/NoSuchEnv-v0"])
+    assert not check_model(cfg).ok
+    env = check_env(cfg)
+    assert not env.ok and "NoSuchEnv" in env.detail
+    with pytest.raises(ConfigError, match=r"model\.name.*env\.id"):
+        run_preflight(cfg).raise_if_failed()
+    rc = main(["train", "math-tiny", "model.name=/nonexistent/model", f"run.out_dir={tmp_path}"])
+    assert rc == 2 and "model.name" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    assert not check_env(load_config("math-tiny", ["env.id=not an id"])).ok
+    assert check_env(load_config("math-tiny")).ok
