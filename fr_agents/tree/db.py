@@ -138,18 +138,19 @@ class Database:
         """
         with self._lock if self.path is None else _nullctx():
             c = self.conn()
-            if durable and self.path is not None:
+            full = durable and self.path is not None
+            if full:
                 c.execute("PRAGMA synchronous=FULL")
-            c.execute("BEGIN IMMEDIATE")
             try:
-                yield c
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-            else:
+                c.execute("BEGIN IMMEDIATE")
+                try:
+                    yield c
+                except BaseException:
+                    c.execute("ROLLBACK")
+                    raise
                 c.execute("COMMIT")
             finally:
-                if durable and self.path is not None:
+                if full:
                     c.execute("PRAGMA synchronous=NORMAL")
 
     @contextmanager
