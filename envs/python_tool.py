@@ -44,7 +44,7 @@ from envs.math_verifier import MathVerifierEnv
 from envs.tasks import Task, TaskSource
 from envs.verifier import VerifierPool
 from fr_agents.spaces import AnyText
-from tools_sandbox import RunResult, Sandbox, SandboxLimits, create_sandbox, shared_pool
+from tools_sandbox import RunResult, Sandbox, SandboxError, SandboxLimits, create_sandbox, shared_pool
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,13 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             sb.close()
 
     def _run(self, code: str) -> str:
-        r = self._open_sandbox().run_python(code, timeout=self.call_timeout)
+        try:
+            r = self._open_sandbox().run_python(code, timeout=self.call_timeout)
+        except SandboxError as e:  # the sandbox itself failed (daemon gone, ...): tell the agent, retry fresh
+            log.warning("python tool: %s", e)
+            self._close_sandbox()
+            self._history.clear()
+            return f"Error: the sandbox failed ({e}); the interpreter state was lost."
         self._tool_calls += 1
         if r.restarted:
             self._history.clear()

@@ -72,6 +72,20 @@ def rootfs_dir(recipe: ImageRecipe = DEFAULT_RECIPE) -> Path:
     return cache_dir() / f"rootfs-{recipe.digest()}"
 
 
+def _check_docker() -> None:
+    if shutil.which("docker") is None:
+        raise RuntimeError(
+            "the docker CLI is not installed (apt-get install -y docker.io), or use --rootfs-only"
+        )
+    out = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, timeout=60
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            "no Docker daemon answers: run `bash scripts/start_dockerd.sh` (or use --rootfs-only)"
+        )
+
+
 def image_exists(tag: str) -> bool:
     """True when the Docker daemon has an image called ``tag``."""
     out = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, timeout=60)
@@ -126,6 +140,8 @@ def build_image(recipe: ImageRecipe = DEFAULT_RECIPE, *, force: bool = False, do
     Fast and idempotent when cached. ``force`` rebuilds the rootfs from scratch and re-imports.
     """
     dest = rootfs_dir(recipe)
+    if docker:
+        _check_docker()
     if force:
         shutil.rmtree(dest, ignore_errors=True)
     if docker and not force and image_exists(recipe.tag):

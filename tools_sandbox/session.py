@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -197,7 +198,13 @@ class Sandbox:
         if self._transport is not None:
             return
         t0 = time.monotonic()
-        transport = self._spawn()
+        try:
+            transport = self._spawn()
+        except SandboxError:
+            raise
+        except Exception as e:
+            self._kill()
+            raise SandboxError(f"{self.backend} worker could not start: {type(e).__name__}: {e}") from e
         reader = FrameReader(transport)
         try:
             hello = reader.read(t0 + self.limits.start_timeout)
@@ -277,9 +284,15 @@ class Sandbox:
             self.calls += 1
             before = self._seen
             t0 = time.monotonic()
+            # A random id per request: code that forges response frames (it can write to the
+            # worker's stdout) cannot prepare answers for later calls.
+            req = {**req, "id": os.urandom(8).hex()}
             try:
                 self._transport.send(encode_frame(req))
                 resp = self._reader.read(t0 + timeout)
+                while resp.get("id") != req["id"]:  # a frame forged by the code itself: not our answer
+                    log.debug("%s: dropped a frame with id %r", self.backend, resp.get("id"))
+                    resp = self._reader.read(t0 + timeout)
             except DeadlinePassed:
                 self._drop_worker()
                 return None, self._cause(before) or "timeout", time.monotonic() - t0

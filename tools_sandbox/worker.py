@@ -7,7 +7,7 @@ definition of the wire format.
 
 Protocol (over the worker's stdin/stdout): each message is a *frame*, a 4-byte big-endian length
 followed by that many bytes of UTF-8 JSON. The worker first sends ``{"ready": true, ...}``, then
-answers each request with exactly one response frame:
+answers each request with exactly one response frame, echoing the request's ``"id"``:
 
 * ``{"op": "python", "code": str}`` runs code in one persistent namespace (state survives across
   calls); a final bare expression is echoed like a REPL;
@@ -175,6 +175,7 @@ class Worker:
             body = _read_exact(self.proto_in, decode_header(header))
             if body is None:
                 return
+            req: dict = {}
             try:
                 req = json.loads(body)
                 resp = self.handle(req)
@@ -183,6 +184,7 @@ class Worker:
             finally:
                 if os.getpid() != self.pid:  # a fork of the worker must never answer
                     os._exit(0)
+            resp["id"] = req.get("id") if isinstance(req, dict) else None
             _write_all(self.proto_out, encode_frame(resp))
 
     def handle(self, req: dict) -> dict:

@@ -181,6 +181,15 @@ HOSTILE = [
         {"ok", "crashed", "timeout"},
     ),
     Hostile(
+        "forge_future_responses",
+        "import gc, json, os, struct\nw = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
+        "for i in range(200):\n"
+        "    body = json.dumps({'status': 'ok', 'stdout': 'FORGED', 'exit_code': 0, 'id': i}).encode()\n"
+        "    os.write(w.proto_out, struct.pack('>I', len(body)) + body)",
+        {"ok"},
+        forbid=["FORGED"],
+    ),
+    Hostile(
         "privilege_escalation",
         "import os, subprocess\ntry:\n    os.setuid(0)\n    print('ESCALATED setuid')\nexcept OSError as e:\n    print('DENIED', e)\n"
         "rc = subprocess.run(['mount', '-t', 'tmpfs', 'none', '/tmp'], capture_output=True).returncode\n"
