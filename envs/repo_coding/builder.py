@@ -192,10 +192,6 @@ class TestRunner:
 # ----------------------------------------------------------------------------- hiding tests
 
 
-def _strip_param(name: str) -> str:
-    return name.split("[", 1)[0]
-
-
 def hide_tests(source: str, qualnames: set[tuple[str, ...]]) -> str | None:
     """``source`` with the test functions named by ``qualnames`` (e.g. ``("TestX", "test_y")``) cut
     out, or None when one of them cannot be found as a plain definition."""
@@ -240,8 +236,9 @@ def hide_tests(source: str, qualnames: set[tuple[str, ...]]) -> str | None:
 
 def qualname_of(nodeid: str) -> tuple[str, tuple[str, ...]]:
     """``("tests/test_x.py", ("TestX", "test_y"))`` for ``tests/test_x.py::TestX::test_y[p]``."""
-    parts = nodeid.split("::")
-    return parts[0], tuple(parts[1:-1]) + (_strip_param(parts[-1]),)
+    head = nodeid.split("[", 1)[0]  # parameter ids may contain "::"
+    parts = head.split("::")
+    return parts[0], tuple(parts[1:])
 
 
 # ----------------------------------------------------------------------------- problem statements
@@ -345,23 +342,19 @@ def build_repo(spec: RepoSpec, seed: int, cache_dir: Path, runner: TestRunner, w
                 with lock:
                     free.append(repo)
 
-        accepted: list[_Accepted] = []
+        tasks: list[RepoTask] = []
         tried = 0
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for start in range(0, len(candidates), workers):
                 chunk = candidates[start : start + workers]
                 tried += len(chunk)
                 for res in pool.map(job, chunk):
-                    if res is not None and len(accepted) < spec.quota:
-                        accepted.append(res)
-                if len(accepted) >= spec.quota:
+                    if res is not None and len(tasks) < spec.quota:
+                        task = _make_task(spec, work, upstream, res, originals[res.src])
+                        if task is not None:
+                            tasks.append(task)
+                if len(tasks) >= spec.quota:
                     break
-
-        tasks = []
-        for acc in accepted:
-            task = _make_task(spec, work, upstream, acc, originals[acc.src])
-            if task is not None:
-                tasks.append(task)
         dest = out_repos / f"{spec.name}.git"
         if dest.exists():
             shutil.rmtree(dest)
