@@ -420,6 +420,7 @@ class Trainer:
             self.learner.version = state.version
             self.tree.rewind(int(state.extra.get("store_cursor", state.step)))
             truncate_metrics(self.run_dir, state.step)
+            self.metrics.reopen()
             self.lag_histogram.update({int(k): v for k, v in state.extra.get("lag_histogram", {}).items()})
             for v, w in load_rollout_weights(ckpt).items():
                 self.board.publish(v, w)

@@ -73,6 +73,11 @@ class MetricsSink:
 
             self._console = Console(stderr=True)
 
+    def reopen(self) -> None:
+        """Reopen metrics.jsonl (after :func:`truncate_metrics` replaced the file)."""
+        self._file.close()
+        self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
+
     def event(self, kind: str, **fields: Any) -> None:
         """A non-step row (warm start, evaluation, stop reason)."""
         row = {"kind": kind, **fields}

@@ -1,0 +1,84 @@
+"""The async loop: the policy lag stays within max_policy_lag; NaN losses stop the run cleanly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fr_agents.config import load_config
+from fr_agents.tree import TrajectoryTree
+from trainer.checkpoint import latest_checkpoint
+from trainer.ledger import EpisodeLedger
+from trainer.loop import run_training
+
+BASE = [
+    "model.tiny_size=nano",
+    "tasks.params={digits: 1}",
+    "env.kwargs={answer_format: plain, format_reward: 0.1}",
+    "trainer.batch_size=8",
+    "rollout.concurrency=8",
+    "trainer.checkpoint_every=0",
+    "trainer.max_minutes=0",
+    "trainer.eval_episodes=0",
+    "trainer.plot_every=2",
+    "trainer.collapse_guard=false",
+    "warm_start.examples=0",
+    "trainer.threads=1",
+]
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("lag", [0, 2])
+def test_policy_lag_never_exceeds_max_policy_lag(tmp_path: Path, lag: int) -> None:
+    torch.set_num_threads(1)
+    steps = 5
+    cfg = load_config("math-tiny", [*BASE, f"rollout.max_policy_lag={lag}", f"trainer.steps={steps}"])
+    res = run_training(cfg, tmp_path, console=False)
+    assert res.ok and res.steps == steps
+    rows = [r for r in _rows(tmp_path) if r["kind"] == "step"]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["lag_max"] <= lag for r in rows)
+    # Rollout really runs ahead: once the pipeline is full, trajectories are exactly `lag` old.
+    assert [r["lag_max"] for r in rows] == [min(k, lag) for k in range(steps)]
+    # The store agrees: every policy token of batch k was sampled by version k - lag (or 0).
+    ledger, tree = EpisodeLedger(tmp_path / "episodes.sqlite"), TrajectoryTree.open(tmp_path / "store.sqlite")
+    for k in range(steps):
+        batch = ledger.batch_rows(k)
+        assert len(batch) == cfg.trainer.batch_size
+        for traj in tree.trajectories([r[1] for r in batch]):
+            versions = {v for v, m in zip(traj.versions, traj.policy_mask, strict=True) if m}
+            assert versions == {max(0, k - lag)}
+    assert tree.stats()["available"] == 0, "every finished trajectory is consumed, none discarded"
+    ledger.close()
+    tree.close()
+    assert (tmp_path / "curves.png").exists() and any((tmp_path / "tb").iterdir())
+    end = [r for r in _rows(tmp_path) if r["kind"] == "end"][0]
+    assert sum(end["lag_histogram"].values()) == steps * cfg.trainer.batch_size
+
+
+def test_nan_loss_stops_keeps_checkpoint_and_saves_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    from trainer.learner import Learner, NonFiniteLossError
+
+    real_step = Learner.step
+
+    def poisoned(self: Learner, batch):  # the third step produces a NaN loss
+        if self.version == 2:
+            raise NonFiniteLossError("non-finite loss nan", batch, {"loss": float("nan")})
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Learner, "step", poisoned)
+    cfg = load_config("math-tiny", [*BASE, "trainer.steps=6", "trainer.checkpoint_every=1"])
+    res = run_training(cfg, tmp_path, console=False)
+    assert not res.ok and res.stop_reason == "non-finite loss" and res.steps == 2
+    assert latest_checkpoint(tmp_path).name == "step_000002"
+    saved = torch.load(tmp_path / "nan_batch_step2.pt", weights_only=False)
+    assert saved["token_ids"].shape[0] == cfg.trainer.batch_size and len(saved["leaf_ids"]) == 8
+    stop = [r for r in _rows(tmp_path) if r["kind"] == "stop"][0]
+    assert stop["reason"] == "non-finite loss"
