@@ -5,7 +5,8 @@ For each repository (:mod:`envs.repo_coding.specs`):
 1. Materialise the pristine tree (a seed repository, or a pinned sdist from ``pip download``, kept
    in the cache so later builds need no network) and commit it to a scratch git repository.
 2. Run its tests once (the *baseline*); only tests that pass there can be FAIL_TO_PASS / PASS_TO_PASS.
-3. List every AST mutation of the target files (:mod:`.mutations`), shuffle with the seed, and test
+3. List every AST mutation of the target files (:mod:`.mutations`), shuffle with the seed, move the
+   ones inside functions the test files name to the front (they are caught far more often), and test
    each candidate (in parallel, one scratch copy per worker). A mutation is kept when at least one
    baseline-passing test fails (FAIL_TO_PASS, at most ``max_fail_to_pass``) and, by construction,
    the others still pass (PASS_TO_PASS).
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -46,7 +48,7 @@ from envs.repo_coding.testrun import PLUGIN_MODULE, REPORT_PLUGIN, passed_ids, p
 
 log = logging.getLogger(__name__)
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 SEED_DIR = Path(__file__).parent / "seed_repos"
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "fr-agents",
@@ -322,6 +324,10 @@ def build_repo(spec: RepoSpec, seed: int, cache_dir: Path, runner: TestRunner, w
         for src, text in originals.items():
             candidates += [(src, m) for m in find_mutations(text)]
         random.Random(f"{seed}:{spec.name}").shuffle(candidates)
+        # Bugs in functions the tests name are far more often caught: try those first.
+        test_text = "\n".join((work / t).read_text(errors="replace") for t in spec.test_files)
+        named = {fn for fn in {m.function for _, m in candidates} if re.search(rf"\b{re.escape(fn)}\b", test_text)}
+        candidates.sort(key=lambda c: c[1].function not in named)
         candidates = candidates[: spec.quota * 8]
 
         copies = []

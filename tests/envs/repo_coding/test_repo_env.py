@@ -79,3 +79,12 @@ def test_agent_commits_still_count(backend, two_bug_task):
     obs, r, term, trunc, info = env.step(call("submit"))
     assert r == 0.0 and info["partial_score"] == 0.5 and info["f2p_passed"] == 1
     env.close()
+
+
+@pytest.mark.bwrap
+def test_gymnasium_env_checker_passes(seed_tasks_dir):
+    from gymnasium.utils.env_checker import check_env
+
+    env = RepoCodingEnv(tasks=str(seed_tasks_dir), backend=require("bwrap"))
+    check_env(env, skip_render_check=True)
+    env.close()
