@@ -125,6 +125,150 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== eval
+
+
+def _add_eval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT", help="tiny, a model/checkpoint dir, a run dir (its latest checkpoint) or a hub id")
+    p.add_argument("--bench", action="append", default=[], help="bench name (repeatable); --list shows them")
+    p.add_argument("-k", type=int, default=1, help="samples per problem (pass@1..k, mean@k)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (k must be 1)")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "openai"])
+    p.add_argument("--out", help="output folder (samples/, results.json, results.md, results.png)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N problems of each bench")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: the bench's)")
+    p.add_argument("--max-turns", type=int, default=None)
+    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--label", action="append", default=[], help="report name of each CHECKPOINT, in order")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default=None)
+    p.add_argument("--base-url", default=None, help="--engine openai: server URL ending in /v1")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--tokenizer", default=None, help="tokenizer for --engine openai/vllm (default: CHECKPOINT)")
+    p.add_argument("--list", action="store_true", help="list the bench names and exit")
+
+
+def _eval_checkpoint(arg: str, engine: str) -> str:
+    """A run directory becomes its latest checkpoint; anything else is passed through."""
+    from pathlib import Path
+
+    if engine != "openai" and (Path(arg) / "checkpoints").is_dir():
+        from trainer.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(arg)
+        if ckpt is None:
+            raise ConfigError(f"CHECKPOINT: run directory {arg} has no complete checkpoint")
+        return str(ckpt)
+    return arg
+
+
+def _eval_labels(checkpoints: list[str], given: list[str]) -> list[str]:
+    from pathlib import Path
+
+    if given and len(given) != len(checkpoints):
+        raise ConfigError(f"--label: given {len(given)} times for {len(checkpoints)} checkpoints")
+    labels = list(given) or [
+        "/".join(Path(c).parts[-3::2]) if Path(c).name.startswith("step_") else (Path(c).name or c) for c in checkpoints
+    ]
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return out
+
+
+@command("eval", "evaluate checkpoints on benches: pass@k, mean@k, a comparison table and plot")
+@args(_add_eval)
+def _cmd_eval(a: argparse.Namespace) -> int:
+    import asyncio
+
+    from rich.progress import Progress
+
+    from envs.benches import BenchUnavailable, list_benches, resolve_bench
+    from fr_agents.eval.engines import open_engine
+    from fr_agents.eval.report import render_markdown, write_report
+    from fr_agents.eval.runner import EvalSettings, EvalSettingsMismatch, run_bench_async
+    from fr_agents.models import ModelNotFoundError
+
+    if a.list:
+        for name, doc in list_benches():
+            print(f"{name:<18} {doc}")
+        return 0
+    if not a.checkpoints:
+        raise ConfigError("CHECKPOINT: give at least one checkpoint (or --list)")
+    if not a.bench:
+        raise ConfigError("--bench: give at least one bench (--list shows them)")
+    if not a.out:
+        raise ConfigError("--out: the output folder is required")
+    try:
+        settings = EvalSettings(
+            k=a.k,
+            temperature=a.temperature,
+            seed=a.seed,
+            max_new_tokens=a.max_new_tokens,
+            max_turns=a.max_turns,
+            max_context=a.max_context,
+            system_prompt=a.system_prompt,
+            concurrency=a.concurrency,
+        )
+        benches = [resolve_bench(name, a.limit) for name in a.bench]
+    except (ValueError, BenchUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    checkpoints = [_eval_checkpoint(c, a.engine) for c in a.checkpoints]
+    labels = _eval_labels(a.checkpoints, a.label)
+    results = []
+    for ckpt, label in zip(checkpoints, labels, strict=True):
+        try:
+            opened = open_engine(
+                a.engine,
+                ckpt,
+                dtype=a.dtype,
+                device=a.device,
+                max_batch_size=a.concurrency,
+                seed=a.seed,
+                base_url=a.base_url,
+                api_key=a.api_key,
+                tokenizer=a.tokenizer,
+            )
+        except (ValueError, ModelNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        try:
+            for bench in benches:
+                with Progress(transient=True) as bar:
+                    task = bar.add_task(f"{label} · {bench.name}", total=len(bench.items) * settings.k)
+                    try:
+                        res = asyncio.run(
+                            run_bench_async(
+                                opened.engine,
+                                opened.tokenizer,
+                                bench,
+                                settings,
+                                label=label,
+                                out_dir=a.out,
+                                on_sample=lambda row, t=task: bar.advance(t),
+                            )
+                        )
+                    except EvalSettingsMismatch as e:
+                        print(f"error: {e}", file=sys.stderr)
+                        return 2
+                results.append(res)
+                log.info("%s on %s: %s", label, bench.name, {m: round(v, 4) for m, v in res.metrics.items()})
+        finally:
+            opened.close()
+    paths = write_report(results, a.out)
+    print(render_markdown(results))
+    print(f"report: {paths['markdown']}  {paths['json']}  {paths['plot']}")
+    return 0
+
+
+
+
 # =========================================================================== repo-tasks
 
 
@@ -140,6 +284,10 @@ def _add_repo_tasks(p: argparse.ArgumentParser) -> None:
     b.add_argument("--force", action="store_true", help="rebuild even when DIR holds the same build")
     s = sub.add_parser("stats", help="count the tasks of a task file/folder per repo and mutation kind")
     s.add_argument("path", help="tasks.jsonl / .parquet, or a folder holding tasks.jsonl")
+    v = sub.add_parser("validate", help="grade each task's gold patch (must score 1) and empty diff in a sandbox")
+    v.add_argument("path", help="tasks.jsonl / .parquet, or a folder holding tasks.jsonl")
+    v.add_argument("--backend", default="auto", help="auto (default), docker or bwrap")
+    v.add_argument("--limit", type=int, default=None, help="only the first N tasks")
 
 
 @command("repo-tasks", "RepoCoding-v0 tasks: `repo-tasks build --out DIR [--seed S]`, `repo-tasks stats PATH`")
@@ -165,6 +313,15 @@ def _cmd_repo_tasks(a: argparse.Namespace) -> int:
                           "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         return 0 if tasks else 1
     tasks = load_tasks(a.path)
+    if a.repo_tasks_cmd == "validate":
+        from envs.repo_coding.grading import validate
+
+        bad = 0
+        for t in tasks[: a.limit]:
+            row = validate(t, backend=a.backend)
+            bad += not row["ok"]
+            print(json.dumps(row))
+        return 1 if bad else 0
     print(json.dumps({"tasks": len(tasks), "per_repo": Counter(t.repo for t in tasks),
                       "per_kind": Counter(t.mutation.get("kind", "?") for t in tasks)}, indent=1))
     return 0
@@ -218,107 +375,99 @@ def _cmd_sandbox(a: argparse.Namespace) -> int:
     return 2
 
 
-
-# =========================================================================== play
-
-
-def _add_play(p: argparse.ArgumentParser) -> None:
-    p.add_argument("env_id", metavar="ENV_ID")
-    who = p.add_mutually_exclusive_group()
-    who.add_argument("--model", default=None, help="play with this model (default: tiny)")
-    who.add_argument("--human", action="store_true", help="you type the actions (stdin, pipes work)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make")
+# =========================================================================== alfworld
 
 
-def _play_human(env: object, seed: int, max_turns: int) -> int:
-    obs, _ = env.reset(seed=seed)
-    if not isinstance(obs, str):
-        print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
-        return 2
-    total, interactive = 0.0, sys.stdin.isatty()
-    print(f"[observation]\n{obs}")
-    for turn in range(max_turns):
-        if interactive:
-            print("> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line:
-            print("stdin ended before the episode did", file=sys.stderr)
-            return 1
-        action = line.rstrip("\n")
-        obs, reward, terminated, truncated, info = env.step(action)
-        total += float(reward)
-        print(f"[action {turn}] {action}\n[reward] {float(reward)}")
-        if not isinstance(obs, str):
-            print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
-            return 2
-        if terminated or truncated:
-            status = "finished" if terminated else "truncated"
-            print(f"[result] {status}, total reward {total}, partial_score {info.get('partial_score')}")
-            return 0
-        print(f"[observation]\n{obs}")
-    print(f"[result] truncated after {max_turns} turns, total reward {total}")
+def _add_alfworld(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="alfworld_cmd", metavar="ACTION", required=True)
+    g = sub.add_parser("generate", help="write offline ALFWorld games (game.tw-pddl + traj_data.json)")
+    g.add_argument("--out", required=True, help="output folder")
+    g.add_argument("--n", type=int, default=None, help="training games (default 300)")
+    g.add_argument("--seen", type=int, default=140, help="valid_seen games (train scenes)")
+    g.add_argument("--unseen", type=int, default=134, help="valid_unseen games (held-out scenes)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+
+
+@command("alfworld", "ALFWorld tools: `alfworld generate --out DIR --n N --seed S`")
+@args(_add_alfworld)
+def _cmd_alfworld(a: argparse.Namespace) -> int:
+    from envs.alfworld.generate import DEFAULT_COUNTS, generate
+
+    counts = {"train": DEFAULT_COUNTS["train"] if a.n is None else a.n, "valid_seen": a.seen, "valid_unseen": a.unseen}
+    for name, n in (("--n", counts["train"]), ("--seen", a.seen), ("--unseen", a.unseen)):
+        if n < 0:
+            raise ConfigError(f"{name} must be >= 0, got {n}")
+    records = generate(a.out, counts, seed=a.seed, workers=a.workers)
+    manifest = json.loads(open(f"{a.out}/manifest.json").read())
+    by_split: dict[str, int] = {}
+    for r in records:
+        by_split[r.split] = by_split.get(r.split, 0) + 1
+    print(json.dumps({"out": a.out, "games": by_split, "seconds": manifest["seconds"], "content_hash": manifest["content_hash"]}))
     return 0
 
 
-@command("play", "play one episode in the terminal, as a model or as a human (--human)")
-@args(_add_play)
-def _cmd_play(a: argparse.Namespace) -> int:
-    import asyncio
+# =========================================================================== store
 
-    from fr_agents.models import ModelNotFoundError, load_policy
-    from fr_agents.policy.hf import HFEngine
-    from fr_agents.rollout import ObservationTypeError, RolloutOptions, run_episode
+
+def _add_store(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="store_cmd", metavar="ACTION", required=True)
+    st = sub.add_parser("stats", help="print the store's counts as JSON")
+    st.add_argument("path", help="trajectory store file (SQLite)")
+    sh = sub.add_parser("show", help="print the tree indented, with tokens, rewards and versions per node")
+    sh.add_argument("path", help="trajectory store file (SQLite)")
+    sh.add_argument("--root", type=int, default=None, help="only this root id")
+    sh.add_argument("--max-tokens", type=int, default=12, help="token ids shown per node")
+
+
+@command("store", "inspect a trajectory store: `store stats PATH`, `store show PATH [--root N]`")
+@args(_add_store)
+def _cmd_store(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from fr_agents.tree import TrajectoryTree
+    from fr_agents.tree.show import render
 
+    if not Path(a.path).is_file():
+        print(f"path: no store at {a.path}", file=sys.stderr)
+        return 2
+    with TrajectoryTree.open(a.path) as tree:
+        if a.store_cmd == "stats":
+            print(json.dumps(tree.stats(), indent=2))
+            return 0
+        if a.root is not None and a.root not in tree.roots():
+            print(f"--root: {a.root} is not a root id (roots: {tree.roots()[:20]})", file=sys.stderr)
+            return 2
+        print(render(tree, a.root, max_tokens=a.max_tokens))
+        return 0
+
+
+# =========================================================================== model
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="model_cmd", metavar="ACTION", required=True)
+    c = sub.add_parser("create-tiny", help="build the deterministic tiny model into DIR")
+    c.add_argument("dir")
+    c.add_argument("--size", default="micro", choices=["nano", "micro", "small"])
+    c.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("get", help="resolve a model name to a local HF directory (building/converting once)")
+    g.add_argument("name", help="tiny, tiny-<size>, smollm2-135m, a local directory or a hub id")
+
+
+@command("model", "create the tiny model or fetch/convert a default model")
+@args(_add_model)
+def _cmd_model(a: argparse.Namespace) -> int:
+    from fr_agents.models import ModelNotFoundError, create_tiny, resolve_model
+
+    if a.model_cmd == "create-tiny":
+        print(create_tiny(a.dir, size=a.size, seed=a.seed))
+        return 0
     try:
-        make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
-    except _EnvIdError as e:
+        print(resolve_model(a.name))
+    except ModelNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    env = make_env()
-    if a.human:
-        try:
-            return _play_human(env, a.seed, a.max_turns)
-        finally:
-            env.close()
-    try:
-        opts = RolloutOptions(
-            temperature=a.temperature,
-            max_new_tokens=a.max_new_tokens,
-            max_context=max(2048, a.max_new_tokens * 2),
-            max_turns=a.max_turns,
-            system_prompt=a.system_prompt,
-        )
-        model, tokenizer = load_policy(a.model or "tiny")
-    except (ValueError, ModelNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    def show(kind: str, ev: dict) -> None:
-        if kind == "prompt":
-            print(f"[observation]\n{ev['observation']}", flush=True)
-        elif kind == "action":
-            print(f"[model turn {ev['turn']}] {ev['text']}", flush=True)
-        elif kind == "observation":
-            print(f"[reward] {ev['reward']}", flush=True)
-            if not ev["done"]:
-                print(f"[observation]\n{ev['text']}", flush=True)
-        elif kind == "finish":
-            print(f"[result] {ev['status']}, reward {ev['reward']}, partial_score {ev['partial_score']}", flush=True)
-
-    engine = HFEngine(model, tokenizer)
-    try:
-        asyncio.run(run_episode(env, engine, tokenizer, TrajectoryTree(), opts, seed=a.seed, make_env=make_env, on_event=show))
-    except ObservationTypeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        engine.close_sync()
     return 0
 
 
@@ -441,67 +590,106 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
     return 0
 
 
-# =========================================================================== store
+# =========================================================================== play
 
 
-def _add_store(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="store_cmd", metavar="ACTION", required=True)
-    st = sub.add_parser("stats", help="print the store's counts as JSON")
-    st.add_argument("path", help="trajectory store file (SQLite)")
-    sh = sub.add_parser("show", help="print the tree indented, with tokens, rewards and versions per node")
-    sh.add_argument("path", help="trajectory store file (SQLite)")
-    sh.add_argument("--root", type=int, default=None, help="only this root id")
-    sh.add_argument("--max-tokens", type=int, default=12, help="token ids shown per node")
+def _add_play(p: argparse.ArgumentParser) -> None:
+    p.add_argument("env_id", metavar="ENV_ID")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--model", default=None, help="play with this model (default: tiny)")
+    who.add_argument("--human", action="store_true", help="you type the actions (stdin, pipes work)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make")
 
 
-@command("store", "inspect a trajectory store: `store stats PATH`, `store show PATH [--root N]`")
-@args(_add_store)
-def _cmd_store(a: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from fr_agents.tree import TrajectoryTree
-    from fr_agents.tree.show import render
-
-    if not Path(a.path).is_file():
-        print(f"path: no store at {a.path}", file=sys.stderr)
+def _play_human(env: object, seed: int, max_turns: int) -> int:
+    obs, _ = env.reset(seed=seed)
+    if not isinstance(obs, str):
+        print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
         return 2
-    with TrajectoryTree.open(a.path) as tree:
-        if a.store_cmd == "stats":
-            print(json.dumps(tree.stats(), indent=2))
-            return 0
-        if a.root is not None and a.root not in tree.roots():
-            print(f"--root: {a.root} is not a root id (roots: {tree.roots()[:20]})", file=sys.stderr)
+    total, interactive = 0.0, sys.stdin.isatty()
+    print(f"[observation]\n{obs}")
+    for turn in range(max_turns):
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            print("stdin ended before the episode did", file=sys.stderr)
+            return 1
+        action = line.rstrip("\n")
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += float(reward)
+        print(f"[action {turn}] {action}\n[reward] {float(reward)}")
+        if not isinstance(obs, str):
+            print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
             return 2
-        print(render(tree, a.root, max_tokens=a.max_tokens))
-        return 0
+        if terminated or truncated:
+            status = "finished" if terminated else "truncated"
+            print(f"[result] {status}, total reward {total}, partial_score {info.get('partial_score')}")
+            return 0
+        print(f"[observation]\n{obs}")
+    print(f"[result] truncated after {max_turns} turns, total reward {total}")
+    return 0
 
 
-# =========================================================================== model
+@command("play", "play one episode in the terminal, as a model or as a human (--human)")
+@args(_add_play)
+def _cmd_play(a: argparse.Namespace) -> int:
+    import asyncio
 
+    from fr_agents.models import ModelNotFoundError, load_policy
+    from fr_agents.policy.hf import HFEngine
+    from fr_agents.rollout import ObservationTypeError, RolloutOptions, run_episode
+    from fr_agents.tree import TrajectoryTree
 
-def _add_model(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="model_cmd", metavar="ACTION", required=True)
-    c = sub.add_parser("create-tiny", help="build the deterministic tiny model into DIR")
-    c.add_argument("dir")
-    c.add_argument("--size", default="micro", choices=["nano", "micro", "small"])
-    c.add_argument("--seed", type=int, default=0)
-    g = sub.add_parser("get", help="resolve a model name to a local HF directory (building/converting once)")
-    g.add_argument("name", help="tiny, tiny-<size>, smollm2-135m, a local directory or a hub id")
-
-
-@command("model", "create the tiny model or fetch/convert a default model")
-@args(_add_model)
-def _cmd_model(a: argparse.Namespace) -> int:
-    from fr_agents.models import ModelNotFoundError, create_tiny, resolve_model
-
-    if a.model_cmd == "create-tiny":
-        print(create_tiny(a.dir, size=a.size, seed=a.seed))
-        return 0
     try:
-        print(resolve_model(a.name))
-    except ModelNotFoundError as e:
+        make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
+    except _EnvIdError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    env = make_env()
+    if a.human:
+        try:
+            return _play_human(env, a.seed, a.max_turns)
+        finally:
+            env.close()
+    try:
+        opts = RolloutOptions(
+            temperature=a.temperature,
+            max_new_tokens=a.max_new_tokens,
+            max_context=max(2048, a.max_new_tokens * 2),
+            max_turns=a.max_turns,
+            system_prompt=a.system_prompt,
+        )
+        model, tokenizer = load_policy(a.model or "tiny")
+    except (ValueError, ModelNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def show(kind: str, ev: dict) -> None:
+        if kind == "prompt":
+            print(f"[observation]\n{ev['observation']}", flush=True)
+        elif kind == "action":
+            print(f"[model turn {ev['turn']}] {ev['text']}", flush=True)
+        elif kind == "observation":
+            print(f"[reward] {ev['reward']}", flush=True)
+            if not ev["done"]:
+                print(f"[observation]\n{ev['text']}", flush=True)
+        elif kind == "finish":
+            print(f"[result] {ev['status']}, reward {ev['reward']}, partial_score {ev['partial_score']}", flush=True)
+
+    engine = HFEngine(model, tokenizer)
+    try:
+        asyncio.run(run_episode(env, engine, tokenizer, TrajectoryTree(), opts, seed=a.seed, make_env=make_env, on_event=show))
+    except ObservationTypeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close_sync()
     return 0
 
 

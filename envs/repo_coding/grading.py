@@ -175,3 +175,13 @@ def grade(task: RepoTask, diff: str, backend: str = "auto", limits: Any = None,
 
     with open_sandbox(backend=backend, limits=limits or sandbox_limits(), image=task.image) as sb:
         return grade_in(sb, task, diff, test_timeout)
+
+
+def validate(task: RepoTask, backend: str = "auto", test_timeout: float = 300.0) -> dict[str, Any]:
+    """Check a task in the sandbox: the gold patch must score 1 and the empty diff must not.
+    Returns ``{"instance_id", "ok", "gold", "empty", "error"}``."""
+    gold = grade(task, task.patch, backend=backend, test_timeout=test_timeout)
+    empty = grade(task, "", backend=backend, test_timeout=test_timeout)
+    ok = gold.reward == 1.0 and empty.reward == 0.0 and empty.partial_score < 1.0
+    return {"instance_id": task.instance_id, "ok": ok, "gold": gold.as_info(), "empty": empty.as_info(),
+            "error": gold.error or empty.error}
