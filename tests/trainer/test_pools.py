@@ -1,0 +1,179 @@
+"""Elastic pools: a CPU slot leaves the rollout pool mid-run with live episodes; none is dropped.
+
+Real parts: the in-code tiny Qwen2, one HFEngine per CPU slot, a multi-turn gymnasium text env
+with a tool-like delay between turns, the durable TrajectoryTree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any
+
+import gymnasium
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from fr_agents.models import create_tiny
+from fr_agents.policy.hf import HFEngine
+from fr_agents.rollout import RolloutOptions, run_episodes
+from fr_agents.spaces import AnyText
+from fr_agents.tree import TrajectoryTree
+from trainer.pools import (
+    ControllerConfig,
+    DeviceState,
+    ElasticController,
+    ElasticPool,
+    MigrationPolicy,
+    Telemetry,
+    TelemetryWindow,
+)
+
+torch.set_num_threads(1)
+TURNS = 4
+
+
+class ToolEnv(gymnasium.Env):
+    """Multi-turn: every step 'calls a tool' that takes a few milliseconds, then asks again."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = AnyText(4096)
+        self.action_space = AnyText(65536)
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return "Count to three.", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        time.sleep(0.01)  # tool latency: the episode is live but not generating
+        self.t += 1
+        return f"tool said {self.t}", float(self.t == TURNS), self.t >= TURNS, False, {}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+
+
+def _pool(model, tok, migration: MigrationPolicy | None = None) -> ElasticPool:
+    engines = {f"cpu{i}": HFEngine(copy.deepcopy(model), tok, max_batch_size=8, seed=i) for i in range(2)}
+    return ElasticPool(engines, rollout=["cpu0", "cpu1"], max_live=8, migration=migration)
+
+
+def _run_with_move(pool: ElasticPool, tok, tree: TrajectoryTree, n: int) -> list[Any]:
+    opts = RolloutOptions(max_new_tokens=4, max_context=512, max_turns=TURNS + 1)
+
+    async def main() -> list[Any]:
+        async def mover() -> None:
+            # wait until the slot has live episodes that have already played a turn
+            while not (pool.live_counts()["cpu1"] >= 2 and tree.stats()["nodes"] > 3 * n):
+                await asyncio.sleep(0.002)
+            pool.move_to_train("cpu1")
+
+        episodes = asyncio.ensure_future(
+            run_episodes(lambda: ToolEnv(), pool, tok, tree, n, opts, concurrency=n, seeds=list(range(n)))
+        )
+        await mover()
+        return await episodes
+
+    return asyncio.run(main())
+
+
+def test_slot_leaves_rollout_mid_run_without_dropping_episodes(tiny, tmp_path):
+    model, tok = tiny
+    pool = _pool(model, tok, MigrationPolicy(prefill_speedup=1e9))  # always migrate
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    n = 8
+    results = _run_with_move(pool, tok, tree, n)
+    assert len(results) == n
+    for r in results:  # every episode played every turn and ended normally
+        assert [leaf.status for leaf in r.leaves] == ["finished"]
+        assert r.leaves[0].turns == TURNS
+        assert r.leaves[0].reward == 1.0
+    assert tree.open_paths() == []
+    assert len(tree.leaf_ids()) == len({r.leaves[0].leaf_id for r in results})
+    assert pool.devices["cpu1"].state is DeviceState.TRAIN and pool.devices["cpu1"].drained.is_set()
+    assert pool.stats.migrated >= 2 and pool.stats.reprefill_tokens > 0
+    assert pool.stats.finished == n == pool.stats.admitted
+    # the moved episodes' stored paths are whole: prompt + one segment per turn, no gap
+    for r in results:
+        traj = tree.trajectory(r.leaves[0].leaf_id)
+        assert sum(traj.policy_mask) == r.leaves[0].policy_tokens
+
+    # the slot rejoins: it loads the current weights before admitting anything
+    sd = {k: v + 0.01 for k, v in model.state_dict().items()}
+    pool.set_weights(sd, 7)
+    assert pool.devices["cpu1"].engine.version == 0  # train-pool devices get no weights
+    pool.move_to_rollout("cpu1")
+    assert pool.devices["cpu1"].engine.version == 7
+    assert pool.devices["cpu1"].state is DeviceState.ROLLOUT
+    asyncio.run(pool.close())
+    tree.close()
+
+
+def test_finish_in_place_when_migration_costs_more(tiny, tmp_path):
+    model, tok = tiny
+    pool = _pool(model, tok, MigrationPolicy(prefill_speedup=1e-9))  # re-prefill never pays
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    results = _run_with_move(pool, tok, tree, 8)
+    assert all(r.leaves[0].turns == TURNS and r.leaves[0].status == "finished" for r in results)
+    assert pool.stats.migrated == 0 and pool.stats.finished_in_place >= 2
+    assert pool.devices["cpu1"].state is DeviceState.TRAIN
+    assert tree.open_paths() == []
+    asyncio.run(pool.close())
+    tree.close()
+
+
+def _t(**kw: Any) -> Telemetry:
+    base = dict(
+        time_s=0.0, rollout_devices=4, train_devices=4, moving=0, queue_depth=0, unconsumed=0,
+        batch_size=8, learner_idle_frac=0.0, long_tail_frac=0.0, staleness=0.5,
+    )
+    return Telemetry(**{**base, **kw})
+
+
+def test_controller_rules():
+    c = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4))
+    assert c.decide(_t()) is None
+    m = c.decide(_t(learner_idle_frac=0.5, queue_depth=10))
+    assert m is not None and m.to == "rollout" and m.count == 2
+    m = c.decide(_t(long_tail_frac=0.6, staleness=1.0, unconsumed=8))
+    assert m is not None and m.to == "train" and m.count == 2
+    # never below the minimum pool sizes, never during another move
+    m = c.decide(_t(learner_idle_frac=1.0, queue_depth=10, train_devices=2))
+    assert m is not None and m.count == 1
+    assert c.decide(_t(learner_idle_frac=1.0, queue_depth=10, train_devices=1)) is None
+    assert c.decide(_t(long_tail_frac=0.9, moving=1)) is None
+    # a backlog of rollout work (queue > 0) is not a long tail
+    assert c.decide(_t(long_tail_frac=0.9, queue_depth=3)) is None
+    # a starved learner is not fed by moving devices when data is already waiting
+    assert c.decide(_t(learner_idle_frac=0.9, queue_depth=3, unconsumed=8)) is None
+
+
+def test_controller_cooldown_and_determinism():
+    seq = [_t(time_s=float(i), learner_idle_frac=0.5, queue_depth=3) for i in range(6)]
+    runs = []
+    for _ in range(2):
+        c = ElasticController(ControllerConfig(cooldown_s=2.5))
+        runs.append([c.decide(t) for t in seq])
+    assert runs[0] == runs[1]
+    assert [m is not None for m in runs[0]] == [True, False, False, True, False, False]
+
+
+def test_telemetry_window():
+    w = TelemetryWindow(tau_s=1.0)
+    for _ in range(50):
+        w.observe(0.1, True, 0.8, 0)
+    assert w.learner_idle > 0.95 and w.long_tail > 0.75
+    for _ in range(50):
+        w.observe(0.1, False, 0.8, 5)
+    assert w.learner_idle < 0.05 and w.long_tail < 0.05
+    with pytest.raises(ValueError, match="tau_s"):
+        TelemetryWindow(0)

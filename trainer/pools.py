@@ -1,0 +1,430 @@
+"""Elastic device pools: every device is either rolling out or training, and devices move.
+
+Three parts, all shared by the real runtime and by :mod:`trainer.simulator`:
+
+* :class:`Telemetry` + :class:`TelemetryWindow` -- what the policy reads: the rollout queue depth
+  (admissible episodes waiting for a rollout slot), finished-but-unconsumed trajectories, the
+  learner's idle fraction, the rollout long-tail fraction (rollout capacity left idle while no
+  episode waits), and staleness (how far rollout runs ahead of the learner, 1.0 = at the bound).
+* :class:`ElasticController` -- a pure policy: ``decide(telemetry) -> Move | None``. It never
+  touches a device; the runtime (:class:`ElasticPool` driven by ``trainer.elastic``) and the
+  simulator apply its moves with their own mechanics.
+* :class:`ElasticPool` -- an :class:`~fr_agents.policy.base.Engine` that routes each episode's
+  requests to one rollout device's engine and moves devices between pools without dropping a
+  live episode:
+
+  - leaving the rollout pool, a device first stops admitting new episodes (``DRAINING``); each of
+    its live episodes then either continues on another rollout engine -- its next request carries
+    the episode's full stored prefix (the tokens held in the tree, token for token), which the new
+    engine prefills -- or finishes in place when that is cheaper (:class:`MigrationPolicy`). A
+    generation already running on the device always completes there. When the last live episode
+    has left, the device is in the train pool.
+  - joining the rollout pool, a device loads the current weights first, then admits episodes.
+
+An episode is the asyncio task that calls :meth:`ElasticPool.generate` (the training loop and
+:func:`fr_agents.rollout.run_episodes` run one task per episode), so no caller changes are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fr_agents.policy.base import Engine, Generation, SamplingOptions
+
+log = logging.getLogger(__name__)
+
+
+# =========================================================================== telemetry + policy
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """One observation of the system, as the controller sees it."""
+
+    time_s: float
+    rollout_devices: int
+    train_devices: int
+    moving: int  # devices draining or loading weights (in neither pool yet)
+    queue_depth: int  # admissible episodes waiting for a rollout slot
+    unconsumed: int  # finished trajectories the learner has not consumed yet
+    batch_size: int
+    learner_idle_frac: float  # recent fraction of time the learner waited for data
+    long_tail_frac: float  # recent fraction of rollout capacity idle while nothing waited
+    staleness: float  # rollout's lead over the learner / max_policy_lag (1.0 = at the bound)
+
+
+@dataclass(frozen=True)
+class Move:
+    """Move ``count`` devices into pool ``to``."""
+
+    to: Literal["rollout", "train"]
+    count: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Thresholds of :class:`ElasticController` (fractions are of recent wall time/capacity)."""
+
+    min_rollout: int = 1
+    min_train: int = 1
+    idle_high: float = 0.2  # learner idle fraction that calls for more rollout devices
+    tail_high: float = 0.35  # idle rollout capacity that calls for more train devices
+    cooldown_s: float = 0.0  # no decision this soon after the previous move
+
+    def __post_init__(self) -> None:
+        if self.min_rollout < 1 or self.min_train < 1:
+            raise ValueError("min_rollout and min_train must be >= 1")
+        for name in ("idle_high", "tail_high"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must lie in (0, 1), got {getattr(self, name)}")
+        if self.cooldown_s < 0:
+            raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+
+
+class ElasticController:
+    """Decides device moves from telemetry; the same object drives the simulator and the runtime.
+
+    Two rules, each moving a share of a pool proportional to the waste it sees:
+
+    * **learner starved** -- the learner idled a fraction ``f >= idle_high`` of the recent window,
+      fewer than a batch of trajectories is waiting and rollout has a backlog or is not held by the
+      staleness bound: move ``round(f * train)`` (at least 1) devices to rollout.
+    * **rollout in its long tail** -- a fraction ``g >= tail_high`` of rollout capacity sat idle
+      with nothing waiting to start (the stragglers of a batch, or admission blocked by the
+      staleness bound) while the learner was busy or has a batch waiting: move ``round(g * rollout)``
+      (at least 1) devices to training.
+
+    Pools never shrink below ``min_rollout`` / ``min_train``; no move is made while another is
+    still in progress or within ``cooldown_s`` of the previous one. The only state is the time of
+    the last move, so the same telemetry sequence always gives the same decisions.
+    """
+
+    def __init__(self, config: ControllerConfig | None = None) -> None:
+        self.config = config or ControllerConfig()
+        self.last_move_s = -float("inf")
+
+    def decide(self, t: Telemetry) -> Move | None:
+        c = self.config
+        if t.moving or t.time_s - self.last_move_s < c.cooldown_s:
+            return None
+        move: Move | None = None
+        starved = t.learner_idle_frac >= c.idle_high and t.unconsumed < t.batch_size
+        if starved and (t.queue_depth > 0 or t.staleness < 1.0) and t.train_devices > c.min_train:
+            n = max(1, round(t.learner_idle_frac * t.train_devices))
+            n = min(n, t.train_devices - c.min_train)
+            move = Move("rollout", n, f"learner idle {t.learner_idle_frac:.0%}, queue {t.queue_depth}")
+        elif (
+            t.long_tail_frac >= c.tail_high
+            and t.queue_depth == 0
+            and t.learner_idle_frac < c.idle_high
+            and t.rollout_devices > c.min_rollout
+        ):
+            n = max(1, round(t.long_tail_frac * t.rollout_devices))
+            n = min(n, t.rollout_devices - c.min_rollout)
+            move = Move("train", n, f"rollout capacity idle {t.long_tail_frac:.0%}, staleness {t.staleness:.2f}")
+        if move is not None:
+            self.last_move_s = t.time_s
+        return move
+
+
+class TelemetryWindow:
+    """Exponential moving averages of the learner idle and rollout long-tail fractions.
+
+    ``observe(dt, learner_waiting, idle_capacity_frac, queue_depth)`` accumulates ``dt`` seconds of
+    state; the averages decay with time constant ``tau_s``. Used by both runtime and simulator.
+    """
+
+    def __init__(self, tau_s: float) -> None:
+        if tau_s <= 0:
+            raise ValueError(f"tau_s must be > 0, got {tau_s}")
+        self.tau_s = tau_s
+        self.learner_idle = 0.0
+        self.long_tail = 0.0
+
+    def observe(self, dt: float, learner_waiting: bool, idle_capacity_frac: float, queue_depth: int) -> None:
+        if dt <= 0:
+            return
+        import math
+
+        a = 1.0 - math.exp(-dt / self.tau_s)
+        self.learner_idle += a * ((1.0 if learner_waiting else 0.0) - self.learner_idle)
+        tail = idle_capacity_frac if queue_depth == 0 else 0.0
+        self.long_tail += a * (tail - self.long_tail)
+
+    def reset(self) -> None:
+        """Forget the history (after a move the old fractions describe another split)."""
+        self.learner_idle = 0.0
+        self.long_tail = 0.0
+
+
+@dataclass(frozen=True)
+class MigrationPolicy:
+    """Migrate a draining device's live episode, or let it finish in place?
+
+    Re-prefilling a prefix of ``P`` tokens on another engine costs about ``P / prefill_speedup``
+    decode-token times (prefill processes a prompt in parallel, decode one token per step);
+    keeping the episode holds the leaving device for the episode's remaining decode tokens.
+    Migrate when the first is cheaper.
+    """
+
+    prefill_speedup: float = 8.0
+
+    def should_migrate(self, prefix_tokens: int, expected_remaining_tokens: float) -> bool:
+        return prefix_tokens / self.prefill_speedup < expected_remaining_tokens
+
+
+# =========================================================================== the runtime pool
+
+
+class DeviceState(enum.Enum):
+    ROLLOUT = "rollout"  # admits and serves episodes
+    DRAINING = "draining"  # leaving rollout: serves its live episodes, admits none
+    TRAIN = "train"  # in the train pool
+    JOINING = "joining"  # loading weights before admitting
+
+
+@dataclass
+class Device:
+    """One accelerator (a CPU slot here) and its rollout engine."""
+
+    name: str
+    engine: Engine | None
+    state: DeviceState
+    live: set[Any] = field(default_factory=set)
+    inflight: int = 0
+    drained: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class PoolStats:
+    admitted: int = 0
+    finished: int = 0
+    migrated: int = 0
+    finished_in_place: int = 0
+    reprefill_tokens: int = 0
+    moves_to_train: int = 0
+    moves_to_rollout: int = 0
+    weight_loads: int = 0
+
+
+class ElasticPool(Engine):
+    """Routes episodes to rollout devices; moves devices between pools without dropping episodes.
+
+    ``devices`` maps a device name to its engine; ``rollout`` names the devices that start in the
+    rollout pool (the rest start in the train pool). ``max_live`` caps the live episodes of one
+    device (its KV memory); an episode waits for admission while every rollout device is full --
+    those waiting episodes are the rollout queue depth.
+    """
+
+    def __init__(
+        self,
+        devices: dict[str, Engine],
+        rollout: Sequence[str],
+        *,
+        max_live: int = 64,
+        migration: MigrationPolicy | None = None,
+        on_moved: Callable[[str, DeviceState], None] | None = None,
+    ) -> None:
+        unknown = [d for d in rollout if d not in devices]
+        if unknown:
+            raise ValueError(f"rollout: unknown devices {unknown}")
+        if max_live < 1:
+            raise ValueError(f"max_live must be >= 1, got {max_live}")
+        self.devices = {
+            n: Device(n, e, DeviceState.ROLLOUT if n in rollout else DeviceState.TRAIN) for n, e in devices.items()
+        }
+        self.max_live = max_live
+        self.migration = migration or MigrationPolicy()
+        self.on_moved = on_moved
+        self.stats = PoolStats()
+        self._lock = threading.RLock()
+        self._where: dict[Any, str] = {}  # episode -> device
+        self._pinned: set[Any] = set()  # episodes finishing in place on a draining device
+        self._calls: dict[Any, int] = {}
+        self._tokens: dict[Any, int] = {}
+        self._waiting = 0
+        self._weights: tuple[dict[str, Any], int] | None = None
+        self.version = 0
+
+    # ------------------------------------------------------------------ views
+
+    def in_state(self, *states: DeviceState) -> list[str]:
+        with self._lock:
+            return [n for n, d in self.devices.items() if d.state in states]
+
+    def live_counts(self) -> dict[str, int]:
+        with self._lock:
+            return {n: len(d.live) for n, d in self.devices.items()}
+
+    @property
+    def queue_depth(self) -> int:
+        return self._waiting
+
+    def idle_capacity_frac(self) -> float:
+        """Share of admitting rollout slots without a live episode."""
+        with self._lock:
+            admitting = [d for d in self.devices.values() if d.state is DeviceState.ROLLOUT]
+            if not admitting:
+                return 0.0
+            live = sum(len(d.live) for d in admitting)
+            return max(0.0, 1.0 - live / (len(admitting) * self.max_live))
+
+    # ------------------------------------------------------------------ weights
+
+    def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Publish weights to every device serving episodes; joiners load the latest first."""
+        with self._lock:
+            self._weights = (state_dict, int(version))
+            self.version = int(version)
+            serving = [d for d in self.devices.values() if d.state in (DeviceState.ROLLOUT, DeviceState.DRAINING)]
+        for d in serving:
+            assert d.engine is not None
+            d.engine.set_weights(state_dict, version)
+            self.stats.weight_loads += 1
+
+    # ------------------------------------------------------------------ moves
+
+    def move_to_train(self, name: str) -> threading.Event:
+        """Stop admitting on ``name``; the returned event is set once its live episodes are gone."""
+        with self._lock:
+            d = self.devices[name]
+            if d.state is not DeviceState.ROLLOUT:
+                raise ValueError(f"device {name} is {d.state.value}, not rollout")
+            d.state = DeviceState.DRAINING
+            d.drained.clear()
+            self.stats.moves_to_train += 1
+            log.info("device %s draining (%d live episodes)", name, len(d.live))
+            self._maybe_drained(d)
+        return d.drained
+
+    def move_to_rollout(self, name: str) -> None:
+        """Load the current weights on ``name`` (blocking), then let it admit episodes."""
+        with self._lock:
+            d = self.devices[name]
+            if d.state is not DeviceState.TRAIN:
+                raise ValueError(f"device {name} is {d.state.value}, not train")
+            d.state = DeviceState.JOINING
+            weights = self._weights
+        assert d.engine is not None
+        if weights is not None:
+            d.engine.set_weights(*weights)
+            self.stats.weight_loads += 1
+        with self._lock:
+            if self._weights is not None and self._weights is not weights:
+                d.engine.set_weights(*self._weights)  # a newer version was published meanwhile
+            d.state = DeviceState.ROLLOUT
+            self.stats.moves_to_rollout += 1
+        log.info("device %s joined rollout at version %d", name, self.version)
+        if self.on_moved:
+            self.on_moved(name, DeviceState.ROLLOUT)
+
+    def _maybe_drained(self, d: Device) -> None:
+        if d.state is DeviceState.DRAINING and not d.live and d.inflight == 0:
+            d.state = DeviceState.TRAIN
+            d.drained.set()
+            log.info("device %s left rollout", d.name)
+            if self.on_moved:
+                self.on_moved(d.name, DeviceState.TRAIN)
+
+    # ------------------------------------------------------------------ routing
+
+    def _admit(self, key: Any) -> str | None:
+        admitting = [d for d in self.devices.values() if d.state is DeviceState.ROLLOUT and len(d.live) < self.max_live]
+        if not admitting:
+            return None
+        d = min(admitting, key=lambda x: (len(x.live), x.name))
+        d.live.add(key)
+        self._where[key] = d.name
+        return d.name
+
+    def _episode_done(self, key: Any) -> None:
+        with self._lock:
+            name = self._where.pop(key, None)
+            self._pinned.discard(key)
+            self._calls.pop(key, None)
+            self._tokens.pop(key, None)
+            self.stats.finished += 1
+            if name is not None:
+                d = self.devices[name]
+                d.live.discard(key)
+                self._maybe_drained(d)
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("ElasticPool.generate must run inside an asyncio task (one task per episode)")
+        key = task
+        name = await self._route(key, prompt_ids, options)
+        d = self.devices[name]
+        assert d.engine is not None
+        try:
+            gen = await d.engine.generate(prompt_ids, options)
+        finally:
+            with self._lock:
+                d.inflight -= 1
+                self._maybe_drained(d)
+        with self._lock:
+            self._calls[key] = self._calls.get(key, 0) + 1
+            self._tokens[key] = self._tokens.get(key, 0) + len(gen.token_ids)
+        return gen
+
+    async def _route(self, key: Any, prompt_ids: Sequence[int], options: SamplingOptions) -> str:
+        waited = False
+        try:
+            while True:
+                with self._lock:
+                    name = self._where.get(key)
+                    if name is None:
+                        name = self._admit(key)
+                        if name is not None:
+                            self.stats.admitted += 1
+                            asyncio.current_task().add_done_callback(lambda _t, k=key: self._episode_done(k))  # type: ignore[union-attr]
+                    elif self.devices[name].state is DeviceState.DRAINING and key not in self._pinned:
+                        name = self._migrate_or_pin(key, name, len(prompt_ids), options)
+                    if name is not None:
+                        self.devices[name].inflight += 1
+                        return name
+                    if not waited:
+                        waited = True
+                        self._waiting += 1
+                await asyncio.sleep(0.002)
+        finally:
+            if waited:
+                with self._lock:
+                    self._waiting -= 1
+
+    def _migrate_or_pin(self, key: Any, name: str, prefix: int, options: SamplingOptions) -> str | None:
+        """A live episode of draining ``name`` asks for its next turn: move it, or keep it here."""
+        calls = self._calls.get(key, 0)
+        per_turn = self._tokens.get(key, 0) / calls if calls else options.max_tokens
+        old = self.devices[name]
+        if not self.migration.should_migrate(prefix, per_turn):
+            self._pinned.add(key)
+            self.stats.finished_in_place += 1
+            return name
+        old.live.discard(key)
+        del self._where[key]
+        new = self._admit(key)
+        if new is None:  # nowhere to go right now: finishing in place beats waiting
+            old.live.add(key)
+            self._where[key] = name
+            self._pinned.add(key)
+            self.stats.finished_in_place += 1
+            return name
+        self.stats.migrated += 1
+        self.stats.reprefill_tokens += prefix
+        log.debug("episode moved %s -> %s, re-prefilling %d tokens", name, new, prefix)
+        self._maybe_drained(old)
+        return new
+
+    async def close(self) -> None:
+        for d in self.devices.values():
+            if d.engine is not None:
+                await d.engine.close()
