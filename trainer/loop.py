@@ -296,7 +296,7 @@ class Trainer:
         res = evaluate_single_turn(
             self.model,
             self.tokenizer,
-            list(self.test_tasks[:n]),
+            self.test_tasks.shuffled(self.cfg.tasks.seed)[:n],  # a fixed, unbiased subset
             make_env=self.make_env,
             encode=self.runner.encode_observation,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
