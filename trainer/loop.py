@@ -408,7 +408,9 @@ class Trainer:
         self._build()
         if self.console:  # the progress line carries the learner's per-step figures
             logging.getLogger("trainer.learner").setLevel(logging.WARNING)
-        self.metrics = MetricsSink(self.run_dir, plot_every=cfg.trainer.plot_every, console=self.console)
+        self.metrics = MetricsSink(
+            self.run_dir, plot_every=cfg.trainer.plot_every, log_every=cfg.trainer.log_every, console=self.console
+        )
         self.board = WeightBoard()
         state = TrainerState()
         evals: dict[str, dict[str, float]] = {}

@@ -55,11 +55,12 @@ def _fmt(x: Any) -> str:
 class MetricsSink:
     """Fan one metrics row out to jsonl, TensorBoard, the PNG and the console."""
 
-    def __init__(self, run_dir: str | Path, *, plot_every: int = 10, console: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, *, plot_every: int = 10, log_every: int = 1, console: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
         self.plot_every = max(1, plot_every)
+        self.log_every = max(1, log_every)
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -95,7 +96,7 @@ class MetricsSink:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
                     self._tb.add_scalar(f"train/{k}", v, step)
-        if self._console is not None:
+        if self._console is not None and step % self.log_every == 0:
             self._console.print(self.progress_line(row), highlight=False)
         if step % self.plot_every == 0:
             self.plot()
