@@ -6,7 +6,8 @@ For each repository (:mod:`envs.repo_coding.specs`):
    in the cache so later builds need no network) and commit it to a scratch git repository.
 2. Run its tests once (the *baseline*); only tests that pass there can be FAIL_TO_PASS / PASS_TO_PASS.
 3. List every AST mutation of the target files (:mod:`.mutations`), shuffle with the seed, move the
-   ones inside functions the test files name to the front (they are caught far more often), and test
+   ones on lines the tests execute (one traced test run) and in functions the tests name to the
+   front (they are caught far more often), and test
    each candidate (in parallel, one scratch copy per worker). A mutation is kept when at least one
    baseline-passing test fails (FAIL_TO_PASS, at most ``max_fail_to_pass``) and, by construction,
    the others still pass (PASS_TO_PASS).
@@ -48,7 +49,7 @@ from envs.repo_coding.testrun import PLUGIN_MODULE, REPORT_PLUGIN, passed_ids, p
 
 log = logging.getLogger(__name__)
 
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 SEED_DIR = Path(__file__).parent / "seed_repos"
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "fr-agents",
@@ -164,9 +165,9 @@ class TestRunner:
             timeout=60,
         ).stdout.strip()
 
-    def run(self, repo: Path, files: list[str], key: str, timeout: float) -> dict | None:
+    def run(self, repo: Path, files: list[str], key: str, timeout: float, trace: list[str] | None = None) -> dict | None:
         """The report of ``pytest files`` in ``repo`` (None when pytest hung or wrote nothing)."""
-        digest = hashlib.sha256(f"{self.ident}|{key}|{files}".encode()).hexdigest()
+        digest = hashlib.sha256(f"{self.ident}|{key}|{files}|{trace}".encode()).hexdigest()
         cached = self.runs_dir / f"{digest}.json"
         if cached.exists():
             data = json.loads(cached.read_text())
@@ -174,7 +175,7 @@ class TestRunner:
         fd, report_path = tempfile.mkstemp(suffix=".json", prefix="fr_report_")
         os.close(fd)
         os.unlink(report_path)
-        cmd = pytest_shell(files, report_path, str(self.plugin_dir), self.python)
+        cmd = pytest_shell(files, report_path, str(self.plugin_dir), self.python, trace)
         report = None
         try:
             subprocess.run(["bash", "-c", cmd], cwd=repo, capture_output=True, timeout=timeout)
@@ -324,10 +325,17 @@ def build_repo(spec: RepoSpec, seed: int, cache_dir: Path, runner: TestRunner, w
         for src, text in originals.items():
             candidates += [(src, m) for m in find_mutations(text)]
         random.Random(f"{seed}:{spec.name}").shuffle(candidates)
-        # Bugs in functions the tests name are far more often caught: try those first.
+        # Bugs on lines the tests execute, in functions the tests name, are far more often caught:
+        # try those first (a stable sort keeps the seeded order inside each group).
+        traced = runner.run(work, spec.test_files, f"{upstream}|trace", spec.test_timeout_s * 4, sorted(spec.targets))
+        executed = {k: set(v) for k, v in ((traced or {}).get("<lines>") or {}).get("files", {}).items()}
         test_text = "\n".join((work / t).read_text(errors="replace") for t in spec.test_files)
         named = {fn for fn in {m.function for _, m in candidates} if re.search(rf"\b{re.escape(fn)}\b", test_text)}
-        candidates.sort(key=lambda c: c[1].function not in named)
+
+        def ran(src: str, m: Mutation) -> bool:
+            return any(ln in executed.get(src, ()) for ln in range(m.line - 2, m.line + 1))
+
+        candidates.sort(key=lambda c: (not ran(*c), c[1].function not in named))
         candidates = candidates[: spec.quota * 8]
 
         copies = []

@@ -172,7 +172,10 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
 
     def _finish(self, truncated: bool) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         assert self._task is not None
-        diff, err = collect_diff(self._sb, self._task, self._base)
+        try:
+            diff, err = collect_diff(self._sb, self._task, self._base)
+        except Exception as e:  # noqa: BLE001 - a wrecked sandbox grades as no change
+            diff, err = "", f"could not read the agent's changes: {e}"
         self._close_sandbox()
         self._done = True
         result = grade(self._task, diff, backend=self.backend, test_timeout=self.test_timeout)

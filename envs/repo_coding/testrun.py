@@ -49,7 +49,43 @@ def pytest_collectreport(report):
         _results["<collect>::" + report.nodeid] = {"outcome": "failed", "message": _message(report)[:1000]}
 
 
+_lines = {}
+_traced = {}
+
+
+def _local(frame, event, arg):
+    if event == "line":
+        _lines[_traced[frame.f_code.co_filename]].add(frame.f_lineno)
+    return _local
+
+
+def _global(frame, event, arg):
+    name = frame.f_code.co_filename
+    if name not in _traced:
+        rel = os.path.relpath(os.path.abspath(name))
+        _traced[name] = rel if rel in _lines else None
+    if _traced[name] is None:
+        return None
+    _lines[_traced[name]].add(frame.f_lineno)
+    return _local
+
+
+def pytest_configure(config):
+    # FR_TRACE_FILES (builder only): record which lines of these files the tests execute.
+    files = os.environ.get("FR_TRACE_FILES")
+    if files:
+        import sys
+        import threading
+
+        for f in files.split(os.pathsep):
+            _lines[os.path.normpath(f)] = set()
+        sys.settrace(_global)
+        threading.settrace(_global)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if _lines:
+        _results["<lines>"] = {"outcome": "trace", "files": {k: sorted(v) for k, v in _lines.items()}}
     with open(os.environ["FR_REPORT_PATH"], "w") as f:
         json.dump(_results, f)
 '''
@@ -114,12 +150,17 @@ def filter_diff(diff: str) -> tuple[str, list[str]]:
     return "".join(kept), dropped
 
 
-def pytest_shell(files: list[str], report_path: str, plugin_dir: str, python: str = "python3") -> str:
-    """The shell command (run in the repository root) that tests ``files`` and writes the report."""
+def pytest_shell(
+    files: list[str], report_path: str, plugin_dir: str, python: str = "python3", trace: list[str] | None = None
+) -> str:
+    """The shell command (run in the repository root) that tests ``files`` and writes the report;
+    ``trace`` (builder only) also records the executed lines of those source files."""
     env = (
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 "
         f"PYTHONPATH={shlex.quote(plugin_dir)}:. FR_REPORT_PATH={shlex.quote(report_path)}"
     )
+    if trace:
+        env += f" FR_TRACE_FILES={shlex.quote(':'.join(trace))}"
     targets = " ".join(shlex.quote(f) for f in files)
     return (
         f"{env} {shlex.quote(python)} -m pytest -q -p {PLUGIN_MODULE} -p no:cacheprovider "
