@@ -66,8 +66,13 @@ def main_train(
             raise ConfigError(f"run directory {out} already holds a run; use --resume {out} to continue it")
         out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
-    from trainer.loop import run_training
+    if cfg.trainer.backend == "ray":
+        from trainer.ray_backend import run_training_ray
 
-    result = run_training(cfg, out, resume=bool(resume))
+        result = run_training_ray(cfg, out, resume=bool(resume))
+    else:
+        from trainer.loop import run_training
+
+        result = run_training(cfg, out, resume=bool(resume))
     print(result.summary())
     return 0 if result.ok else 1

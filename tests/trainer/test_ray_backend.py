@@ -1,0 +1,48 @@
+"""``trainer.backend=ray``: a few steps of math-tiny on a local Ray (2 CPUs: learner + 1 worker)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from fr_agents.config import load_config  # noqa: E402
+from fr_agents.tree import TrajectoryTree  # noqa: E402
+from trainer.ledger import EpisodeLedger  # noqa: E402
+from trainer.ray_backend import run_training_ray  # noqa: E402
+
+OVERRIDES = [
+    "trainer.backend=ray",
+    "model.tiny_size=nano",
+    "tasks.params={digits: 1}",
+    "trainer.batch_size=8",
+    "rollout.concurrency=8",
+    "rollout.max_policy_lag=1",
+    "trainer.steps=3",
+    "trainer.max_minutes=0",
+    "trainer.eval_episodes=0",
+    "warm_start.examples=0",
+    "trainer.collapse_guard=false",
+]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_trains_math_tiny(tmp_path):
+    cfg = load_config("math-tiny", OVERRIDES)
+    res = run_training_ray(cfg, tmp_path / "run", num_cpus=2)
+    assert res.ok and res.steps == 3 and res.last_checkpoint is not None
+    assert not ray.is_initialized()  # the local Ray it started is shut down
+    ledger = EpisodeLedger(tmp_path / "run" / "episodes.sqlite")
+    for k in range(3):  # every scheduled episode of every batch was run and recorded
+        rows = ledger.batch_rows(k)
+        assert len(rows) == 8
+        assert all(v == max(0, k - 1) for *_, v in rows)  # sampled with version k - lag
+    ledger.close()
+    tree = TrajectoryTree.open(tmp_path / "run" / "store.sqlite")
+    assert tree.open_paths() == []
+    tree.close()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "step" in s and "reward" in s][-1] == 3

@@ -1,0 +1,712 @@
+"""A discrete-event model of RL training on a cluster: colocated-sync, static async, elastic.
+
+What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer.loop` and
+:mod:`trainer.pools`):
+
+* **Episodes.** Batch ``k`` is a fixed list of ``batch_size`` episodes (as
+  :class:`~trainer.schedule.EpisodeSchedule`). An episode is a list of turns; a turn is a
+  generation of ``tokens`` decode tokens (after prefilling the turn's new tokens), then a tool/env
+  call taking ``latency`` seconds during which the episode holds its KV slot but no compute.
+  Turn counts, tokens per turn and tool latencies are log-normal (long-tailed) and capped; the
+  same seed gives the same episodes for every policy (common random numbers).
+* **Rollout devices.** A device holds at most ``max_live`` live episodes. Its decode step takes
+  ``decode_base_s + decode_per_seq_s * n`` for ``n`` generating sequences, each of which gains
+  one token per step (processor sharing: memory-bound decode is nearly flat in ``n`` until it
+  saturates). Prefill of ``p`` tokens costs ``p / prefill_speedup`` decode steps of work.
+* **Admission.** Batch ``k`` may start once the learner has published version
+  ``k - max_policy_lag`` (0 for colocated-sync); admissible episodes wait in a FIFO queue for a
+  free slot on the least-loaded admitting device (that queue is the telemetry's queue depth).
+* **Learner.** Step ``k`` waits for every episode of batch ``k``, runs on the devices of the train
+  pool at that moment in ``train_fixed_s + tokens / (train_tokens_per_s * n ** train_alpha)``
+  seconds (``tokens``: all tokens of the batch), then publishes weights: every rollout device
+  pauses ``weight_sync_s``.
+* **Colocated-sync.** Every device generates batch ``k`` with version ``k``; then every device
+  trains (``colocated_switch_s`` per step for switching engines and reloading weights).
+* **Moves (elastic).** The :class:`~trainer.pools.ElasticController` reads the same telemetry as
+  in the runtime every ``tick_s``. A device leaving rollout stops admitting; each live episode, at
+  its next turn, either re-prefills its whole prefix on another device or finishes in place
+  (:class:`~trainer.pools.MigrationPolicy`); then the device pays ``realloc_s`` and joins the
+  train pool. A device joining rollout leaves after the learner step that uses it, pays
+  ``realloc_s`` (loading the current weights), then admits episodes.
+
+Throughput is trajectories consumed by the learner per second over the whole run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from trainer.pools import ControllerConfig, ElasticController, MigrationPolicy, Telemetry, TelemetryWindow
+
+# =========================================================================== workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Episode shape and hardware costs of one setting (see :data:`WORKLOADS` for sources)."""
+
+    name: str
+    description: str
+    sources: tuple[str, ...]
+    batch_size: int
+    steps: int
+    max_policy_lag: int
+    # episode shape (log-normal medians / sigmas, hard caps)
+    turns_median: float
+    turns_sigma: float
+    max_turns: int
+    tokens_median: float
+    tokens_sigma: float
+    max_new_tokens: int
+    prompt_tokens: int
+    obs_tokens: int
+    tool_median_s: float
+    tool_sigma: float
+    tool_max_s: float
+    length_growth: float  # per-turn tokens at the last step / at the first (responses grow in RL)
+    # hardware, per device
+    decode_base_s: float
+    decode_per_seq_s: float
+    max_live: int
+    prefill_speedup: float
+    train_tokens_per_s: float
+    train_alpha: float
+    train_fixed_s: float
+    weight_sync_s: float
+    realloc_s: float
+    colocated_switch_s: float
+    tick_s: float = 5.0
+
+    def with_overrides(self, **kw: Any) -> Workload:
+        bad = [k for k in kw if k not in self.__dataclass_fields__]
+        if bad:
+            raise ValueError(f"workload {self.name}: unknown fields {bad}")
+        return replace(self, **kw)
+
+
+_H100_7B = dict(  # Qwen2.5-7B bf16 on one H100/H200-class GPU (vLLM decode, FSDP training)
+    decode_base_s=0.025,  # ~40 tokens/s for one sequence
+    decode_per_seq_s=0.0004,  # saturates around a few hundred sequences
+    max_live=128,  # KV slots for long multi-turn contexts
+    prefill_speedup=200.0,  # prefill ~8k tokens/s vs one decode step per token
+    train_tokens_per_s=6000.0,  # fwd+bwd of 7B at ~35% MFU
+    train_alpha=0.9,  # data-parallel scaling exponent (communication)
+    train_fixed_s=4.0,  # optimizer step, sharded parameter gather
+    weight_sync_s=2.0,  # 15 GB NCCL broadcast + load into the engine
+    realloc_s=15.0,  # engine start / KV cache allocation, or joining the training group
+    colocated_switch_s=10.0,  # sleep/wake both engines each step (offload, reload, resync)
+)
+
+WORKLOADS: dict[str, Workload] = {
+    "xlong": Workload(
+        name="xlong",
+        description="xLong-horizon agent tasks: tens of tool turns per episode, heavy-tailed turn counts and tool latency",
+        sources=(
+            "the xLong-horizon description in the P3 elastic-pools issue (QwenGyre's long-tailed agent "
+            "workload: many multi-turn tool calls, a few episodes far longer than the median)",
+            "shape values (medians, sigmas, caps) are this module's assumptions, not measurements",
+        ),
+        batch_size=256,
+        steps=24,
+        max_policy_lag=2,
+        turns_median=12.0,
+        turns_sigma=0.9,
+        max_turns=100,
+        tokens_median=250.0,
+        tokens_sigma=0.8,
+        max_new_tokens=2048,
+        prompt_tokens=1500,
+        obs_tokens=300,
+        tool_median_s=3.0,
+        tool_sigma=1.2,
+        tool_max_s=180.0,
+        length_growth=2.0,
+        **_H100_7B,
+    ),
+    "tool": Workload(
+        name="tool",
+        description="FlashREINFORCE paper, Python-tool math: Qwen2.5-7B, <=10 turns, 1024 tokens/turn, B=128, lag 2",
+        sources=(
+            "FlashREINFORCE paper, tool setting, as mirrored in configs/python-tool-qwen2.5-7b.yaml "
+            "(max_turns 10, max_new_tokens 1024, batch_size 128, max_policy_lag 2)",
+            "turn/token/latency distributions are assumptions (most episodes use 2-4 tool calls)",
+        ),
+        batch_size=128,
+        steps=24,
+        max_policy_lag=2,
+        turns_median=3.0,
+        turns_sigma=0.6,
+        max_turns=10,
+        tokens_median=350.0,
+        tokens_sigma=0.7,
+        max_new_tokens=1024,
+        prompt_tokens=400,
+        obs_tokens=120,
+        tool_median_s=0.5,
+        tool_sigma=0.8,
+        tool_max_s=30.0,
+        length_growth=1.5,
+        **_H100_7B,
+    ),
+    "alfworld": Workload(
+        name="alfworld",
+        description="FlashREINFORCE paper, ALFWorld: Qwen2.5-7B, <=50 turns, 256 tokens/turn, B=64, lag 2",
+        sources=(
+            "FlashREINFORCE paper, ALFWorld setting, as mirrored in configs/alfworld-qwen2.5-7b.yaml "
+            "(max_turns 50, max_new_tokens 256, batch_size 64, max_policy_lag 2)",
+            "turn/token/latency distributions are assumptions (text-world env steps take milliseconds)",
+        ),
+        batch_size=64,
+        steps=24,
+        max_policy_lag=2,
+        turns_median=18.0,
+        turns_sigma=0.6,
+        max_turns=50,
+        tokens_median=60.0,
+        tokens_sigma=0.6,
+        max_new_tokens=256,
+        prompt_tokens=900,
+        obs_tokens=80,
+        tool_median_s=0.05,
+        tool_sigma=0.5,
+        tool_max_s=2.0,
+        length_growth=1.3,
+        **_H100_7B,
+    ),
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"--workload: unknown workload {name!r}; choose one of {sorted(WORKLOADS)}")
+    return WORKLOADS[name]
+
+
+# =========================================================================== episodes
+
+
+@dataclass
+class Episode:
+    index: int
+    batch: int
+    turns: list[tuple[float, float]]  # (decode tokens, tool latency)
+    prefix: float = 0.0  # tokens held so far (prompt + turns + observations)
+    turn: int = 0
+    device: int = -1
+    pinned: bool = False
+    migrations: int = 0
+
+    @property
+    def tokens(self) -> float:
+        return self.prefix
+
+
+def make_episodes(w: Workload, batch: int, seed: int) -> list[Episode]:
+    """Batch ``batch``'s episodes; depends only on (workload, batch, seed)."""
+    rng = np.random.default_rng([seed, batch, 7919])
+    growth = 1.0 + (w.length_growth - 1.0) * (batch / max(1, w.steps - 1))
+    out = []
+    for j in range(w.batch_size):
+        n = int(min(w.max_turns, max(1, round(rng.lognormal(math.log(w.turns_median), w.turns_sigma)))))
+        toks = np.minimum(w.max_new_tokens, np.maximum(1, rng.lognormal(math.log(w.tokens_median), w.tokens_sigma, n) * growth))
+        lat = np.minimum(w.tool_max_s, rng.lognormal(math.log(w.tool_median_s), w.tool_sigma, n))
+        lat[-1] = 0.0  # the last turn ends the episode (its reward is cheap)
+        out.append(Episode(batch * w.batch_size + j, batch, list(zip(toks.round().tolist(), lat.tolist(), strict=True))))
+    return out
+
+
+# =========================================================================== simulation state
+
+
+ROLLOUT, DRAINING, TO_TRAIN, TRAIN, TO_ROLLOUT = "rollout", "draining", "to_train", "train", "to_rollout"
+
+
+@dataclass
+class _Dev:
+    i: int
+    state: str
+    live: set[int] = field(default_factory=set)
+    gen: list[tuple[float, int]] = field(default_factory=list)  # heap of (virtual finish, episode)
+    vt: float = 0.0  # tokens each generating sequence has received
+    t: float = 0.0  # time vt refers to
+    paused_until: float = 0.0
+    stamp: int = 0  # invalidates stale heap events
+    leave_after_step: bool = False
+
+
+@dataclass
+class SimResult:
+    policy: str
+    devices: int
+    rollout_devices: int | None
+    makespan_s: float
+    trajectories: int
+    throughput: float  # trajectories per second
+    learner_busy_frac: float
+    moves: int
+    migrations: int
+    finished_in_place: int
+    pool_trace: list[tuple[float, int, int]]  # (time, rollout devices, train devices)
+
+    def summary(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("pool_trace")
+        return d
+
+
+class _Sim:
+    """One run of one policy; see the module docstring for the model."""
+
+    def __init__(
+        self,
+        w: Workload,
+        n_devices: int,
+        policy: str,
+        rollout_devices: int,
+        seed: int,
+        controller: ElasticController | None,
+        migration: MigrationPolicy,
+    ) -> None:
+        self.w, self.n, self.policy, self.seed = w, n_devices, policy, seed
+        self.colocated = policy == "colocated"
+        self.lag = 0 if self.colocated else w.max_policy_lag
+        r = n_devices if self.colocated else rollout_devices
+        self.devs = [_Dev(i, ROLLOUT if i < r else TRAIN) for i in range(n_devices)]
+        self.controller = controller
+        self.migration = migration
+        self.now = 0.0
+        self.events: list[tuple[float, int, str, int, int]] = []  # (time, seq, kind, id, stamp)
+        self.seq = 0
+        self.eps: dict[int, Episode] = {}
+        self.queue: deque[int] = deque()
+        self.next_batch = 0
+        self.remaining: dict[int, int] = {}  # batch -> unfinished episodes
+        self.batch_tokens: dict[int, float] = {}
+        self.version = 0
+        self.learner_busy_until: float | None = None
+        self.learner_devs: list[int] = []
+        self.learner_busy_s = 0.0
+        self.finished_unconsumed = 0
+        self.window = TelemetryWindow(tau_s=max(4 * w.tick_s, 1e-3))
+        self.moves = 0
+        self.migrations = 0
+        self.in_place = 0
+        self.trace: list[tuple[float, int, int]] = []
+        self.mean_turn_tokens = w.tokens_median * math.exp(w.tokens_sigma**2 / 2)
+
+    # ------------------------------------------------------------------ helpers
+
+    def push(self, t: float, kind: str, ident: int = 0, stamp: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, ident, stamp))
+
+    def rate(self, d: _Dev) -> float:
+        return 1.0 / (self.w.decode_base_s + self.w.decode_per_seq_s * max(1, len(d.gen)))
+
+    def advance(self, d: _Dev) -> None:
+        """Bring device ``d``'s virtual time to ``now``."""
+        start = max(d.t, d.paused_until)
+        if self.now > start and d.gen:
+            d.vt += (self.now - start) * self.rate(d)
+        d.t = self.now
+
+    def reschedule(self, d: _Dev) -> None:
+        d.stamp += 1
+        if d.gen:
+            start = max(self.now, d.paused_until)
+            t = start + max(0.0, d.gen[0][0] - d.vt) / self.rate(d)
+            self.push(t, "gen", d.i, d.stamp)
+
+    def count(self, *states: str) -> int:
+        return sum(1 for d in self.devs if d.state in states)
+
+    def record(self) -> None:
+        r, t = self.count(ROLLOUT), self.count(TRAIN)
+        if not self.trace or self.trace[-1][1:] != (r, t):
+            self.trace.append((self.now, r, t))
+
+    # ------------------------------------------------------------------ episodes
+
+    def admit_batches(self) -> None:
+        while self.next_batch < self.w.steps and self.version >= self.next_batch - self.lag:
+            k = self.next_batch
+            eps = make_episodes(self.w, k, self.seed)
+            self.remaining[k] = len(eps)
+            self.batch_tokens[k] = 0.0
+            for e in eps:
+                e.prefix = float(self.w.prompt_tokens)
+                self.eps[e.index] = e
+                self.queue.append(e.index)
+            self.next_batch += 1
+        self.fill()
+
+    def fill(self) -> None:
+        admitting = [d for d in self.devs if d.state == ROLLOUT]
+        while self.queue and admitting:
+            d = min(admitting, key=lambda x: (len(x.live), x.i))
+            if len(d.live) >= self.w.max_live:
+                return
+            e = self.eps[self.queue.popleft()]
+            self.place(e, d, self.w.prompt_tokens)
+
+    def place(self, e: Episode, d: _Dev, prefill_tokens: float) -> None:
+        e.device = d.i
+        d.live.add(e.index)
+        self.start_turn(e, prefill_tokens)
+
+    def start_turn(self, e: Episode, prefill_tokens: float) -> None:
+        d = self.devs[e.device]
+        self.advance(d)
+        tokens, _ = e.turns[e.turn]
+        work = tokens + prefill_tokens / self.w.prefill_speedup
+        heapq.heappush(d.gen, (d.vt + work, e.index))
+        self.reschedule(d)
+
+    def on_gen_done(self, d: _Dev) -> None:
+        self.advance(d)
+        while d.gen and d.gen[0][0] <= d.vt + 1e-9:
+            _, idx = heapq.heappop(d.gen)
+            e = self.eps[idx]
+            tokens, latency = e.turns[e.turn]
+            e.prefix += tokens
+            self.batch_tokens[e.batch] += tokens
+            if e.turn == len(e.turns) - 1:
+                self.finish(e)
+            else:
+                self.push(self.now + latency, "tool", idx)
+        self.reschedule(d)
+
+    def on_tool_done(self, idx: int) -> None:
+        e = self.eps[idx]
+        e.turn += 1
+        e.prefix += self.w.obs_tokens
+        self.batch_tokens[e.batch] += self.w.obs_tokens
+        d = self.devs[e.device]
+        if d.state == DRAINING and not e.pinned:
+            remaining = self.mean_turn_tokens * (len(e.turns) - e.turn)  # what the pool can estimate
+            target = [x for x in self.devs if x.state == ROLLOUT and len(x.live) < self.w.max_live]
+            if target and self.migration.should_migrate(int(e.prefix), min(remaining, self.mean_turn_tokens)):
+                new = min(target, key=lambda x: (len(x.live), x.i))
+                d.live.discard(idx)
+                self.migrations += 1
+                e.device = new.i
+                new.live.add(idx)
+                self.start_turn(e, e.prefix)  # re-prefill the whole stored prefix
+                self.check_drained(d)
+                return
+            e.pinned = True
+            self.in_place += 1
+        self.start_turn(e, self.w.obs_tokens)
+
+    def finish(self, e: Episode) -> None:
+        d = self.devs[e.device]
+        d.live.discard(e.index)
+        self.remaining[e.batch] -= 1
+        self.finished_unconsumed += 1
+        del self.eps[e.index]
+        self.check_drained(d)
+        self.fill()
+        self.maybe_train()
+
+    # ------------------------------------------------------------------ learner
+
+    def maybe_train(self) -> None:
+        k = self.version
+        if self.learner_busy_until is not None or k >= self.w.steps or self.remaining.get(k, 1) != 0:
+            return
+        if self.colocated:
+            devs = list(self.devs)
+            n = len(devs)
+            dur = self.w.colocated_switch_s + self.train_time(n, k)
+        else:
+            devs = [d for d in self.devs if d.state == TRAIN]
+            n = len(devs)
+            if n == 0:
+                return
+            dur = self.train_time(n, k)
+        self.learner_devs = [d.i for d in devs]
+        self.learner_busy_until = self.now + dur
+        self.learner_busy_s += dur
+        self.finished_unconsumed -= self.w.batch_size
+        self.push(self.now + dur, "step")
+
+    def train_time(self, n: int, k: int) -> float:
+        w = self.w
+        tokens = self.batch_tokens[k] + w.batch_size * w.prompt_tokens
+        return w.train_fixed_s + tokens / (w.train_tokens_per_s * n**w.train_alpha)
+
+    def on_step_done(self) -> None:
+        self.version += 1
+        self.learner_busy_until = None
+        self.learner_devs = []
+        if not self.colocated:
+            for d in self.devs:
+                if d.state in (ROLLOUT, DRAINING):
+                    self.advance(d)
+                    d.paused_until = max(d.paused_until, self.now) + self.w.weight_sync_s
+                    self.reschedule(d)
+                elif d.state == TRAIN and d.leave_after_step:
+                    self.begin_join(d)
+        self.admit_batches()
+        self.maybe_train()
+
+    # ------------------------------------------------------------------ moves
+
+    def check_drained(self, d: _Dev) -> None:
+        if d.state == DRAINING and not d.live:
+            d.state = TO_TRAIN
+            self.push(self.now + self.w.realloc_s, "joined_train", d.i)
+            self.record()
+
+    def begin_join(self, d: _Dev) -> None:
+        d.leave_after_step = False
+        d.state = TO_ROLLOUT
+        self.push(self.now + self.w.realloc_s, "joined_rollout", d.i)
+        self.record()
+
+    def apply(self, to: str, count: int) -> None:
+        self.moves += 1
+        if to == "train":
+            cands = sorted((d for d in self.devs if d.state == ROLLOUT), key=lambda x: (len(x.live), -x.i))
+            for d in cands[:count]:
+                d.state = DRAINING
+                self.check_drained(d)
+        else:
+            cands = [d for d in self.devs if d.state == TRAIN and not d.leave_after_step]
+            for d in cands[:count]:
+                if d.i in self.learner_devs:
+                    d.leave_after_step = True
+                else:
+                    self.begin_join(d)
+        self.record()
+
+    def telemetry(self) -> Telemetry:
+        admitting = [d for d in self.devs if d.state == ROLLOUT]
+        ahead = self.next_batch - 1 - self.version
+        return Telemetry(
+            time_s=self.now,
+            rollout_devices=len(admitting),
+            train_devices=self.count(TRAIN),
+            moving=self.count(DRAINING, TO_TRAIN, TO_ROLLOUT) + sum(d.leave_after_step for d in self.devs),
+            queue_depth=len(self.queue),
+            unconsumed=self.finished_unconsumed,
+            batch_size=self.w.batch_size,
+            learner_idle_frac=self.window.learner_idle,
+            long_tail_frac=self.window.long_tail,
+            staleness=ahead / self.lag if self.lag else 1.0,
+        )
+
+    def observe_until(self, t: float) -> None:
+        """Feed the state held during [now, t) to the telemetry window."""
+        dt = t - self.now
+        if dt <= 0:
+            return
+        admitting = [d for d in self.devs if d.state == ROLLOUT]
+        live = sum(len(d.live) for d in admitting)
+        idle = 1.0 - live / (len(admitting) * self.w.max_live) if admitting else 0.0
+        waiting = self.learner_busy_until is None and self.count(TRAIN) > 0
+        self.window.observe(dt, waiting, idle, len(self.queue))
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimResult:
+        self.record()
+        self.admit_batches()
+        if self.controller is not None:
+            self.push(self.w.tick_s, "tick")
+        while self.version < self.w.steps:
+            if not self.events:
+                raise RuntimeError(f"simulation stalled at t={self.now:.1f}s (version {self.version})")
+            t, _, kind, ident, stamp = heapq.heappop(self.events)
+            self.observe_until(t)
+            self.now = t
+            if kind == "gen":
+                d = self.devs[ident]
+                if stamp == d.stamp:
+                    self.on_gen_done(d)
+            elif kind == "tool":
+                self.on_tool_done(ident)
+            elif kind == "step":
+                self.on_step_done()
+            elif kind == "joined_train":
+                d = self.devs[ident]
+                d.state = TRAIN
+                self.record()
+                self.maybe_train()
+            elif kind == "joined_rollout":
+                d = self.devs[ident]
+                d.state = ROLLOUT
+                d.t, d.vt = self.now, 0.0
+                d.gen.clear()
+                self.record()
+                self.fill()
+            elif kind == "tick":
+                move = self.controller.decide(self.telemetry()) if self.controller else None
+                if move is not None:
+                    self.apply(move.to, move.count)
+                    self.window.reset()
+                self.push(self.now + self.w.tick_s, "tick")
+        self.record()
+        traj = self.w.steps * self.w.batch_size
+        return SimResult(
+            policy=self.policy,
+            devices=self.n,
+            rollout_devices=None if self.colocated or self.controller else self.count(ROLLOUT),
+            makespan_s=self.now,
+            trajectories=traj,
+            throughput=traj / self.now,
+            learner_busy_frac=self.learner_busy_s / self.now,
+            moves=self.moves,
+            migrations=self.migrations,
+            finished_in_place=self.in_place,
+            pool_trace=self.trace,
+        )
+
+
+# =========================================================================== the three policies
+
+
+def simulate(
+    w: Workload,
+    n_devices: int,
+    policy: str,
+    *,
+    rollout_devices: int | None = None,
+    seed: int = 0,
+    controller: ControllerConfig | None = None,
+) -> SimResult:
+    """Run one policy: ``colocated``, ``static`` (needs ``rollout_devices``) or ``elastic``."""
+    if n_devices < 2 and policy != "colocated":
+        raise ValueError(f"--gpus: async policies need >= 2 devices, got {n_devices}")
+    if policy == "colocated":
+        return _Sim(w, n_devices, policy, n_devices, seed, None, MigrationPolicy(w.prefill_speedup)).run()
+    if rollout_devices is None or not 1 <= rollout_devices < n_devices:
+        raise ValueError(f"rollout_devices must lie in [1, {n_devices - 1}], got {rollout_devices}")
+    ctl = ElasticController(controller or ControllerConfig()) if policy == "elastic" else None
+    if policy not in ("static", "elastic"):
+        raise ValueError(f"policy must be colocated, static or elastic, got {policy!r}")
+    return _Sim(w, n_devices, policy, rollout_devices, seed, ctl, MigrationPolicy(w.prefill_speedup)).run()
+
+
+def best_static(w: Workload, n_devices: int, seed: int = 0) -> tuple[SimResult, dict[int, float]]:
+    """The best static async split: a coarse grid over rollout sizes, refined around the best."""
+    tried: dict[int, SimResult] = {}
+
+    def at(r: int) -> SimResult:
+        if r not in tried:
+            tried[r] = simulate(w, n_devices, "static", rollout_devices=r, seed=seed)
+        return tried[r]
+
+    step = max(1, (n_devices - 1) // 8)
+    for r in range(1, n_devices, step):
+        at(r)
+    at(n_devices - 1)
+    while step > 1:
+        best = max(tried, key=lambda r: tried[r].throughput)
+        step = max(1, step // 2)
+        for r in (best - step, best + step):
+            if 1 <= r < n_devices:
+                at(r)
+    best = max(tried, key=lambda r: tried[r].throughput)
+    for r in (best - 1, best + 1):
+        if 1 <= r < n_devices:
+            at(r)
+    best = max(tried, key=lambda r: tried[r].throughput)
+    return tried[best], {r: res.throughput for r, res in sorted(tried.items())}
+
+
+def compare(w: Workload, n_devices: int, seed: int = 0, controller: ControllerConfig | None = None) -> dict[str, Any]:
+    """Colocated-sync vs the best static async split vs elastic (started from that split)."""
+    col = simulate(w, n_devices, "colocated", seed=seed)
+    static, grid = best_static(w, n_devices, seed)
+    assert static.rollout_devices is not None
+    ela = simulate(w, n_devices, "elastic", rollout_devices=static.rollout_devices, seed=seed, controller=controller)
+    return {
+        "workload": w.name,
+        "gpus": n_devices,
+        "seed": seed,
+        "throughput": {"colocated": col.throughput, "static_async": static.throughput, "elastic": ela.throughput},
+        "speedup_vs_colocated": ela.throughput / col.throughput,
+        "speedup_vs_static_async": ela.throughput / static.throughput,
+        "best_static_rollout_devices": static.rollout_devices,
+        "static_grid": grid,
+        "elastic": ela.summary(),
+        "colocated": col.summary(),
+        "static_async": static.summary(),
+        "pool_trace": ela.pool_trace,
+        "sources": list(w.sources),
+    }
+
+
+def iter_trace(trace: list[tuple[float, int, int]], end: float) -> Iterator[tuple[float, int, int]]:
+    """Step-function points of a pool trace, for plotting."""
+    for i, (t, r, k) in enumerate(trace):
+        yield t, r, k
+        nxt = trace[i + 1][0] if i + 1 < len(trace) else end
+        yield nxt, r, k
+
+
+def plot_pools(result: dict[str, Any], path: str) -> None:
+    """Pool sizes over time of the elastic run (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = result["elastic"]["makespan_s"]
+    pts = list(iter_trace(result["pool_trace"], end))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], label="rollout pool")
+    ax.plot([p[0] for p in pts], [p[2] for p in pts], label="train pool")
+    ax.axhline(result["best_static_rollout_devices"], ls=":", c="gray", label="best static rollout split")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("devices")
+    ax.set_title(
+        f"{result['workload']}, {result['gpus']} GPUs: elastic {result['speedup_vs_colocated']:.2f}x colocated, "
+        f"{result['speedup_vs_static_async']:.2f}x best static"
+    )
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str | None = None, seed: int = 0, steps: int | None = None) -> int:
+    """The ``fr-agents simulate-elastic`` command."""
+    import json
+
+    from fr_agents.config import ConfigError
+
+    try:
+        w = get_workload(workload)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if gpus < 2:
+        raise ConfigError(f"--gpus: need at least 2 devices, got {gpus}")
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"--steps: must be >= 1, got {steps}")
+        w = w.with_overrides(steps=steps)
+    res = compare(w, gpus, seed=seed)
+    if plot:
+        plot_pools(res, plot)
+    if as_json:
+        print(json.dumps({k: v for k, v in res.items() if k != "pool_trace"}))
+        return 0
+    tp = res["throughput"]
+    print(f"workload {w.name} on {gpus} GPUs ({w.steps} steps of {w.batch_size} trajectories): {w.description}")
+    print(f"  colocated-sync        {tp['colocated']:.3f} traj/s")
+    print(f"  best static async     {tp['static_async']:.3f} traj/s  ({res['best_static_rollout_devices']} rollout / {gpus - res['best_static_rollout_devices']} train)")
+    e = res["elastic"]
+    print(f"  elastic               {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} episodes re-prefilled, {e['finished_in_place']} finished in place)")
+    print(f"  speedup vs colocated {res['speedup_vs_colocated']:.2f}x, vs best static async {res['speedup_vs_static_async']:.2f}x")
+    if plot:
+        print(f"  pool plot: {plot}")
+    return 0
