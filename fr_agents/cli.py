@@ -125,6 +125,26 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 # =========================================================================== (subcommands are added below)
 
 
+# =========================================================================== simulate-elastic
+
+
+def _add_simulate_elastic(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default="xlong", help="xlong, tool or alfworld (trainer/simulator.py documents each)")
+    p.add_argument("--gpus", type=int, default=16, help="devices in the cluster")
+    p.add_argument("--json", action="store_true", help="print one JSON object (speedup_vs_colocated, speedup_vs_static_async, ...)")
+    p.add_argument("--plot", metavar="PNG", help="write the elastic run's pool sizes over time")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="learner steps to simulate (default: the workload's)")
+
+
+@command("simulate-elastic", "simulate colocated-sync vs best static async vs elastic pools on a workload")
+@args(_add_simulate_elastic)
+def _cmd_simulate_elastic(a: argparse.Namespace) -> int:
+    from trainer.simulator import main_simulate
+
+    return main_simulate(a.workload, a.gpus, as_json=a.json, plot=a.plot, seed=a.seed, steps=a.steps)
+
+
 # =========================================================================== eval
 
 
@@ -392,6 +412,8 @@ def _add_alfworld(p: argparse.ArgumentParser) -> None:
 @command("alfworld", "ALFWorld tools: `alfworld generate --out DIR --n N --seed S`")
 @args(_add_alfworld)
 def _cmd_alfworld(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from envs.alfworld.generate import DEFAULT_COUNTS, generate
 
     counts = {"train": DEFAULT_COUNTS["train"] if a.n is None else a.n, "valid_seen": a.seen, "valid_unseen": a.unseen}
@@ -399,7 +421,7 @@ def _cmd_alfworld(a: argparse.Namespace) -> int:
         if n < 0:
             raise ConfigError(f"{name} must be >= 0, got {n}")
     records = generate(a.out, counts, seed=a.seed, workers=a.workers)
-    manifest = json.loads(open(f"{a.out}/manifest.json").read())
+    manifest = json.loads((Path(a.out) / "manifest.json").read_text())
     by_split: dict[str, int] = {}
     for r in records:
         by_split[r.split] = by_split.get(r.split, 0) + 1
