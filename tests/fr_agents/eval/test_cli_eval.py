@@ -1,0 +1,75 @@
+"""``fr-agents eval``: tiny checkpoints before and after a supervised fit, compared on the arithmetic bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fr_agents.cli import main
+
+torch.set_num_threads(1)
+
+
+def test_eval_shows_the_difference_between_checkpoints_before_and_after_training(
+    checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval"
+    argv = ["eval", str(checkpoints["before"]), str(checkpoints["after"]), "--bench", "arithmetic"]
+    argv += ["--limit", "16", "-k", "4", "--temperature", "1.0", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    assert data["checkpoints"] == ["before", "after"]
+    by = {r["label"]: r for r in data["results"]}
+    assert by["before"]["tasks"] == 16 and by["before"]["k"] == 4
+    before, after = by["before"]["metrics"], by["after"]["metrics"]
+    assert after["mean@k"] >= before["mean@k"] + 0.5, (before, after)
+    assert after["pass@4"] >= 0.9 and before["pass@1"] <= 0.2
+    md = (out / "results.md").read_text()
+    assert "| before |" in md and "| after |" in md and "arithmetic **mean@4**" in md
+    assert md in printed or "| after |" in printed
+    png = (out / "results.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    rows = (out / "samples" / "after" / "arithmetic.jsonl").read_text().splitlines()
+    assert len(rows) == 16 * 4
+    # Run again: every sample is on disk, nothing is redrawn, the same numbers come out.
+    assert main(argv) == 0
+    assert (
+        json.loads((out / "results.json").read_text())["results"][1]["metrics"]
+        == data["results"][1]["metrics"]
+    )
+    assert (out / "samples" / "after" / "arithmetic.jsonl").read_text().splitlines() == rows
+
+
+def test_eval_list_and_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--list"]) == 0
+    listed = capsys.readouterr().out
+    for name in (
+        "arithmetic",
+        "humaneval",
+        "champ",
+        "alfworld-seen",
+        "alfworld-unseen",
+        "repo-coding",
+        "rg:",
+        "jsonl:",
+    ):
+        assert name in listed
+    assert main(["eval", "tiny", "--bench", "arithmetc", "--out", str(tmp_path)]) == 2
+    assert "unknown bench 'arithmetc'. Did you mean: arithmetic" in capsys.readouterr().err
+    assert main(["eval", "tiny", "--out", str(tmp_path)]) == 2
+    assert "--bench" in capsys.readouterr().err
+    assert (
+        main(
+            ["eval", "tiny", "--bench", "arithmetic", "-k", "2", "--temperature", "0", "--out", str(tmp_path)]
+        )
+        == 2
+    )
+    assert "greedy" in capsys.readouterr().err
+    assert (
+        main(["eval", "no/such/dir/x", "--bench", "arithmetic", "--limit", "1", "--out", str(tmp_path)]) == 2
+    )
+    assert "accepted forms" in capsys.readouterr().err
