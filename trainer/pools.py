@@ -55,7 +55,7 @@ class Telemetry:
     unconsumed: int  # finished trajectories the learner has not consumed yet
     batch_size: int
     learner_idle_frac: float  # recent fraction of time the learner waited for data
-    long_tail_frac: float  # recent fraction of rollout capacity idle while nothing waited
+    long_tail_frac: float  # recent fraction of rollout compute idle while nothing waited
     staleness: float  # rollout's lead over the learner / max_policy_lag (1.0 = at the bound)
 
 
@@ -77,11 +77,12 @@ class ControllerConfig:
     idle_high: float = 0.2  # learner idle fraction that calls for more rollout devices
     tail_high: float = 0.35  # idle rollout capacity that calls for more train devices
     cooldown_s: float = 0.0  # no decision this soon after the previous move
+    max_move_frac: float = 0.25  # one decision moves at most this share of a pool (at least 1)
 
     def __post_init__(self) -> None:
         if self.min_rollout < 1 or self.min_train < 1:
             raise ValueError("min_rollout and min_train must be >= 1")
-        for name in ("idle_high", "tail_high"):
+        for name in ("idle_high", "tail_high", "max_move_frac"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must lie in (0, 1), got {getattr(self, name)}")
         if self.cooldown_s < 0:
@@ -96,10 +97,12 @@ class ElasticController:
     * **learner starved** -- the learner idled a fraction ``f >= idle_high`` of the recent window,
       fewer than a batch of trajectories is waiting and rollout has a backlog or is not held by the
       staleness bound: move ``round(f * train)`` (at least 1) devices to rollout.
-    * **rollout in its long tail** -- a fraction ``g >= tail_high`` of rollout capacity sat idle
+    * **rollout in its long tail** -- a fraction ``g >= tail_high`` of rollout compute sat idle
       with nothing waiting to start (the stragglers of a batch, or admission blocked by the
       staleness bound) while the learner was busy or has a batch waiting: move ``round(g * rollout)``
       (at least 1) devices to training.
+
+    One decision moves at most ``max_move_frac`` of a pool, so a noisy window cannot empty it.
 
     Pools never shrink below ``min_rollout`` / ``min_train``; no move is made while another is
     still in progress or within ``cooldown_s`` of the previous one. The only state is the time of
@@ -118,7 +121,7 @@ class ElasticController:
         starved = t.learner_idle_frac >= c.idle_high and t.unconsumed < t.batch_size
         if starved and (t.queue_depth > 0 or t.staleness < 1.0) and t.train_devices > c.min_train:
             n = max(1, round(t.learner_idle_frac * t.train_devices))
-            n = min(n, t.train_devices - c.min_train)
+            n = min(n, max(1, int(c.max_move_frac * t.train_devices)), t.train_devices - c.min_train)
             move = Move("rollout", n, f"learner idle {t.learner_idle_frac:.0%}, queue {t.queue_depth}")
         elif (
             t.long_tail_frac >= c.tail_high
@@ -127,7 +130,7 @@ class ElasticController:
             and t.rollout_devices > c.min_rollout
         ):
             n = max(1, round(t.long_tail_frac * t.rollout_devices))
-            n = min(n, t.rollout_devices - c.min_rollout)
+            n = min(n, max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
             move = Move("train", n, f"rollout capacity idle {t.long_tail_frac:.0%}, staleness {t.staleness:.2f}")
         if move is not None:
             self.last_move_s = t.time_s
@@ -220,7 +223,8 @@ class ElasticPool(Engine):
     ``devices`` maps a device name to its engine; ``rollout`` names the devices that start in the
     rollout pool (the rest start in the train pool). ``max_live`` caps the live episodes of one
     device (its KV memory); an episode waits for admission while every rollout device is full --
-    those waiting episodes are the rollout queue depth.
+    those waiting episodes are the rollout queue depth. ``saturation`` (default ``max_live``) is the
+    number of concurrent generations that keeps one device's compute busy (telemetry only).
     """
 
     def __init__(
@@ -229,6 +233,7 @@ class ElasticPool(Engine):
         rollout: Sequence[str],
         *,
         max_live: int = 64,
+        saturation: int | None = None,
         migration: MigrationPolicy | None = None,
         on_moved: Callable[[str, DeviceState], None] | None = None,
     ) -> None:
@@ -241,6 +246,7 @@ class ElasticPool(Engine):
             n: Device(n, e, DeviceState.ROLLOUT if n in rollout else DeviceState.TRAIN) for n, e in devices.items()
         }
         self.max_live = max_live
+        self.saturation = saturation or max_live
         self.migration = migration or MigrationPolicy()
         self.on_moved = on_moved
         self.stats = PoolStats()
@@ -268,13 +274,17 @@ class ElasticPool(Engine):
         return self._waiting
 
     def idle_capacity_frac(self) -> float:
-        """Share of admitting rollout slots without a live episode."""
+        """Share of admitting rollout compute left idle: generating requests vs ``saturation`` each.
+
+        ``saturation`` is the number of concurrent generations at which one device's decode
+        throughput levels off (its batch size); live episodes waiting on a tool use no compute.
+        """
         with self._lock:
             admitting = [d for d in self.devices.values() if d.state is DeviceState.ROLLOUT]
             if not admitting:
                 return 0.0
-            live = sum(len(d.live) for d in admitting)
-            return max(0.0, 1.0 - live / (len(admitting) * self.max_live))
+            busy = sum(min(d.inflight, self.saturation) for d in admitting)
+            return max(0.0, 1.0 - busy / (len(admitting) * self.saturation))
 
     # ------------------------------------------------------------------ weights
 
@@ -428,3 +438,10 @@ class ElasticPool(Engine):
         for d in self.devices.values():
             if d.engine is not None:
                 await d.engine.close()
+
+    def close_sync(self) -> None:
+        """Close every device's engine from synchronous code."""
+        for d in self.devices.values():
+            close = getattr(d.engine, "close_sync", None)
+            if close is not None:
+                close()

@@ -299,6 +299,8 @@ class _Sim:
         self.migrations = 0
         self.in_place = 0
         self.trace: list[tuple[float, int, int]] = []
+        # concurrent generations at which decode time per step has doubled: the device is busy
+        self.saturation = max(1.0, w.decode_base_s / w.decode_per_seq_s)
         self.mean_turn_tokens = w.tokens_median * math.exp(w.tokens_sigma**2 / 2)
 
     # ------------------------------------------------------------------ helpers
@@ -509,8 +511,9 @@ class _Sim:
         if dt <= 0:
             return
         admitting = [d for d in self.devs if d.state == ROLLOUT]
-        live = sum(len(d.live) for d in admitting)
-        idle = 1.0 - live / (len(admitting) * self.w.max_live) if admitting else 0.0
+        sat = self.saturation
+        busy = sum(min(len(d.gen), sat) for d in admitting)
+        idle = 1.0 - busy / (len(admitting) * sat) if admitting else 0.0
         waiting = self.learner_busy_until is None and self.count(TRAIN) > 0
         self.window.observe(dt, waiting, idle, len(self.queue))
 

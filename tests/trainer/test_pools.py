@@ -140,7 +140,7 @@ def _t(**kw: Any) -> Telemetry:
 
 
 def test_controller_rules():
-    c = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4))
+    c = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4, max_move_frac=0.5))
     assert c.decide(_t()) is None
     m = c.decide(_t(learner_idle_frac=0.5, queue_depth=10))
     assert m is not None and m.to == "rollout" and m.count == 2
@@ -151,6 +151,9 @@ def test_controller_rules():
     assert m is not None and m.count == 1
     assert c.decide(_t(learner_idle_frac=1.0, queue_depth=10, train_devices=1)) is None
     assert c.decide(_t(long_tail_frac=0.9, moving=1)) is None
+    # one decision moves at most max_move_frac of a pool
+    capped = ElasticController(ControllerConfig(max_move_frac=0.25)).decide(_t(learner_idle_frac=1.0, queue_depth=10))
+    assert capped is not None and capped.count == 1
     # a backlog of rollout work (queue > 0) is not a long tail
     assert c.decide(_t(long_tail_frac=0.9, queue_depth=3)) is None
     # a starved learner is not fed by moving devices when data is already waiting

@@ -1,0 +1,166 @@
+"""Validate the elastic simulator against the real embedded runtime on CPU slots.
+
+1. Calibrate: measure the component costs the simulator needs on this machine -- decode step time
+   of one slot's HFEngine at 1 and at ``B`` concurrent sequences, prefill vs decode cost, one
+   weight load (``set_weights``), the episode shape (policy tokens per episode, env step time).
+2. Run the real runtime (:class:`trainer.elastic.ElasticTrainer`: schedule, staleness bound,
+   ledger, tree, one HFEngine per slot, the Learner on the train pool) twice on the same small
+   math workload: a static split and elastic pools driven by the ElasticController. Training step
+   times per train-pool size are measured in these runs (they are a component cost, like decode).
+3. Feed the measured costs into :mod:`trainer.simulator` and predict both runs' throughput
+   (trajectories per second). Print measured, predicted and the relative error (goal: within 20%).
+
+Usage: ``python benchmarks/elastic_validation.py [--steps 6] [--batch 32] [--slots 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def calibrate_decode(model, tok, batch: int) -> tuple[float, float, float, float]:
+    """(decode_base_s, decode_per_seq_s, prefill_speedup, weight_load_s) of one slot's engine."""
+    from fr_agents.policy.base import SamplingOptions
+    from fr_agents.policy.hf import HFEngine
+
+    eng = HFEngine(model, tok, max_batch_size=batch, seed=0)
+    opts = SamplingOptions(max_tokens=24, stop_token_ids=())
+    prompt = list(range(5, 25))
+
+    def wave(n: int, prompt_len: int, max_tokens: int) -> float:
+        p = (prompt * (prompt_len // len(prompt) + 1))[:prompt_len]
+        o = SamplingOptions(max_tokens=max_tokens, stop_token_ids=())
+        t = time.perf_counter()
+        futs = [eng.submit(p, o) for _ in range(n)]
+        for f in futs:
+            f.result()
+        return time.perf_counter() - t
+
+    wave(2, 20, 4)  # warm up
+    per_step = {}
+    for n in (1, batch):
+        t_long = min(wave(n, 20, opts.max_tokens) for _ in range(2))
+        t_short = min(wave(n, 20, 4) for _ in range(2))
+        per_step[n] = (t_long - t_short) / (opts.max_tokens - 4)
+    per_seq = max(0.0, (per_step[batch] - per_step[1]) / (batch - 1))
+    base = max(1e-5, per_step[1] - per_seq)
+    # prefill: one extra prompt token costs (t(P2) - t(P1)) / (P2 - P1); compare with a decode step
+    t1 = min(wave(1, 20, 1) for _ in range(3))
+    t2 = min(wave(1, 400, 1) for _ in range(3))
+    per_prefill_token = max(1e-7, (t2 - t1) / 380)
+    speedup = per_step[1] / per_prefill_token
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    t = time.perf_counter()
+    for _ in range(3):
+        eng.set_weights(sd, 1)
+    load = (time.perf_counter() - t) / 3
+    eng.close_sync()
+    return base, per_seq, speedup, load
+
+
+def run(cfg, slots: int, rollout: int, elastic: bool, tick_s: float):
+    from trainer.elastic import ElasticTrainer
+    from trainer.pools import ControllerConfig
+
+    t = ElasticTrainer(
+        cfg, tempfile.mkdtemp(prefix="fr-elastic-"), devices=slots, rollout=rollout, elastic=elastic,
+        controller=ControllerConfig(), tick_s=tick_s,
+    )
+    return t, t.run()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--slots", type=int, default=3)
+    ap.add_argument("--tick", type=float, default=0.5)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    from fr_agents.config import load_config
+    from fr_agents.models import load_policy, tiny_dir
+    from trainer.ledger import EpisodeLedger
+    from trainer.pools import ControllerConfig
+    from trainer.simulator import Workload, simulate
+
+    overrides = [
+        "model.tiny_size=micro", "tasks.params={digits: 2}", f"trainer.batch_size={a.batch}",
+        f"rollout.concurrency={a.batch}", "rollout.max_policy_lag=1", f"trainer.steps={a.steps}",
+        "trainer.max_minutes=0", "trainer.eval_episodes=0", "warm_start.examples=0",
+        "trainer.collapse_guard=false", "trainer.checkpoint_every=0", "trainer.plot_every=1000",
+        "rollout.max_new_tokens=16",
+    ]
+    cfg = load_config("math-tiny", overrides)
+    model, tok = load_policy(str(tiny_dir("micro", 0)), "float32", "cpu")
+    base, per_seq, speedup, load = calibrate_decode(model.eval(), tok, a.batch)
+    print(f"calibration: decode step {1e3 * base:.2f} ms + {1e3 * per_seq:.3f} ms/seq, prefill speedup {speedup:.1f}, weight load {1e3 * load:.1f} ms")
+
+    r_static = max(1, a.slots - 1)
+    measured = {}
+    runs = {}
+    for name, elastic in (("static", False), ("elastic", True)):
+        t, res = run(cfg, a.slots, r_static, elastic, a.tick)
+        thr = a.steps * a.batch / res.rl_s
+        measured[name] = thr
+        runs[name] = t
+        led = EpisodeLedger(t.run_dir / "episodes.sqlite")
+        toks = [r[3] for k in range(res.steps) for r in led.batch_rows(k)]
+        led.close()
+        t.episode_tokens = toks
+        print(f"measured {name:<8} {thr:.2f} traj/s  ({res.steps} steps in {res.rl_s:.1f}s; moves {t.pool.stats.moves_to_train}->train "
+              f"{t.pool.stats.moves_to_rollout}->rollout; step seconds by train slots {_by_n(t.step_seconds)})")
+
+    # -------------------------------------------------------------- the simulator, fed measured costs
+    toks = runs["static"].episode_tokens + runs["elastic"].episode_tokens
+    mean_tok = statistics.fmean(toks)
+    sigma = statistics.pstdev([math.log(max(1, x)) for x in toks])
+    steps_by_n = _by_n(runs["static"].step_seconds + runs["elastic"].step_seconds)
+    batch_tokens = a.batch * (mean_tok + 20)
+    t1 = steps_by_n[1]
+    if 2 in steps_by_n:
+        alpha = math.log(t1 / steps_by_n[2]) / math.log(2)
+    else:
+        alpha = 1.0
+    w = Workload(
+        name="cpu-validation", description="math-tiny on CPU slots (measured costs)", sources=("measured here",),
+        batch_size=a.batch, steps=a.steps, max_policy_lag=1, turns_median=1, turns_sigma=0.0, max_turns=1,
+        tokens_median=math.exp(statistics.fmean([math.log(max(1, x)) for x in toks])), tokens_sigma=sigma,
+        max_new_tokens=16, prompt_tokens=20, obs_tokens=0, tool_median_s=1e-3, tool_sigma=0.0, tool_max_s=1e-3,
+        length_growth=1.0, decode_base_s=base, decode_per_seq_s=per_seq, max_live=max(1, a.batch // r_static),
+        prefill_speedup=speedup, train_tokens_per_s=batch_tokens / t1, train_alpha=alpha, train_fixed_s=0.0,
+        weight_sync_s=load, realloc_s=load, colocated_switch_s=load, tick_s=a.tick,
+    )
+    print(f"workload fed to the simulator: mean {mean_tok:.1f} policy tokens/episode, train step {t1:.2f}s on 1 slot, alpha {alpha:.2f}")
+    pred = {
+        "static": simulate(w, a.slots, "static", rollout_devices=r_static).throughput,
+        "elastic": simulate(w, a.slots, "elastic", rollout_devices=r_static, controller=ControllerConfig()).throughput,
+    }
+    worst = 0.0
+    for name in ("static", "elastic"):
+        err = (pred[name] - measured[name]) / measured[name]
+        worst = max(worst, abs(err))
+        print(f"{name:<8} measured {measured[name]:.2f} traj/s, predicted {pred[name]:.2f} traj/s, error {100 * err:+.1f}%")
+    ratio_m = measured["elastic"] / measured["static"]
+    ratio_p = pred["elastic"] / pred["static"]
+    print(f"elastic/static: measured {ratio_m:.2f}x, predicted {ratio_p:.2f}x")
+    print(f"worst prediction error {100 * worst:.1f}% (goal <= 20%): {'PASS' if worst <= 0.2 else 'MISS'}")
+
+
+def _by_n(rows: list[tuple[int, float]]) -> dict[int, float]:
+    out: dict[int, list[float]] = {}
+    for n, s in rows:
+        out.setdefault(n, []).append(s)
+    return {n: round(statistics.median(v), 3) for n, v in sorted(out.items())}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The elastic cluster simulator: determinism, the CLI's JSON keys, and policy sanity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fr_agents.cli import main as cli_main
+from fr_agents.config import ConfigError
+from trainer.simulator import WORKLOADS, compare, get_workload, make_episodes, simulate
+
+SMALL = get_workload("tool").with_overrides(steps=4, batch_size=32)
+
+
+def test_deterministic():
+    a = simulate(SMALL, 4, "elastic", rollout_devices=2, seed=3)
+    b = simulate(SMALL, 4, "elastic", rollout_devices=2, seed=3)
+    assert a == b
+    c = simulate(SMALL, 4, "elastic", rollout_devices=2, seed=4)
+    assert c.makespan_s != a.makespan_s
+    # common random numbers: the same episodes for every policy
+    assert [e.turns for e in make_episodes(SMALL, 1, 0)] == [e.turns for e in make_episodes(SMALL, 1, 0)]
+
+
+def test_cli_json_keys(capsys):
+    rc = cli_main(["simulate-elastic", "--workload", "tool", "--gpus", "4", "--steps", "3", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("speedup_vs_colocated", "speedup_vs_static_async", "throughput", "best_static_rollout_devices"):
+        assert key in out
+    tp = out["throughput"]
+    assert out["speedup_vs_colocated"] == pytest.approx(tp["elastic"] / tp["colocated"])
+    assert out["speedup_vs_static_async"] == pytest.approx(tp["elastic"] / tp["static_async"])
+
+
+def test_cli_rejects_bad_input(capsys):
+    assert cli_main(["simulate-elastic", "--workload", "nope", "--gpus", "4"]) != 0
+    assert "--workload" in capsys.readouterr().err
+    assert cli_main(["simulate-elastic", "--workload", "tool", "--gpus", "1"]) != 0
+    assert "--gpus" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--steps"):
+        from trainer.simulator import main_simulate
+
+        main_simulate("tool", 4, steps=0)
+
+
+def test_policy_sanity(tmp_path):
+    res = compare(SMALL, 4)
+    tp = res["throughput"]
+    # the best static split is the best of the splits it tried
+    assert tp["static_async"] == pytest.approx(max(res["static_grid"].values()))
+    # overlapping rollout with training beats lock-step on a long-tailed multi-turn workload
+    assert tp["static_async"] > tp["colocated"]
+    # every scheduled trajectory was consumed, pools never dropped below one device
+    assert res["elastic"]["trajectories"] == SMALL.steps * SMALL.batch_size
+    assert all(r >= 1 and k >= 1 for _, r, k in res["pool_trace"])
+    # rollout-bound (cheap training, compute-saturated decode): more rollout devices are faster;
+    # train-bound: more train devices are faster
+    roll = SMALL.with_overrides(train_tokens_per_s=1e9, train_fixed_s=0.1, decode_per_seq_s=0.01)
+    assert simulate(roll, 4, "static", rollout_devices=3).throughput > simulate(roll, 4, "static", rollout_devices=1).throughput
+    train = SMALL.with_overrides(train_tokens_per_s=20.0)
+    assert simulate(train, 4, "static", rollout_devices=1).throughput > simulate(train, 4, "static", rollout_devices=3).throughput
+    from trainer.simulator import plot_pools
+
+    plot_pools(res, str(tmp_path / "pools.png"))
+    assert (tmp_path / "pools.png").stat().st_size > 1000
+
+
+def test_workloads_document_sources():
+    for w in WORKLOADS.values():
+        assert w.sources and w.description
+    with pytest.raises(ValueError, match="unknown fields"):
+        SMALL.with_overrides(nope=1)

@@ -1,0 +1,184 @@
+"""The embedded training loop on elastic device pools (CPU slots here, GPUs alike).
+
+:class:`ElasticTrainer` is :class:`trainer.loop.Trainer` with its rollout engine replaced by an
+:class:`~trainer.pools.ElasticPool` of ``devices`` slots, each with its own engine (its own model
+copy and batching thread). The learner runs on the train pool: each step uses
+``torch.set_num_threads(train slots)`` (on CPU one slot = one core's worth of threads), and a
+controller thread feeds telemetry to an :class:`~trainer.pools.ElasticController` every
+``tick_s`` and applies its moves -- a slot leaving rollout drains without dropping an episode; a
+slot joining rollout loads the current weights first, and only between two learner steps, so a
+step's device count is fixed while it runs. With ``elastic=False`` the split stays static.
+
+Schedule, staleness bound, ledger, checkpoints: unchanged from the embedded loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fr_agents.config import TrainConfig
+from trainer.loop import Trainer
+from trainer.pools import (
+    ControllerConfig,
+    DeviceState,
+    ElasticController,
+    ElasticPool,
+    Telemetry,
+    TelemetryWindow,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ElasticTrainer(Trainer):
+    """See the module docstring; ``pool_trace`` records ``(t, rollout, train)`` after every change."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        *,
+        devices: int,
+        rollout: int,
+        elastic: bool = True,
+        controller: ControllerConfig | None = None,
+        tick_s: float = 0.5,
+        per_device_live: int | None = None,
+        console: bool = False,
+    ) -> None:
+        super().__init__(cfg, run_dir, console=console)
+        if not 1 <= rollout < devices:
+            raise ValueError(f"rollout: must lie in [1, {devices - 1}], got {rollout}")
+        self.n_devices, self.n_rollout, self.elastic = devices, rollout, elastic
+        self.controller = ElasticController(controller) if elastic else None
+        self.tick_s = tick_s
+        self.per_device_live = per_device_live or max(1, cfg.rollout.concurrency // rollout)
+        self.window = TelemetryWindow(tau_s=4 * tick_s)
+        self.pool_trace: list[tuple[float, int, int]] = []
+        self.learner_waiting = False
+        self.step_lock = threading.Lock()
+        self.finished = 0
+        self.consumed = 0
+        self.rollout_thread: Any = None
+        self.step_seconds: list[tuple[int, float]] = []
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ parts
+
+    def _build(self) -> None:
+        super()._build()
+        from fr_agents.policy.hf import HFEngine
+
+        base = self.runner.engine
+        engines: dict[str, Any] = {"cpu0": base}
+        for i in range(1, self.n_devices):
+            engines[f"cpu{i}"] = HFEngine(
+                copy.deepcopy(base.model), self.tokenizer, max_batch_size=base.max_batch_size, seed=self.cfg.trainer.seed + i
+            )
+        self.pool = ElasticPool(
+            engines,
+            rollout=[f"cpu{i}" for i in range(self.n_rollout)],
+            max_live=self.per_device_live,
+            saturation=base.max_batch_size,
+            on_moved=lambda *_: self._record(),
+        )
+        self.runner.engine = self.pool
+        run = self.runner.run
+
+        async def counted(spec: Any) -> Any:
+            out = await run(spec)
+            self.finished += 1
+            return out
+
+        self.runner.run = counted
+        learner_step = self.learner.step
+
+        def step(batch: Any) -> Any:
+            with self.step_lock:
+                n = len(self.pool.in_state(DeviceState.TRAIN))
+                torch.set_num_threads(max(1, n))
+                t = time.perf_counter()
+                out = learner_step(batch)
+                self.step_seconds.append((n, time.perf_counter() - t))
+                self.consumed += self.cfg.trainer.batch_size
+                return out
+
+        self.learner.step = step  # type: ignore[method-assign]
+        self.t0 = time.perf_counter()
+        self._record()
+        self._controller = threading.Thread(target=self._control_loop, name="elastic-controller", daemon=True)
+        self._controller.start()
+
+    def _record(self) -> None:
+        r = len(self.pool.in_state(DeviceState.ROLLOUT))
+        k = len(self.pool.in_state(DeviceState.TRAIN))
+        self.pool_trace.append((time.perf_counter() - self.t0, r, k))
+
+    # ------------------------------------------------------------------ telemetry + control
+
+    def _wait_batch(self, k: int, rollout: Any, deadline: float) -> bool:
+        self.rollout_thread = rollout
+        self.learner_waiting = True
+        try:
+            return super()._wait_batch(k, rollout, deadline)
+        finally:
+            self.learner_waiting = False
+
+    def telemetry(self) -> Telemetry:
+        p = self.pool
+        rt = self.rollout_thread
+        ahead = (rt.next_batch - 1 - self.learner.version) if rt is not None else 0
+        return Telemetry(
+            time_s=time.perf_counter() - self.t0,
+            rollout_devices=len(p.in_state(DeviceState.ROLLOUT)),
+            train_devices=len(p.in_state(DeviceState.TRAIN)),
+            moving=len(p.in_state(DeviceState.DRAINING, DeviceState.JOINING)),
+            queue_depth=p.queue_depth,
+            unconsumed=self.finished - self.consumed,
+            batch_size=self.cfg.trainer.batch_size,
+            learner_idle_frac=self.window.learner_idle,
+            long_tail_frac=self.window.long_tail,
+            staleness=ahead / self.lag if self.lag else 1.0,
+        )
+
+    def _control_loop(self) -> None:
+        last = time.perf_counter()
+        while not self._stop.wait(self.tick_s / 5):
+            now = time.perf_counter()
+            self.window.observe(now - last, self.learner_waiting, self.pool.idle_capacity_frac(), self.pool.queue_depth)
+            last = now
+            if self.controller is None or getattr(self, "board", None) is None or self.board.stopped:
+                continue
+            if now - getattr(self, "_last_tick", 0.0) < self.tick_s:
+                continue
+            self._last_tick = now
+            move = self.controller.decide(self.telemetry())
+            if move is None:
+                continue
+            log.info("elastic: move %d to %s (%s)", move.count, move.to, move.reason)
+            if move.to == "train":
+                live = self.pool.live_counts()
+                for name in sorted(self.pool.in_state(DeviceState.ROLLOUT), key=lambda n: live[n])[: move.count]:
+                    self.pool.move_to_train(name)
+            else:
+                with self.step_lock:  # a step's device count is fixed while it runs
+                    for name in self.pool.in_state(DeviceState.TRAIN)[: move.count]:
+                        self.pool.move_to_rollout(name)
+            self.window.reset()
+            self._record()
+
+    def run(self, *, resume: bool = False) -> Any:
+        try:
+            return super().run(resume=resume)
+        finally:
+            self._stop.set()
+            if getattr(self, "_controller", None) is not None:
+                self._controller.join(timeout=10)
+            self._record()
