@@ -1,0 +1,47 @@
+"""Elastic pools vs colocated-sync vs the best static async split on the xlong workload (simulated).
+
+Prints the three throughputs (trajectories/s, all from one simulator run of the same episodes),
+the two speedups with the acceptance thresholds (>= 1.85x vs colocated, >= 1.78x vs the best
+static async split; goals 2.0 and 1.9) and writes a plot of the elastic run's pool sizes over time.
+The workload and hardware constants are documented in trainer/simulator.py (WORKLOADS).
+
+Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from trainer.simulator import compare, get_workload, plot_pools
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", default="xlong")
+    ap.add_argument("--gpus", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default="elastic_pools.png")
+    a = ap.parse_args()
+    w = get_workload(a.workload)
+    if a.steps:
+        w = w.with_overrides(steps=a.steps)
+    t = time.perf_counter()
+    res = compare(w, a.gpus, seed=a.seed)
+    plot_pools(res, a.plot)
+    tp = res["throughput"]
+    print(f"{w.name} on {a.gpus} GPUs, {w.steps} steps x {w.batch_size} trajectories (simulated in {time.perf_counter() - t:.0f}s)")
+    print(f"  colocated-sync     {tp['colocated']:.3f} traj/s")
+    print(f"  best static async  {tp['static_async']:.3f} traj/s  (rollout {res['best_static_rollout_devices']} / train {a.gpus - res['best_static_rollout_devices']}; grid {res['static_grid']})")
+    e = res["elastic"]
+    print(f"  elastic            {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} re-prefills, {e['finished_in_place']} finished in place)")
+    for key, need, goal in (("speedup_vs_colocated", 1.85, 2.0), ("speedup_vs_static_async", 1.78, 1.9)):
+        v = res[key]
+        verdict = "GOAL" if v >= goal else "PASS" if v >= need else "MISS"
+        print(f"  {key:<24} {v:.2f}x  (need >= {need}, goal {goal}): {verdict}")
+    print(f"  pool sizes over time: {a.plot}")
+
+
+if __name__ == "__main__":
+    main()
