@@ -620,6 +620,7 @@ def _add_play(p: argparse.ArgumentParser) -> None:
     who = p.add_mutually_exclusive_group()
     who.add_argument("--model", default=None, help="play with this model (default: tiny)")
     who.add_argument("--human", action="store_true", help="you type the actions (stdin, pipes work)")
+    who.add_argument("--agent", choices=["expert"], default=None, help="expert: the env's expert_action() plays")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-turns", type=int, default=8)
@@ -658,6 +659,26 @@ def _play_human(env: object, seed: int, max_turns: int) -> int:
     return 0
 
 
+def _play_expert(env: object, seed: int, max_turns: int) -> int:
+    """Play with the env's own expert (``env.unwrapped.expert_action()``, e.g. ALFWorld's walkthrough)."""
+    inner = getattr(env, "unwrapped", env)
+    if not hasattr(inner, "expert_action"):
+        print(f"error: {env} has no expert (expert_action())", file=sys.stderr)
+        return 2
+    obs, _ = env.reset(seed=seed)
+    print(f"[observation]\n{obs}")
+    info: dict = {}
+    for turn in range(max_turns):
+        action = inner.expert_action()
+        obs, reward, terminated, truncated, info = env.step(f"<action>{action}</action>")
+        print(f"[expert turn {turn}] {action}\n[reward] {float(reward)}")
+        if terminated or truncated:
+            break
+        print(f"[observation]\n{obs}")
+    print(f"[result] won={info.get('won')}, partial_score {info.get('partial_score')}")
+    return 0
+
+
 @command("play", "play one episode in the terminal, as a model or as a human (--human)")
 @args(_add_play)
 def _cmd_play(a: argparse.Namespace) -> int:
@@ -677,6 +698,11 @@ def _cmd_play(a: argparse.Namespace) -> int:
     if a.human:
         try:
             return _play_human(env, a.seed, a.max_turns)
+        finally:
+            env.close()
+    if a.agent == "expert":
+        try:
+            return _play_expert(env, a.seed, a.max_turns)
         finally:
             env.close()
     try:

@@ -11,6 +11,10 @@ import gymnasium
 
 # id -> (entry point, one-line description). Add an env here when its module lands.
 BUILTIN_ENVS: dict[str, tuple[str, str]] = {
+    "fr_agents/ALFWorld-v0": (
+        "envs.alfworld.env:ALFWorldEnv",
+        "ALFWorld household tasks on ALFWorld's TextWorld engine (official or offline-generated games)",
+    ),
     "fr_agents/HumanEval-v0": (
         "envs.humaneval:HumanEvalEnv",
         "a HumanEval problem; reward 1 when the completion passes its tests (run in tools_sandbox)",
