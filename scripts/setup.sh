@@ -67,7 +67,7 @@ fi
 
 if [ "$want_docker" = 1 ]; then
   step "sandboxes: docker.io, bubblewrap, debootstrap"
-  apt_install docker.io bubblewrap debootstrap
+  apt_install docker.io bubblewrap debootstrap python3-pytest git  # python3-pytest: the bwrap sandbox runs the host /usr/bin/python3
   bash scripts/start_dockerd.sh
   step "sandbox image (offline, cached by content hash)"
   fr-agents sandbox build-image
