@@ -187,7 +187,7 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
             res = sb.run_shell("python3 check.py", timeout=self.timeout)
         passed = res.status == "ok" and res.exit_code == 0
         reason = "passed" if passed else ("failed" if res.status == "error" else res.status)
-        return {"won": passed, "reason": reason, "stderr": res.stderr[-800:], "seconds": res.duration_s}
+        return {"won": passed, "reason": reason, "stderr": res.stderr[-800:]}
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,18 +41,14 @@ def _tokenizer(name: str) -> Any:
 
 
 def _vllm_engine_class() -> Any:
-    for module, attr in (
-        ("fr_agents.policy.vllm_engine", "VLLMEngine"),
-        ("fr_agents.policy.vllm", "VLLMEngine"),
-    ):
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError):
-            continue
-    raise ValueError(
-        "--engine vllm: no vLLM engine is available here (fr_agents.policy.vllm_engine.VLLMEngine could not "
-        "be imported); install vllm (`fr-agents doctor` says how) or use --engine hf"
-    )
+    try:
+        from fr_agents.policy.vllm_engine import VLLMEngine
+    except ImportError as e:
+        raise ValueError(
+            f"--engine vllm: the vLLM engine cannot be imported here ({e}); install vllm "
+            "(`fr-agents doctor` says how) or use --engine hf"
+        ) from e
+    return VLLMEngine
 
 
 def open_engine(
