@@ -780,6 +780,13 @@ def _cmd_train(a: argparse.Namespace) -> int:
 # =========================================================================== main
 
 
+# The order `fr-agents --help` lists commands in: the main job first, tools last.
+_HELP_ORDER = (
+    "train", "play", "rollout", "eval", "envs", "model", "store",
+    "sandbox", "alfworld", "repo-tasks", "simulate-elastic", "doctor",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fr-agents",
@@ -787,7 +794,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text, add, fn in _COMMANDS:
+    order = {n: i for i, n in enumerate(_HELP_ORDER)}
+    for name, help_text, add, fn in sorted(_COMMANDS, key=lambda c: order.get(c[0], len(order))):
         p = sub.add_parser(name, help=help_text, description=help_text)
         add(p)
         p.set_defaults(_fn=fn)
