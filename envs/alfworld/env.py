@@ -100,6 +100,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self.observation_space = AnyText(max_length=65536)
         self.action_space = AnyText(max_length=65536)
         self._tw: Any = None
+        self._loaded: str | None = None
         self._state: Any = None
         self._game_file: str | None = None
         self._traj: dict = {}
@@ -143,7 +144,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self._traj = json.loads((Path(game_file).parent / "traj_data.json").read_text())
         if self._tw is None:
             self._tw = make_textworld_env()
-        self._tw.load(game_file)
+            self._loaded = None
+        if self._loaded != game_file:  # load() translates the PDDL; a replay of the same game skips it
+            self._tw.load(game_file)
+            self._loaded = game_file
         self._state = self._tw.reset()
         self._actions, self._turn, self._done = [], 0, False
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("alfworld", reason="needs the alfworld extra: bash scripts/install_alfworld.sh")
@@ -10,11 +13,25 @@ pytest.importorskip("fast_downward", reason="needs fast-downward-textworld: bash
 SEED = 11
 
 
-@pytest.fixture(scope="session")
-def games_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """valid_seen and valid_unseen, six games each: index i has task type TASK_TYPES[i % 6]."""
-    from envs.alfworld.generate import generate
+def _generator_version() -> str:
+    """A hash of the generator's source: cached test games are reused only by the same code."""
+    src = Path(__file__).resolve().parents[3] / "envs" / "alfworld"
+    h = hashlib.sha256()
+    for name in ("generate.py", "sampling.py", "scenes.py", "pddl_problem.py", "engine.py"):
+        h.update((src / name).read_bytes())
+    return h.hexdigest()[:16]
 
-    root = tmp_path_factory.mktemp("alfworld_games")
+
+@pytest.fixture(scope="session")
+def games_root() -> str:
+    """valid_seen and valid_unseen, six games each: index i has task type TASK_TYPES[i % 6].
+
+    Generated once per generator version into the user cache (generation plans and replays every
+    game, a few seconds each), then reused by later runs.
+    """
+    from envs.alfworld.generate import generate
+    from envs.alfworld.sources import DEFAULT_CACHE
+
+    root = DEFAULT_CACHE / f"test-set-{SEED}-{_generator_version()}"
     generate(root, {"valid_seen": 6, "valid_unseen": 6}, seed=SEED, workers=2)
     return str(root)
