@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+# `python benchmarks/alfworld.py` puts this folder first on sys.path, where this file would shadow
+# the `alfworld` package: drop it, and make the repository importable.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
 
 def main() -> None:
