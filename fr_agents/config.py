@@ -54,8 +54,15 @@ class EnvConfig:
 
 @dataclass
 class TasksConfig:
-    """Where prompts come from (see ``envs.tasks``): a source name and its parameters."""
+    """Where prompts come from (see ``envs.tasks``): a source name and its parameters.
 
+    ``provider`` names the factory ``(source, seed=..., **params) -> TaskSource`` as a
+    ``"module:attr"`` string, the way gymnasium names env entry points: the trainer resolves it at
+    run time, so ``trainer`` never imports ``envs`` (data flows env -> rollout -> tree -> learner,
+    never back) and users can plug in their own task provider.
+    """
+
+    provider: str = "envs.tasks:get_task_source"
     source: str = "arithmetic"
     params: dict[str, Any] = field(default_factory=dict)
     train_split: str = "train"
@@ -133,6 +140,8 @@ class TrainerConfig:
     eval_k: int = 0  # >0: also avg@k of sampled replies every eval_every steps (fr_agents.eval.periodic)
     eval_bench: str = ""  # bench for eval_k (envs/benches.py names); "" = this config's test split
     eval_temperature: float = 1.0
+    # "module:attr" of ``(cfg) -> Bench`` for eval_k (resolved at run time, like tasks.provider)
+    eval_bench_provider: str = "envs.benches:eval_bench_for"
     collapse_guard: bool = True
     seed: int = 0
     backend: str = _choices("local", "ray", default="local")

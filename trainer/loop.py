@@ -249,9 +249,8 @@ class Trainer:
     def _build(self) -> None:
         import gymnasium
 
-        import envs  # noqa: F401  (registers the built-in env ids)
-        from envs.tasks import get_task_source
         from fr_agents.models import load_policy
+        from fr_agents.plugins import load_object
         from fr_agents.tree import TrajectoryTree
         from trainer.learner import Learner
 
@@ -261,11 +260,18 @@ class Trainer:
         self.model_dir = _model_dir(cfg)
         self.model, self.tokenizer = load_policy(str(self.model_dir), cfg.model.dtype, cfg.trainer.device)
         self.model.train()
+        get_task_source = load_object(cfg.tasks.provider, key="tasks.provider")
         self.source = get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
         self.train_tasks = self.source.split(cfg.tasks.train_split)
         self.test_tasks = self.source.split(cfg.tasks.test_split)
         self.make_env = lambda: gymnasium.make(cfg.env.id, **cfg.env.kwargs)
         self.learner = Learner.from_config(self.model, cfg)
+        self.periodic = None  # avg@k every trainer.eval_every steps when trainer.eval_k > 0
+        if cfg.trainer.eval_k > 0 and cfg.trainer.eval_every > 0:
+            from fr_agents.eval.periodic import PeriodicEval
+
+            bench_for = load_object(cfg.trainer.eval_bench_provider, key="trainer.eval_bench_provider")
+            self.periodic = PeriodicEval.from_config(cfg, self.run_dir, bench_for(cfg))
         self.tree = TrajectoryTree.open(self.run_dir / STORE_FILE)
         self.ledger = EpisodeLedger(self.run_dir / LEDGER_FILE)
         warm_n = cfg.warm_start.examples
@@ -513,6 +519,8 @@ class Trainer:
                         state.baseline_reward = sum(first_rewards) / 5
                 if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
                     self.evaluate("during", state.step)
+                if self.periodic is not None and self.periodic.due(state.step):
+                    self.metrics.event("eval_at_k", **self.periodic.run(state.step, self.model, self.tokenizer))
                 if self._collapsed(state, recent):
                     stop_reason, ok = "collapse guard (batch reward fell below half its start)", False
                     log.error("%s at step %d; last good checkpoint %s", stop_reason, state.step, last_ckpt)

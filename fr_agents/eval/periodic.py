@@ -5,8 +5,8 @@ The training loop owns the schedule; this module owns the measurement. With the 
 ``trainer.eval_episodes`` (problems per evaluation) and ``trainer.eval_bench`` (a bench name, or
 empty for the config's own held-out split), the loop does::
 
-    from envs.benches import eval_bench_for
-    periodic = PeriodicEval.from_config(cfg, run_dir, eval_bench_for(cfg))   # None when eval_k == 0
+    bench_for = load_object(cfg.trainer.eval_bench_provider, key=...)   # "envs.benches:eval_bench_for"
+    periodic = PeriodicEval.from_config(cfg, run_dir, bench_for(cfg))      # None when eval_k == 0
     ...
     if periodic is not None and periodic.due(step):
         row = periodic.run(step, model, tokenizer)      # {"step", "bench", "mean@k", "pass@1", ...}
