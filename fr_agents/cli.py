@@ -64,7 +64,7 @@ def _doctor_rows() -> list[tuple[str, bool, str]]:
     mod("torch", "pip install torch==2.13.0 (CPU) or your CUDA build")
     mod("transformers", "pip install 'transformers>=5.16.1,<5.20'")
     mod("gymnasium", "pip install gymnasium")
-    mod("math_verify", "pip install 'math-verify[antlr4_13_2]'", "math-verify")
+    mod("math_verify", "pip install 'math-verify[antlr4-13-2]'", "math-verify")
     mod("vllm", "bash scripts/setup.sh --vllm (CPU) or pip install 'fr-agents[vllm]' (GPU)")
     mod("ray", "pip install 'fr-agents[ray]'")
     mod("alfworld", "bash scripts/setup.sh --alfworld")
