@@ -169,6 +169,10 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--tokenizer", default=None, help="tokenizer for --engine openai/vllm (default: CHECKPOINT)")
     p.add_argument("--list", action="store_true", help="list the bench names and exit")
+    p.add_argument(
+        "--agent", choices=["expert"], default=None,
+        help="expert: evaluate the env's own expert (expert_action()) instead of checkpoints, label 'expert'",
+    )
 
 
 def _eval_checkpoint(arg: str, engine: str) -> str:
@@ -218,8 +222,10 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         for name, doc in list_benches():
             print(f"{name:<18} {doc}")
         return 0
-    if not a.checkpoints:
-        raise ConfigError("CHECKPOINT: give at least one checkpoint (or --list)")
+    if a.agent == "expert" and a.checkpoints:
+        raise ConfigError("CHECKPOINT: --agent expert evaluates the expert; give no checkpoints with it")
+    if not a.checkpoints and a.agent is None:
+        raise ConfigError("CHECKPOINT: give at least one checkpoint (or --list, or --agent expert)")
     if not a.bench:
         raise ConfigError("--bench: give at least one bench (--list shows them)")
     if not a.out:
@@ -239,6 +245,8 @@ def _cmd_eval(a: argparse.Namespace) -> int:
     except (ValueError, BenchUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.agent == "expert":
+        return _eval_expert(a, benches, settings)
     checkpoints = [_eval_checkpoint(c, a.engine) for c in a.checkpoints]
     labels = _eval_labels(a.checkpoints, a.label)
     results = []
@@ -281,6 +289,40 @@ def _cmd_eval(a: argparse.Namespace) -> int:
                 log.info("%s on %s: %s", label, bench.name, {m: round(v, 4) for m, v in res.metrics.items()})
         finally:
             opened.close()
+    paths = write_report(results, a.out)
+    print(render_markdown(results))
+    print(f"report: {paths['markdown']}  {paths['json']}  {paths['plot']}")
+    return 0
+
+
+def _eval_expert(a: argparse.Namespace, benches: list, settings: object) -> int:
+    """``eval --agent expert``: each bench played by its env's expert, reported as checkpoint 'expert'."""
+    import asyncio
+
+    import gymnasium
+
+    from fr_agents.eval.report import render_markdown, write_report
+    from fr_agents.eval.runner import EvalSettingsMismatch, run_bench_async
+    from fr_agents.models import ModelNotFoundError
+    from fr_agents.rollout import expert_actor
+
+    try:
+        tokenizer = _tokenizer_only(a.tokenizer or "tiny")
+    except ModelNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = []
+    for bench in benches:
+        _require_expert(lambda b=bench: gymnasium.make(b.env_id, **b.env_kwargs), bench.env_id)
+        try:
+            res = asyncio.run(
+                run_bench_async(None, tokenizer, bench, settings, label="expert", out_dir=a.out, actor=expert_actor)
+            )
+        except EvalSettingsMismatch as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        results.append(res)
+        log.info("expert on %s: %s", bench.name, {m: round(v, 4) for m, v in res.metrics.items()})
     paths = write_report(results, a.out)
     print(render_markdown(results))
     print(f"report: {paths['markdown']}  {paths['json']}  {paths['plot']}")
@@ -496,6 +538,33 @@ def _cmd_model(a: argparse.Namespace) -> int:
 # =========================================================================== rollout
 
 
+def _tokenizer_only(name: str) -> object:
+    """The tokenizer of model ``name`` (``--agent expert`` tokenizes the expert's replies with it)."""
+    from transformers import AutoTokenizer
+
+    from fr_agents.models import ModelNotFoundError, resolve_model
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model(name))
+    except OSError as e:
+        raise ModelNotFoundError(f"could not load the tokenizer of {name!r} ({e})") from e
+
+
+def _require_expert(make_env: Callable[[], object], env_id: str) -> None:
+    """Raise :class:`ConfigError` naming ``env_id`` when its env has no ``expert_action()``."""
+    from fr_agents.rollout import has_expert
+
+    env = make_env()
+    try:
+        if not has_expert(env):
+            raise ConfigError(
+                f"--agent expert: env {env_id} has no expert (its env.unwrapped has no expert_action(); "
+                "fr_agents/ALFWorld-v0 has one)"
+            )
+    finally:
+        env.close()
+
+
 class _EnvIdError(ValueError):
     """An env id gymnasium cannot make; the message lists the closest registered ids."""
 
@@ -533,6 +602,11 @@ def _json_kwargs(text: str | None, field: str) -> dict:
 def _add_rollout(p: argparse.ArgumentParser) -> None:
     p.add_argument("env_id", metavar="ENV_ID")
     p.add_argument("--model", default="tiny", help="tiny, tiny-<size>, smollm2-135m, a local dir or a hub id")
+    p.add_argument(
+        "--agent", choices=["expert"], default=None,
+        help="expert: the env's expert_action() plays; its replies are stored as non-policy tokens "
+        "(SFT demos, leaf info demo_spans) tokenized with --model's tokenizer",
+    )
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--out", required=True, help="trajectory store file (SQLite) to write")
     p.add_argument("--branch", type=int, default=1, help="branch factor K at each --branch-at turn")
@@ -558,7 +632,7 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
 
     from fr_agents.models import ModelNotFoundError, load_policy
     from fr_agents.policy.hf import HFEngine
-    from fr_agents.rollout import RolloutOptions, run_episodes
+    from fr_agents.rollout import RolloutOptions, expert_actor, run_episodes
     from fr_agents.tree import TrajectoryTree
 
     if a.episodes < 1:
@@ -578,11 +652,17 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
             branch_at=branch_at,
         )
         make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
-        model, tokenizer = load_policy(a.model, a.dtype)
+        if a.agent == "expert":
+            if a.branch > 1:
+                raise ConfigError("--branch: the expert is deterministic; branching would store one path K times")
+            _require_expert(make_env, a.env_id)
+            engine, tokenizer = None, _tokenizer_only(a.model)
+        else:
+            model, tokenizer = load_policy(a.model, a.dtype)
+            engine = HFEngine(model, tokenizer)
     except (ValueError, ModelNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    engine = HFEngine(model, tokenizer)
     t0 = time.monotonic()
     with TrajectoryTree.open(a.out) as tree, Progress(transient=True) as bar:
         task = bar.add_task("episodes", total=a.episodes)
@@ -597,17 +677,24 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
                 concurrency=a.concurrency,
                 seeds=[a.seed + i for i in range(a.episodes)],
                 on_done=lambda r: bar.advance(task),
+                actor=expert_actor if a.agent == "expert" else None,
             )
         )
         stats = tree.stats()
-    engine.close_sync()
+    if engine is not None:
+        engine.close_sync()
     elapsed = time.monotonic() - t0
     leaves = [leaf for r in results for leaf in r.leaves]
     tokens = sum(leaf.policy_tokens for leaf in leaves)
     print(f"episodes     {len(results)}")
     print(f"leaves       {len(leaves)}")
     print(f"mean reward  {sum(leaf.reward for leaf in leaves) / len(leaves):.4f}")
-    print(f"tokens/s     {tokens / elapsed:.1f}  ({tokens} policy tokens in {elapsed:.1f}s)")
+    if a.agent == "expert":
+        demo = sum(e - s for leaf in leaves for s, e in leaf.info.get("demo_spans", []))
+        won = sum(bool(leaf.info.get("won")) for leaf in leaves)
+        print(f"expert       won {won}/{len(leaves)}, {demo} demo tokens (policy_mask=False) in {elapsed:.1f}s")
+    else:
+        print(f"tokens/s     {tokens / elapsed:.1f}  ({tokens} policy tokens in {elapsed:.1f}s)")
     print(f"store        {a.out}  (leaves {stats['leaves']}, sharing_ratio {stats['sharing_ratio']:.2f})")
     return 0
 

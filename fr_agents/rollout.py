@@ -27,6 +27,13 @@ forks into ``branch_factor`` continuations sharing the prefix in the tree. The e
 its ``fork()`` method when it has one; otherwise a fresh env is made, reset with the same seed and
 task, and the action prefix is replayed, checking that every observation matches.
 
+Scripted actors (``--agent expert``). ``actor=fn`` replaces the engine: ``fn(env)`` returns each
+reply (:func:`expert_actor` asks the env's own expert). Its tokens are encoded text, not samples:
+they are stored with ``policy_mask=False`` (no behaviour log-prob, version -1), so the trainer's
+objective never counts them as sampled. To keep the store usable as SFT demos, each leaf's ``info``
+names the ``agent`` and lists ``demo_spans``: ``[start, end)`` token offsets (on the root-to-leaf
+path) of every scripted reply, end-of-turn token included, i.e. where a supervised loss belongs.
+
 Concurrency. Episodes are coroutines; :func:`run_episodes` runs many against one engine (which
 batches their requests). Env calls run in a thread pool so a slow env does not stall the others.
 """
@@ -62,6 +69,10 @@ class TokenDriftError(RuntimeError):
 
 class ObservationTypeError(TypeError):
     """An env returned an observation that is not a ``str``."""
+
+
+class NoExpertError(ValueError):
+    """``--agent expert`` on an env without ``expert_action()``."""
 
 
 class ForkMismatchError(RuntimeError):
@@ -157,9 +168,34 @@ class _Branch:
     policy_tokens: int = 0
     branched: set[int] = field(default_factory=set)
     turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
+    demo_spans: list[list[int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
 
 
 EventFn = Callable[[str, dict[str, Any]], None]
+Actor = Callable[[Any], str]
+"""A scripted actor: given the (wrapped) env, the text of its next reply."""
+
+
+def expert_actor(env: Any) -> str:
+    """The env's own expert's next reply (the actor of ``--agent expert``).
+
+    ``env.unwrapped.expert_reply()`` when the env has it (the reply in the env's action format,
+    e.g. ALFWorld's ``<action>cmd</action>``), else ``env.unwrapped.expert_action()`` verbatim.
+    """
+    inner = getattr(env, "unwrapped", env)
+    for name in ("expert_reply", "expert_action"):
+        fn = getattr(inner, name, None)
+        if callable(fn):
+            return str(fn())
+    raise NoExpertError(
+        f"env {_env_name(env)} has no expert: --agent expert needs env.unwrapped.expert_action() "
+        "(fr_agents/ALFWorld-v0 has one)"
+    )
+
+
+def has_expert(env: Any) -> bool:
+    """Whether :func:`expert_actor` can drive ``env``."""
+    return callable(getattr(getattr(env, "unwrapped", env), "expert_action", None))
 
 
 def default_stop_ids(tokenizer: Any) -> tuple[int, ...]:
@@ -238,16 +274,21 @@ class _Runner:
     def __init__(
         self,
         make_env: Callable[[], Any] | None,
-        engine: Engine,
+        engine: Engine | None,
         tokenizer: Any,
         tree: Any,
         options: RolloutOptions,
         seed: int,
         reset_options: dict[str, Any] | None,
         on_event: EventFn | None,
+        actor: Actor | None = None,
     ) -> None:
+        if engine is None and actor is None:
+            raise ValueError("engine: give an engine or a scripted actor")
         self.make_env = make_env
         self.engine = engine
+        self.actor = actor
+        self.agent = getattr(actor, "__name__", type(actor).__name__).removesuffix("_actor") if actor else None
         self.tok = tokenizer
         self.tree = tree
         self.opt = options
@@ -290,6 +331,8 @@ class _Runner:
             "seed": self.seed,
             "task": _json_safe((self.reset_options or {}).get("task")),
         }
+        if self.agent:
+            meta["agent"] = self.agent
         root = await _tree(self.tree.add_root, ids, meta=meta)
         self.emit("prompt", text=text, observation=obs)
         branch = _Branch(env, messages, list(ids), text, root, info=dict(info or {}), observations=[obs])
@@ -308,8 +351,13 @@ class _Runner:
             opts = self.sampling
             if budget < opts.max_tokens:
                 opts = replace(opts, max_tokens=budget)
-            gen = await self.engine.generate(b.held_ids, opts)
-            await self.store_generation(b, gen)
+            if self.actor is not None:
+                gen = await self.scripted_reply(b, budget)
+                if gen is None:
+                    return [await self.finish(b, "truncated", reason="context")]
+            else:
+                gen = await self.engine.generate(b.held_ids, opts)  # type: ignore[union-attr]
+                await self.store_generation(b, gen)
             action = self.action_text(gen)
             self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
             obs, reward, terminated, truncated, info = await _in_thread(b.env.step, action)
@@ -358,6 +406,34 @@ class _Runner:
         b.held_ids.extend(ids)
         b.policy_tokens += len(ids)
 
+    async def scripted_reply(self, b: _Branch, budget: int) -> Generation | None:
+        """Store the actor's reply as non-policy tokens (text + end-of-turn); None when it does not fit."""
+        text = await _in_thread(self.actor, b.env)
+        eot = self.end_of_turn(b, text)
+        ids = _encode_exact(self.tok, text, b.turn) + eot
+        if len(ids) > budget:
+            return None
+        start = len(b.held_ids)
+        b.node = await _tree(self.tree.append, b.node, ids, None, False, -1)
+        b.demo_spans.append([start, start + len(ids)])
+        b.turn_starts.append(len(b.held_text))
+        b.held_text += text + _decode(self.tok, eot)
+        b.held_ids.extend(ids)
+        return Generation(token_ids=list(ids), logprobs=[], version=-1, finish_reason="stop")
+
+    def end_of_turn(self, b: _Branch, text: str) -> list[int]:
+        """The stop token the chat template closes an assistant reply with (what a policy samples)."""
+        rendered = self.tok.apply_chat_template(
+            [*b.messages, {"role": "assistant", "content": text}], tokenize=False
+        )
+        head = b.held_text + text
+        if rendered.startswith(head):
+            tail = rendered[len(head) :]
+            for sid in self.stop_ids:
+                if tail.startswith(_decode(self.tok, [sid])):
+                    return [sid]
+        return list(self.stop_ids[:1])
+
     async def append_observation(self, b: _Branch, action: str, obs: str) -> bool:
         """Template the next observation onto the held tokens; False when it does not fit."""
         messages = [
@@ -401,6 +477,9 @@ class _Runner:
         for key in ("won", "tool_calls"):
             if key in b.info:
                 info[key] = _json_safe(b.info[key])
+        if self.agent:
+            info["agent"] = self.agent
+            info["demo_spans"] = [list(s) for s in b.demo_spans]
         try:
             leaf = await _tree(
                 self.tree.finish, b.node, reward, partial_score=partial, status=status, info=info
@@ -429,6 +508,7 @@ class _Runner:
             clone.info = dict(b.info)
             clone.branched = set(b.branched)
             clone.turn_starts = list(b.turn_starts)
+            clone.demo_spans = [list(s) for s in b.demo_spans]
             clones.append(clone)
         results = await asyncio.gather(*(self.run(c) for c in clones))
         return [leaf for leaves in results for leaf in leaves]
@@ -463,7 +543,7 @@ class _Runner:
 
 async def run_episode(
     env: Any,
-    engine: Engine,
+    engine: Engine | None,
     tokenizer: Any,
     tree: Any,
     options: RolloutOptions | None = None,
@@ -472,12 +552,14 @@ async def run_episode(
     task: Any = None,
     make_env: Callable[[], Any] | None = None,
     on_event: EventFn | None = None,
+    actor: Actor | None = None,
 ) -> EpisodeResult:
     """Run one episode of ``env`` (already made) and store it in ``tree``.
 
     ``task`` is passed as ``reset(options={"task": task})``; ``make_env`` makes a fresh env for
     replay-forking (default: ``gymnasium.make(env.spec)`` when the env has a spec). The env is
-    closed at the end of each branch.
+    closed at the end of each branch. ``actor`` (e.g. :func:`expert_actor`) replies instead of
+    ``engine`` (which may then be None); its tokens are stored as non-policy tokens.
     """
     options = options or RolloutOptions()
     if seed is None:
@@ -496,6 +578,7 @@ async def run_episode(
         seed,
         {"task": task} if task is not None else None,
         on_event,
+        actor,
     )
     try:
         return await runner.start(env)
@@ -506,7 +589,7 @@ async def run_episode(
 
 async def run_episodes(
     make_env: Callable[[], Any],
-    engine: Engine,
+    engine: Engine | None,
     tokenizer: Any,
     tree: Any,
     n: int,
@@ -516,11 +599,12 @@ async def run_episodes(
     seeds: Sequence[int] | None = None,
     tasks: Sequence[Any] | None = None,
     on_done: Callable[[EpisodeResult], None] | None = None,
+    actor: Actor | None = None,
 ) -> list[EpisodeResult]:
     """Run ``n`` episodes, at most ``concurrency`` at once, against one engine; results in order.
 
     ``seeds[i]`` / ``tasks[i]`` (when given) seed and choose the task of episode ``i``;
-    ``on_done`` is called as each episode finishes (progress bars).
+    ``on_done`` is called as each episode finishes (progress bars); ``actor`` as in :func:`run_episode`.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -543,6 +627,7 @@ async def run_episodes(
                 seed=seeds[i] if seeds is not None else None,
                 task=tasks[i] if tasks is not None else None,
                 make_env=make_env,
+                actor=actor,
             )
             if on_done is not None:
                 on_done(res)

@@ -15,7 +15,8 @@ One episode::
   agents see them).
 * ``env.unwrapped.fork()`` replays the episode's commands in a fresh engine (games are deterministic).
 * ``env.unwrapped.expert_action()`` is the next command of the expert: the stored walkthrough while the
-  episode follows it, else a fresh Fast Downward plan from the current state.
+  episode follows it, else a fresh Fast Downward plan from the current state; ``expert_reply()`` wraps it
+  in ``<action>...</action>`` (``--agent expert`` in play, rollout and eval plays these replies).
 
 Games come from :mod:`envs.alfworld.sources` (official data via ``ALFWORLD_DATA``, a ``games_dir``,
 or a small generated set). ``reset(options={"game": path_or_index})`` picks a game.
@@ -224,6 +225,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
             return self._walkthrough[n]
         steps = plan(self._tw)
         return steps[0] if steps else "look"
+
+    def expert_reply(self) -> str:
+        """:meth:`expert_action` as a reply in the format the task asks for (what SFT demos teach)."""
+        return f"<action>{self.expert_action()}</action>"
 
     def fork(self) -> ALFWorldEnv:
         """A fresh engine on the same game with this episode's commands replayed."""

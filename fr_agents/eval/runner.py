@@ -272,7 +272,7 @@ def _json_safe(value: Any, max_chars: int = 2000) -> Any:
 
 
 async def run_bench_async(
-    engine: Engine,
+    engine: Engine | None,
     tokenizer: Any,
     bench: Bench,
     settings: EvalSettings,
@@ -282,12 +282,14 @@ async def run_bench_async(
     make_env: Callable[[], Any] | None = None,
     tree: Any = None,
     on_sample: Callable[[dict[str, Any]], None] | None = None,
+    actor: Callable[[Any], str] | None = None,
 ) -> BenchResult:
     """Evaluate ``engine`` on ``bench`` (see the module docstring); async form of :func:`run_bench`.
 
     ``make_env`` makes fresh (unwrapped) envs, default ``gymnasium.make(bench.env_id, **bench.env_kwargs)``;
     ``tree`` keeps the trajectories (default: an in-memory store, discarded); ``on_sample`` is
-    called with each new row (progress bars).
+    called with each new row (progress bars). ``actor`` (e.g. :func:`fr_agents.rollout.expert_actor`)
+    plays instead of ``engine`` (then None): the env's expert is reported like any checkpoint.
     """
     from fr_agents.rollout import run_episode
     from fr_agents.tree import TrajectoryTree
@@ -320,7 +322,7 @@ async def run_bench_async(
             env = await asyncio.to_thread(make_env)
             res = await run_episode(
                 env,
-                SeededEngine(engine, seed),
+                SeededEngine(engine, seed) if engine is not None else None,
                 tokenizer,
                 tree,
                 opts,
@@ -328,6 +330,7 @@ async def run_bench_async(
                 task=item.options,
                 make_env=make_env,
                 on_event=on_event,
+                actor=actor,
             )
         leaf = res.leaves[0]
         won = leaf.info.get("won")

@@ -1,0 +1,68 @@
+"""`--agent expert` in `fr-agents rollout` (stored SFT demos) and `fr-agents eval` (reported as 'expert')."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from fr_agents.models import resolve_model
+from fr_agents.tree import TrajectoryTree
+
+pytestmark = pytest.mark.alfworld
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _cli(*argv: str, games_root: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    if games_root is not None:
+        env["FR_AGENTS_ALFWORLD_GAMES"] = games_root
+    cmd = [sys.executable, "-m", "fr_agents.cli", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+
+
+def test_rollout_agent_expert_stores_won_demos(games_root: str, tmp_path: Path) -> None:
+    out = tmp_path / "demos.db"
+    kwargs = json.dumps({"games_dir": games_root, "split": "valid_seen"})
+    r = _cli(
+        "rollout", "fr_agents/ALFWorld-v0", "--agent", "expert", "--episodes", "2", "--max-turns", "50",
+        "--max-context", "16384", "--concurrency", "1", "--out", str(out), "--env-kwargs", kwargs,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "expert       won 2/2" in r.stdout
+    tok = AutoTokenizer.from_pretrained(resolve_model("tiny"))
+    with TrajectoryTree.open(str(out)) as tree:
+        trajs = tree.trajectories(tree.leaf_ids())
+    assert len(trajs) == 2
+    for tr in trajs:
+        assert tr.status == "finished" and tr.reward == 1.0 and tr.info["won"] is True
+        # Expert tokens are demos, never policy samples: the trainer's objective cannot use them as such.
+        assert not any(tr.policy_mask) and set(tr.versions) == {-1}
+        replies = [tok.decode(tr.token_ids[s:e]) for s, e in tr.info["demo_spans"]]
+        assert len(replies) == tr.info["turns"] >= 2
+        assert all(x.startswith("<action>") and x.endswith("</action><|im_end|>") for x in replies)
+
+
+def test_eval_agent_expert_reports_success(games_root: str, tmp_path: Path) -> None:
+    r = _cli(
+        "eval", "--agent", "expert", "--bench", "alfworld-seen", "--limit", "2", "--concurrency", "1",
+        "--out", str(tmp_path), games_root=games_root,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "| expert |" in r.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())
+    rows = rows["results"] if isinstance(rows, dict) else rows
+    (row,) = rows
+    assert row["label"] == "expert" and row["bench"] == "alfworld-seen" and row["tasks"] == 2
+    assert row["metrics"]["success"] == 1.0 and row["metrics"]["mean@k"] == 1.0
+
+
+def test_agent_expert_on_an_env_without_expert_names_it(tmp_path: Path) -> None:
+    r = _cli("rollout", "fr_agents/MathVerifier-v0", "--agent", "expert", "--episodes", "1", "--out", str(tmp_path / "x.db"))
+    assert r.returncode == 2
+    assert "env fr_agents/MathVerifier-v0 has no expert" in r.stderr
