@@ -167,7 +167,7 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--base-url", default=None, help="--engine openai: server URL ending in /v1")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--tokenizer", default=None, help="tokenizer for --engine openai/vllm (default: CHECKPOINT)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer for --engine openai/vllm (default: CHECKPOINT) and --agent expert (default: tiny)")
     p.add_argument("--list", action="store_true", help="list the bench names and exit")
     p.add_argument(
         "--agent", choices=["expert"], default=None,
