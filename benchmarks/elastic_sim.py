@@ -2,7 +2,8 @@
 
 Prints the three throughputs (trajectories/s, all from one simulator run of the same episodes),
 the two speedups with the acceptance thresholds (>= 1.85x vs colocated, >= 1.78x vs the best
-static async split; goals 2.0 and 1.9) and writes a plot of the elastic run's pool sizes over time.
+static async split; goals 2.0 and 1.9), the critical-path upper bound that no device policy can
+beat (how much room reallocation has at all), and writes a plot of the elastic run's pool sizes.
 The workload and hardware constants are documented in trainer/simulator.py (WORKLOADS).
 
 Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png]``.
@@ -40,6 +41,9 @@ def main() -> None:
         v = res[key]
         verdict = "GOAL" if v >= goal else "PASS" if v >= need else "MISS"
         print(f"  {key:<24} {v:.2f}x  (need >= {need}, goal {goal}): {verdict}")
+    print(f"  upper bound for any device policy (critical path, trainer.simulator.critical_path_bound): "
+          f"{res['bound_throughput']:.3f} traj/s = {res['bound_vs_colocated']:.2f}x colocated, "
+          f"{res['bound_vs_static_async']:.2f}x best static async")
     print(f"  pool sizes over time: {a.plot}")
 
 

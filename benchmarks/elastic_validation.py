@@ -2,21 +2,38 @@
 
 1. Calibrate: measure the component costs the simulator needs on this machine -- decode step time
    of one slot's HFEngine at 1 and at ``B`` concurrent sequences, prefill vs decode cost, one
-   weight load (``set_weights``), the episode shape (policy tokens per episode, env step time).
+   weight load (``set_weights``), the episode shape (policy tokens per episode, env step time),
+   how much decode work the rollout slots' engines really do in parallel in one process (the
+   GIL: the simulator's ``host_cpus``), and the wall time of the real rollout alone (episode
+   runner on the slot engines, no learner), from which the serial host time per episode that
+   the simulator needs to reproduce it is fitted (it is far above the host's CPU time: GIL
+   hand-offs, polling and batching waits are serial time that is not CPU).
 2. Run the real runtime (:class:`trainer.elastic.ElasticTrainer`: schedule, staleness bound,
    ledger, tree, one HFEngine per slot, the Learner on the train pool) twice on the same small
    math workload: a static split and elastic pools driven by the ElasticController. Training step
    times per train-pool size are measured in these runs (they are a component cost, like decode).
+   The static run also measures the host's share: CPU seconds of the whole process minus the
+   engines' batching threads minus the learner's steps, per episode (env creation, reward check,
+   tree and ledger SQLite writes, the event loop, batch export) -- ``host_episode_s`` -- and the
+   learner's CPU seconds per step (its work, free of contention).
 3. Feed the measured costs into :mod:`trainer.simulator` and predict both runs' throughput
    (trajectories per second). Print measured, predicted and the relative error (goal: within 20%).
+   Two predictions are printed: the bare model (every slot its own hardware, no host work,
+   batches overlapping: what a GPU cluster looks like) and the model of this runtime on this
+   machine: ``host_cpus`` cores shared by the generating slots, the learner and one host thread
+   (processor sharing), the measured host work per episode on that host thread, and one batch at
+   a time (the embedded RolloutThread gathers batch k before starting k+1).
 
-Usage: ``python benchmarks/elastic_validation.py [--steps 6] [--batch 32] [--slots 3]``.
+Usage: ``python benchmarks/elastic_validation.py [--steps 12] [--batch 32] [--slots 3]`` (about a minute on an
+idle 2-core machine; the measurements are only meaningful on an otherwise idle machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -64,6 +81,84 @@ def calibrate_decode(model, tok, batch: int) -> tuple[float, float, float, float
     return base, per_seq, speedup, load
 
 
+def calibrate_parallelism(model, tok, batch: int, engines: int) -> float:
+    """Effective parallel capacity (cores) of ``engines`` slot engines decoding at once in this process.
+
+    One engine decodes a wave of ``batch`` sequences alone (``T1``); then ``engines`` engines each
+    decode the same wave at the same time (``Tn``). ``engines * T1 / Tn`` is how many engines'
+    worth of work the process really does in parallel -- below the core count when the engines'
+    Python loops (and the GIL) serialise them, as with tiny models whose ops are short.
+    """
+    import copy
+
+    from fr_agents.policy.base import SamplingOptions
+    from fr_agents.policy.hf import HFEngine
+
+    engs = [HFEngine(copy.deepcopy(model), tok, max_batch_size=batch, seed=i) for i in range(engines)]
+    opts = SamplingOptions(max_tokens=24, stop_token_ids=())
+    prompt = list(range(5, 25))
+
+    def wave(es) -> float:
+        t = time.perf_counter()
+        futs = [e.submit(prompt, opts) for e in es for _ in range(batch)]
+        for f in futs:
+            f.result()
+        return time.perf_counter() - t
+
+    wave(engs)  # warm up every engine thread
+    t1 = min(wave(engs[:1]) for _ in range(3))
+    tn = min(wave(engs) for _ in range(3))
+    for e in engs:
+        e.close_sync()
+    return max(1.0, engines * t1 / tn)
+
+
+def measure_rollout_alone(cfg, slots: int, rollout: int, batches: int = 3) -> float:
+    """Wall seconds per batch of the real rollout alone: the runtime's episode runner on the
+    ``rollout`` slot engines of an :class:`~trainer.elastic.ElasticTrainer` (env, reward check,
+    tree writes, event loop), no learner running. A component cost, like the decode waves."""
+    import asyncio
+
+    from trainer.elastic import ElasticTrainer
+
+    t = ElasticTrainer(cfg, tempfile.mkdtemp(prefix="fr-rollout-"), devices=slots, rollout=rollout, elastic=False)
+    t._build()
+    try:
+        async def main() -> float:  # one event loop, as the RolloutThread has
+            await asyncio.gather(*(t.runner.run(spec) for spec in t.schedule.episodes(0)))  # warm up
+            start = time.perf_counter()
+            for k in range(1, batches + 1):
+                await asyncio.gather(*(t.runner.run(spec) for spec in t.schedule.episodes(k)))
+            return (time.perf_counter() - start) / batches
+
+        return asyncio.run(main())
+    finally:
+        t._stop.set()
+        t.runner.close()
+        t.tree.close()
+        t.ledger.close()
+
+
+def fit_host_episode_s(w, slots: int, rollout: int, batch_wall_s: float) -> float:
+    """The serial host work per episode with which the simulator's rollout-alone batch (no
+    learner, no weight sync) takes the measured ``batch_wall_s`` (bisection; 0 if decode alone
+    already takes longer)."""
+    from trainer.simulator import simulate
+
+    alone = dataclasses.replace(w, steps=1, max_policy_lag=0, train_fixed_s=0.0, train_tokens_per_s=1e12, weight_sync_s=0.0)
+
+    def wall(h: float) -> float:
+        return simulate(dataclasses.replace(alone, host_episode_s=h), slots, "static", rollout_devices=rollout).makespan_s
+
+    lo, hi = 0.0, batch_wall_s / w.batch_size
+    if wall(lo) >= batch_wall_s:
+        return 0.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if wall(mid) < batch_wall_s else (lo, mid)
+    return (lo + hi) / 2
+
+
 def run(cfg, slots: int, rollout: int, elastic: bool, tick_s: float):
     from trainer.elastic import ElasticTrainer
     from trainer.pools import ControllerConfig
@@ -77,7 +172,7 @@ def run(cfg, slots: int, rollout: int, elastic: bool, tick_s: float):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--slots", type=int, default=3)
     ap.add_argument("--tick", type=float, default=0.5)
@@ -105,6 +200,12 @@ def main() -> None:
     print(f"calibration: decode step {1e3 * base:.2f} ms + {1e3 * per_seq:.3f} ms/seq, prefill speedup {speedup:.1f}, weight load {1e3 * load:.1f} ms")
 
     r_static = max(1, a.slots - 1)
+    par = calibrate_parallelism(model, tok, max(1, a.batch // r_static), r_static)
+    print(f"calibration: {r_static} slot engines decoding at once do the work of {par:.2f} (one process, {os.cpu_count()} cores)")
+    rollout_wall = measure_rollout_alone(cfg, a.slots, r_static)
+    print(f"calibration: rollout alone on {r_static} slots: {rollout_wall:.2f}s per batch of {a.batch}")
+    # warm-up run (discarded): first-use costs (thread pools, allocator, SQLite) would land on the first measured run
+    run(load_config("math-tiny", [*(o for o in overrides if not o.startswith("trainer.steps=")), "trainer.steps=2"]), a.slots, r_static, False, a.tick)
     measured = {}
     runs = {}
     for name, elastic in (("static", False), ("elastic", True)):
@@ -125,7 +226,21 @@ def main() -> None:
     sigma = statistics.pstdev([math.log(max(1, x)) for x in toks])
     steps_by_n = _by_n(runs["static"].step_seconds + runs["elastic"].step_seconds)
     batch_tokens = a.batch * (mean_tok + 20)
-    t1 = steps_by_n[1]
+    t1 = steps_by_n[1]  # wall seconds (contended) -- the bare model's learner cost
+    cpu = runs["static"].cpu_seconds
+    # the learner thread's CPU outside its steps (export, publish, metrics) is per-step work on the
+    # learner's critical path; the rest of the host's CPU is per-episode rollout-side work
+    step_overhead = max(0.0, cpu["main"] - cpu["learner"]) / max(1.0, cpu["steps"])
+    host_s = max(0.0, cpu["process"] - cpu["engines"] - cpu["main"]) / max(1.0, cpu["episodes"])
+    t1_cpu = statistics.median([c for n, c in runs["static"].step_cpu_seconds if n == 1])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ecpu = runs["elastic"].cpu_seconds
+    print(f"static run CPU: process {cpu['process']:.1f}s = engines {cpu['engines']:.1f}s + learner {cpu['learner']:.1f}s "
+          f"+ learner-thread overhead {cpu['main'] - cpu['learner']:.1f}s + host {cpu['process'] - cpu['engines'] - cpu['main']:.1f}s "
+          f"for {cpu['episodes']:.0f} episodes -> host {1e3 * host_s:.1f} ms/episode, {step_overhead:.2f}s/step outside the step; "
+          f"learner step {t1_cpu:.2f}s CPU vs {t1:.2f}s wall; {cores} cores")
+    if ecpu:
+        print(f"elastic run CPU (for comparison): host {1e3 * max(0.0, ecpu['process'] - ecpu['engines'] - ecpu['main']) / max(1.0, ecpu['episodes']):.1f} ms/episode")
     if 2 in steps_by_n:
         alpha = math.log(t1 / steps_by_n[2]) / math.log(2)
     else:
@@ -140,19 +255,33 @@ def main() -> None:
         weight_sync_s=load, realloc_s=load, colocated_switch_s=load, tick_s=a.tick,
     )
     print(f"workload fed to the simulator: mean {mean_tok:.1f} policy tokens/episode, train step {t1:.2f}s on 1 slot, alpha {alpha:.2f}")
-    pred = {
-        "static": simulate(w, a.slots, "static", rollout_devices=r_static).throughput,
-        "elastic": simulate(w, a.slots, "elastic", rollout_devices=r_static, controller=ControllerConfig()).throughput,
-    }
+    # the runtime gives the learner at most (cores - serving slots) threads (ElasticTrainer.learner_threads):
+    # with one serving slot at least, a second train slot adds a thread only with >= 3 cores
+    host_alpha = alpha if cores - 1 >= 2 else 0.0
+    host = dataclasses.replace(
+        w, name="cpu-validation-host", train_tokens_per_s=batch_tokens / t1_cpu, train_fixed_s=step_overhead,
+        train_alpha=host_alpha, host_episode_s=host_s,
+        host_cpus=min(float(cores), par), overlap_batches=False,
+    )
+    host_fit = fit_host_episode_s(host, a.slots, r_static, rollout_wall)
+    print(f"host work per episode: {1e3 * host_s:.1f} ms CPU (static run) vs {1e3 * host_fit:.1f} ms to match the rollout-alone "
+          f"wall time (the rest: GIL hand-offs, polling, batching waits -- serial time that is not CPU)")
+    host = dataclasses.replace(host, host_episode_s=max(host_s, host_fit))
     worst = 0.0
-    for name in ("static", "elastic"):
-        err = (pred[name] - measured[name]) / measured[name]
-        worst = max(worst, abs(err))
-        print(f"{name:<8} measured {measured[name]:.2f} traj/s, predicted {pred[name]:.2f} traj/s, error {100 * err:+.1f}%")
-    ratio_m = measured["elastic"] / measured["static"]
-    ratio_p = pred["elastic"] / pred["static"]
-    print(f"elastic/static: measured {ratio_m:.2f}x, predicted {ratio_p:.2f}x")
-    print(f"worst prediction error {100 * worst:.1f}% (goal <= 20%): {'PASS' if worst <= 0.2 else 'MISS'}")
+    for label, model in (("bare model", w), ("host model", host)):
+        pred = {
+            "static": simulate(model, a.slots, "static", rollout_devices=r_static).throughput,
+            "elastic": simulate(model, a.slots, "elastic", rollout_devices=r_static, controller=ControllerConfig()).throughput,
+        }
+        worst = 0.0
+        for name in ("static", "elastic"):
+            err = (pred[name] - measured[name]) / measured[name]
+            worst = max(worst, abs(err))
+            print(f"[{label}] {name:<8} measured {measured[name]:.2f} traj/s, predicted {pred[name]:.2f} traj/s, error {100 * err:+.1f}%")
+        ratio_m = measured["elastic"] / measured["static"]
+        ratio_p = pred["elastic"] / pred["static"]
+        print(f"[{label}] elastic/static: measured {ratio_m:.2f}x, predicted {ratio_p:.2f}x; worst error {100 * worst:.1f}%")
+    print(f"worst prediction error of the host model {100 * worst:.1f}% (goal <= 20%): {'PASS' if worst <= 0.2 else 'MISS'}")
 
 
 def _by_n(rows: list[tuple[int, float]]) -> dict[int, float]:

@@ -145,6 +145,10 @@ class TrainerConfig:
     collapse_guard: bool = True
     seed: int = 0
     backend: str = _choices("local", "ray", default="local")
+    # elastic rollout/train device pools (trainer/elastic.py; local backend, hf engine, CPU slots)
+    elastic: bool = False
+    devices: int = 3  # slots in both pools together (elastic only)
+    rollout_devices: int = 0  # slots that start in the rollout pool; 0 = devices - 1
     device: str = "cpu"
     threads: int = 0
     log_every: int = 1
@@ -300,6 +304,16 @@ def _validate(cfg: TrainConfig) -> None:
         bad("trainer.steps", "must be >= 0")
     if cfg.rollout.temperature <= 0:
         bad("rollout.temperature", "must be > 0")
+    if cfg.trainer.elastic:
+        t = cfg.trainer
+        if t.backend != "local":
+            bad("trainer.elastic", f"elastic pools run on the local backend, not {t.backend!r}")
+        if cfg.rollout.engine != "hf":
+            bad("trainer.elastic", f"elastic pools need rollout.engine=hf (one model copy per slot), got {cfg.rollout.engine!r}")
+        if t.devices < 2:
+            bad("trainer.devices", f"elastic pools need >= 2 slots, got {t.devices}")
+        if not 0 <= t.rollout_devices < t.devices:
+            bad("trainer.rollout_devices", f"must lie in [0, {t.devices - 1}] (0 = devices - 1), got {t.rollout_devices}")
     if not 0 < cfg.rollout.top_p <= 1:
         bad("rollout.top_p", "must lie in (0, 1]")
     if cfg.rollout.max_policy_lag < 0:

@@ -10,6 +10,14 @@ slot joining rollout loads the current weights first, and only between two learn
 step's device count is fixed while it runs. With ``elastic=False`` the split stays static.
 
 Schedule, staleness bound, ledger, checkpoints: unchanged from the embedded loop.
+
+``fr-agents train PRESET trainer.elastic=true [trainer.devices=3 trainer.rollout_devices=2]``
+runs it (local backend, hf engine). A slot is a core's worth: the learner gets one torch thread
+per train slot, but never more than the cores the serving slots leave free
+(:meth:`ElasticTrainer.learner_threads`) -- oversubscribed OpenMP threads made steps ~8x slower
+here. ``cpu_seconds`` splits the run's CPU time into engines, learner steps, the learner thread's
+other work and the host (the rest), which ``benchmarks/elastic_validation.py`` feeds to the
+simulator.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import copy
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +44,22 @@ from trainer.pools import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def thread_cpu_seconds(native_ids: Iterable[int]) -> dict[int, float]:
+    """CPU seconds (user + system) of this process's threads ``native_ids`` (``Thread.native_id``),
+    read from ``/proc/self/task`` (Linux; threads that are gone or unreadable are left out)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, float] = {}
+    for tid in native_ids:
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[tid] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 class ElasticTrainer(Trainer):
@@ -68,6 +93,10 @@ class ElasticTrainer(Trainer):
         self.consumed = 0
         self.rollout_thread: Any = None
         self.step_seconds: list[tuple[int, float]] = []
+        self.step_cpu_seconds: list[tuple[int, float]] = []  # learner thread CPU per step
+        # CPU seconds from the start of rollout to the end of the last learner step: the whole
+        # process, the engines' batching threads, the learner's steps (host = the rest)
+        self.cpu_seconds: dict[str, float] = {}
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ parts
@@ -103,18 +132,53 @@ class ElasticTrainer(Trainer):
         def step(batch: Any) -> Any:
             with self.step_lock:
                 n = len(self.pool.in_state(DeviceState.TRAIN))
-                torch.set_num_threads(max(1, n))
-                t = time.perf_counter()
+                torch.set_num_threads(self.learner_threads(n))
+                t, c = time.perf_counter(), time.thread_time()
                 out = learner_step(batch)
                 self.step_seconds.append((n, time.perf_counter() - t))
+                self.step_cpu_seconds.append((n, time.thread_time() - c))
                 self.consumed += self.cfg.trainer.batch_size
+                self._cpu_mark()
                 return out
 
         self.learner.step = step  # type: ignore[method-assign]
         self.t0 = time.perf_counter()
+        self._cpu0 = (time.process_time(), thread_cpu_seconds(self._engine_threads()), time.thread_time())
         self._record()
         self._controller = threading.Thread(target=self._control_loop, name="elastic-controller", daemon=True)
         self._controller.start()
+
+    def _engine_threads(self) -> list[int]:
+        """Native ids of the slots' engine batching threads (started lazily, on first request)."""
+        out = []
+        for d in self.pool.devices.values():
+            th = getattr(d.engine, "_thread", None)
+            if th is not None and th.native_id is not None:
+                out.append(th.native_id)
+        return out
+
+    def _cpu_mark(self) -> None:
+        proc0, eng0, main0 = self._cpu0
+        eng = thread_cpu_seconds(self._engine_threads())
+        self.cpu_seconds = {
+            "process": time.process_time() - proc0,
+            "engines": sum(v - eng0.get(tid, 0.0) for tid, v in eng.items()),
+            "learner": sum(c for _, c in self.step_cpu_seconds),
+            "main": time.thread_time() - main0,  # learner thread: steps + export/publish/metrics
+            "episodes": float(self.finished),
+            "steps": float(len(self.step_cpu_seconds)),
+        }
+
+    def learner_threads(self, train_slots: int) -> int:
+        """Torch threads for a step on ``train_slots`` slots: one per slot, but never more than
+        the cores the rollout slots leave free (at least one). More threads than free cores
+        oversubscribes them -- measured here: 2 threads next to 2 decoding slots on 2 cores made
+        a step ~8x slower than 1 thread."""
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        serving = len(self.pool.in_state(DeviceState.ROLLOUT, DeviceState.DRAINING))
+        return max(1, min(train_slots, cores - serving))
 
     def _record(self) -> None:
         r = len(self.pool.in_state(DeviceState.ROLLOUT))

@@ -70,7 +70,15 @@ class Move:
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """Thresholds of :class:`ElasticController` (fractions are of recent wall time/capacity)."""
+    """Thresholds of :class:`ElasticController` (fractions are of recent wall time/capacity).
+
+    ``move_cost_s`` is what one move costs the moved device: draining/reallocating plus loading
+    weights (the simulator passes its workload's ``realloc_s + weight_sync_s``; the runtime its
+    measured weight-load time). It sets the controller's hysteresis: after a move no decision is
+    made for ``hold_factor * move_cost_s`` (a move must have a chance to pay for itself before it
+    is judged), and a move is made only when its expected gain over that horizon exceeds its cost.
+    With ``move_cost_s = 0`` (the default) both checks are off.
+    """
 
     min_rollout: int = 1
     min_train: int = 1
@@ -78,6 +86,8 @@ class ControllerConfig:
     tail_high: float = 0.35  # idle rollout capacity that calls for more train devices
     cooldown_s: float = 0.0  # no decision this soon after the previous move
     max_move_frac: float = 0.25  # one decision moves at most this share of a pool (at least 1)
+    move_cost_s: float = 0.0  # seconds one move takes a device out of both pools
+    hold_factor: float = 4.0  # hysteresis: hold a new split for hold_factor * move_cost_s
 
     def __post_init__(self) -> None:
         if self.min_rollout < 1 or self.min_train < 1:
@@ -85,8 +95,16 @@ class ControllerConfig:
         for name in ("idle_high", "tail_high", "max_move_frac"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must lie in (0, 1), got {getattr(self, name)}")
-        if self.cooldown_s < 0:
-            raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+        for name in ("cooldown_s", "move_cost_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.hold_factor < 1.0:
+            raise ValueError(f"hold_factor must be >= 1, got {self.hold_factor}")
+
+    @property
+    def hold_s(self) -> float:
+        """No decision this soon after a move: ``max(cooldown_s, hold_factor * move_cost_s)``."""
+        return max(self.cooldown_s, self.hold_factor * self.move_cost_s)
 
 
 class ElasticController:
@@ -94,44 +112,67 @@ class ElasticController:
 
     Two rules, each moving a share of a pool proportional to the waste it sees:
 
-    * **learner starved** -- the learner idled a fraction ``f >= idle_high`` of the recent window,
-      fewer than a batch of trajectories is waiting and rollout has a backlog or is not held by the
-      staleness bound: move ``round(f * train)`` (at least 1) devices to rollout.
+    * **learner starved, rollout compute-bound** -- the learner idled a fraction
+      ``f >= idle_high`` of the recent window, fewer than a batch of trajectories is waiting, and
+      more rollout devices would actually produce trajectories faster: episodes wait for a slot
+      (queue depth > 0) or the rollout pool's compute was busy (idle capacity ``< tail_high / 2``).
+      A latency-bound rollout (devices idle, every episode waiting on its own next token or tool
+      call) is not helped by more devices, so the rule does not fire there. Moves
+      ``round(f * train)`` (at least 1) devices to rollout.
     * **rollout in its long tail** -- a fraction ``g >= tail_high`` of rollout compute sat idle
       with nothing waiting to start (the stragglers of a batch, or admission blocked by the
-      staleness bound) while the learner was busy or has a batch waiting: move ``round(g * rollout)``
-      (at least 1) devices to training.
+      staleness bound) while the learner was busy or has a batch waiting: lend
+      ``round(g * rollout)`` (at least 1) idle rollout devices to training. Their live stragglers
+      move by re-prefill or finish in place (:class:`MigrationPolicy`); the devices come back by
+      the first rule once rollout is compute-bound again.
+
+    **Cost.** A move takes each moved device out of both pools for ``move_cost_s``. Over the hold
+    horizon ``H = hold_factor * move_cost_s`` a move to rollout is expected to recover about
+    ``H * f * n / (rollout + n)`` seconds of learner waiting, and a lend to training about
+    ``H * (1 - f) * n / (train + n)`` seconds of training (linear scaling, an optimistic guess);
+    the move is made only when that beats ``move_cost_s``. After a move no decision is made for
+    ``H`` (hysteresis), so a split is never reversed before it could have paid off.
 
     One decision moves at most ``max_move_frac`` of a pool, so a noisy window cannot empty it.
-
     Pools never shrink below ``min_rollout`` / ``min_train``; no move is made while another is
-    still in progress or within ``cooldown_s`` of the previous one. The only state is the time of
-    the last move, so the same telemetry sequence always gives the same decisions.
+    still in progress. The only state is the time of the last move, so the same telemetry
+    sequence always gives the same decisions.
     """
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
         self.config = config or ControllerConfig()
         self.last_move_s = -float("inf")
 
+    def _pays(self, gain_frac: float, n: int, pool_after: int) -> bool:
+        c = self.config
+        if c.move_cost_s <= 0:
+            return True
+        horizon = c.hold_factor * c.move_cost_s
+        return horizon * gain_frac * n / pool_after > c.move_cost_s
+
     def decide(self, t: Telemetry) -> Move | None:
         c = self.config
-        if t.moving or t.time_s - self.last_move_s < c.cooldown_s:
+        if t.moving or t.time_s - self.last_move_s < c.hold_s:
             return None
         move: Move | None = None
-        starved = t.learner_idle_frac >= c.idle_high and t.unconsumed < t.batch_size
-        if starved and (t.queue_depth > 0 or t.staleness < 1.0) and t.train_devices > c.min_train:
-            n = max(1, round(t.learner_idle_frac * t.train_devices))
+        f = t.learner_idle_frac
+        starved = f >= c.idle_high and t.unconsumed < t.batch_size
+        compute_bound = t.queue_depth > 0 or t.long_tail_frac < c.tail_high / 2
+        if starved and compute_bound and t.train_devices > c.min_train:
+            n = max(1, round(f * t.train_devices))
             n = min(n, max(1, int(c.max_move_frac * t.train_devices)), t.train_devices - c.min_train)
-            move = Move("rollout", n, f"learner idle {t.learner_idle_frac:.0%}, queue {t.queue_depth}")
+            if self._pays(f, n, t.rollout_devices + n):
+                move = Move("rollout", n, f"learner idle {f:.0%}, queue {t.queue_depth}")
         elif (
             t.long_tail_frac >= c.tail_high
             and t.queue_depth == 0
-            and t.learner_idle_frac < c.idle_high
+            and f < c.idle_high
             and t.rollout_devices > c.min_rollout
         ):
             n = max(1, round(t.long_tail_frac * t.rollout_devices))
             n = min(n, max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
-            move = Move("train", n, f"rollout capacity idle {t.long_tail_frac:.0%}, staleness {t.staleness:.2f}")
+            if self._pays(1.0 - f, n, t.train_devices + n):
+                move = Move("train", n, f"rollout capacity idle {t.long_tail_frac:.0%}, staleness {t.staleness:.2f}")
         if move is not None:
             self.last_move_s = t.time_s
         return move

@@ -29,7 +29,18 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   train pool. A device joining rollout leaves after the learner step that uses it, pays
   ``realloc_s`` (loading the current weights), then admits episodes.
 
+* **A shared host (CPU slots only; off for GPU workloads).** ``host_cpus > 0``: the generating
+  devices, the learner's devices and one host thread share that many cores; with ``a`` of them
+  active each runs at ``min(1, host_cpus / a)`` of its speed (processor sharing). Each finished
+  episode then needs ``host_episode_s`` of serial host work (env, reward check, SQLite writes,
+  the event loop -- one thread and the GIL) before it counts, holding its slot meanwhile.
+  ``overlap_batches=False`` admits batch ``k + 1`` only after batch ``k`` has finished, as the
+  embedded :class:`~trainer.loop.RolloutThread` does; a cluster runtime overlaps them.
+
 Throughput is trajectories consumed by the learner per second over the whole run.
+:func:`critical_path_bound` gives an upper bound on any device policy's throughput (the
+stragglers' own chains of turns, the staleness bound, training on every device), which tells how
+much room a reallocation policy has at all.
 """
 
 from __future__ import annotations
@@ -83,6 +94,10 @@ class Workload:
     realloc_s: float
     colocated_switch_s: float
     tick_s: float = 5.0
+    # a shared host (the CPU-slot runtime; leave the defaults for a GPU cluster)
+    host_episode_s: float = 0.0  # serial host work per episode: env, reward check, store writes
+    host_cpus: float = 0.0  # > 0: devices, learner and host share this many cores
+    overlap_batches: bool = True  # False: batch k+1 starts after batch k ends (embedded RolloutThread)
 
     def with_overrides(self, **kw: Any) -> Workload:
         bad = [k for k in kw if k not in self.__dataclass_fields__]
@@ -105,13 +120,28 @@ _H100_7B = dict(  # Qwen2.5-7B bf16 on one H100/H200-class GPU (vLLM decode, FSD
 )
 
 WORKLOADS: dict[str, Workload] = {
+    # xlong: what is sourced and what is assumed, plainly.
+    # * Sourced (the P3 issue text only): "long-tailed rollout durations with multi-turn tool
+    #   latency"; QwenGyre's claim of up to 1.85x over colocated and 1.78x over async RL on such
+    #   workloads. The "xLong-horizon description" the issue cites is not available here, so no
+    #   number below comes from it.
+    # * Assumed: every shape value -- turns per episode log-normal (median 12, sigma 0.9, cap 100:
+    #   p90 ~ 35-40 turns, a few 100-turn episodes per batch), tokens per turn log-normal (median
+    #   250, sigma 0.8, growing 2x over the run as responses lengthen), tool latency log-normal
+    #   (median 3 s, sigma 1.2, cap 180 s), B=256, lag 2 -- and the H100/7B hardware constants.
+    # * Consequence (measured with critical_path_bound): at 16 GPUs this workload is latency-bound.
+    #   The longest episode of a batch runs ~9x the median, compute sits mostly idle, and even an
+    #   ideal device policy reaches only ~1.13x the best static async split (~2.9x colocated).
+    #   Reallocation cannot shorten one straggler's own chain of turns and tool calls.
     "xlong": Workload(
         name="xlong",
         description="xLong-horizon agent tasks: tens of tool turns per episode, heavy-tailed turn counts and tool latency",
         sources=(
-            "the xLong-horizon description in the P3 elastic-pools issue (QwenGyre's long-tailed agent "
-            "workload: many multi-turn tool calls, a few episodes far longer than the median)",
-            "shape values (medians, sigmas, caps) are this module's assumptions, not measurements",
+            "the P3 elastic-pools issue: 'long-tailed rollout durations with multi-turn tool latency' "
+            "(QwenGyre's xLong-horizon workload; its description is not available here, so no number is taken from it)",
+            "assumed, not measured: turns log-normal median 12 sigma 0.9 cap 100; tokens/turn log-normal median 250 "
+            "sigma 0.8 cap 2048, growing 2x over the run; tool latency log-normal median 3 s sigma 1.2 cap 180 s; "
+            "B=256, max_policy_lag 2; hardware constants of _H100_7B",
         ),
         batch_size=256,
         steps=24,
@@ -302,6 +332,13 @@ class _Sim:
         # concurrent generations at which decode time per step has doubled: the device is busy
         self.saturation = max(1.0, w.decode_base_s / w.decode_per_seq_s)
         self.mean_turn_tokens = w.tokens_median * math.exp(w.tokens_sigma**2 / 2)
+        self.speed = 1.0  # processor-sharing factor on a shared host (1.0 without one)
+        self.learner_work = self.learner_t = self.learner_start = 0.0
+        self.learner_stamp = 0
+        self.host_q: deque[int] = deque()
+        self.host_cur: int | None = None
+        self.host_work = self.host_t = 0.0
+        self.host_stamp = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -310,7 +347,70 @@ class _Sim:
         heapq.heappush(self.events, (t, self.seq, kind, ident, stamp))
 
     def rate(self, d: _Dev) -> float:
-        return 1.0 / (self.w.decode_base_s + self.w.decode_per_seq_s * max(1, len(d.gen)))
+        return self.speed / (self.w.decode_base_s + self.w.decode_per_seq_s * max(1, len(d.gen)))
+
+    # ------------------------------------------------------------------ a shared host (CPU slots)
+
+    def active_workers(self) -> int:
+        """Workers wanting a core now: generating devices, the learner's devices, the host thread."""
+        n = sum(1 for d in self.devs if d.gen)  # a weight load in progress is CPU work too
+        if self.learner_busy_until is not None:
+            n += len(self.learner_devs)
+        return n + (1 if self.host_cur is not None else 0)
+
+    def update_speed(self) -> None:
+        """Processor sharing on ``host_cpus`` cores: with ``a`` active workers each runs at
+        ``min(1, host_cpus / a)`` of its own speed. Called after every event; a change re-times
+        every device's next generation, the learner step and the host's current job."""
+        if self.w.host_cpus <= 0:
+            return
+        new = min(1.0, self.w.host_cpus / max(1, self.active_workers()))
+        if abs(new - self.speed) < 1e-12:
+            return
+        for d in self.devs:
+            self.advance(d)
+        self.learner_progress()
+        self.host_progress()
+        self.speed = new
+        for d in self.devs:
+            self.reschedule(d)
+        self.schedule_learner()
+        self.schedule_host()
+
+    def learner_progress(self) -> None:
+        if self.learner_busy_until is not None:
+            self.learner_work -= (self.now - self.learner_t) * self.speed
+            self.learner_t = self.now
+
+    def schedule_learner(self) -> None:
+        if self.learner_busy_until is not None:
+            self.learner_stamp += 1
+            self.learner_busy_until = self.now + max(0.0, self.learner_work) / self.speed
+            self.push(self.learner_busy_until, "step", 0, self.learner_stamp)
+
+    def host_progress(self) -> None:
+        if self.host_cur is not None:
+            self.host_work -= (self.now - self.host_t) * self.speed
+            self.host_t = self.now
+
+    def schedule_host(self) -> None:
+        if self.host_cur is not None:
+            self.host_stamp += 1
+            self.push(self.now + max(0.0, self.host_work) / self.speed, "host", self.host_cur, self.host_stamp)
+
+    def host_next(self) -> None:
+        """Start the host's next job (FIFO): the finishing work of one episode."""
+        if self.host_cur is None and self.host_q:
+            self.host_cur = self.host_q.popleft()
+            self.host_work, self.host_t = self.w.host_episode_s, self.now
+            self.schedule_host()
+
+    def on_host_done(self) -> None:
+        idx = self.host_cur
+        assert idx is not None
+        self.host_cur = None
+        self.host_next()
+        self.finish(self.eps[idx])
 
     def advance(self, d: _Dev) -> None:
         """Bring device ``d``'s virtual time to ``now``."""
@@ -339,6 +439,8 @@ class _Sim:
     def admit_batches(self) -> None:
         while self.next_batch < self.w.steps and self.version >= self.next_batch - self.lag:
             k = self.next_batch
+            if not self.w.overlap_batches and self.remaining.get(k - 1, 0) > 0:
+                break  # the embedded runtime runs one batch at a time
             eps = make_episodes(self.w, k, self.seed)
             self.remaining[k] = len(eps)
             self.batch_tokens[k] = 0.0
@@ -380,7 +482,11 @@ class _Sim:
             e.prefix += tokens
             self.batch_tokens[e.batch] += tokens
             if e.turn == len(e.turns) - 1:
-                self.finish(e)
+                if self.w.host_episode_s > 0:
+                    self.host_q.append(idx)  # holds its slot until the host has recorded it
+                    self.host_next()
+                else:
+                    self.finish(e)
             else:
                 self.push(self.now + latency, "tool", idx)
         self.reschedule(d)
@@ -414,6 +520,8 @@ class _Sim:
         self.finished_unconsumed += 1
         del self.eps[e.index]
         self.check_drained(d)
+        if not self.w.overlap_batches and self.remaining[e.batch] == 0:
+            self.admit_batches()
         self.fill()
         self.maybe_train()
 
@@ -435,9 +543,9 @@ class _Sim:
             dur = self.train_time(n, k)
         self.learner_devs = [d.i for d in devs]
         self.learner_busy_until = self.now + dur
-        self.learner_busy_s += dur
+        self.learner_work, self.learner_t, self.learner_start = dur, self.now, self.now
         self.finished_unconsumed -= self.w.batch_size
-        self.push(self.now + dur, "step")
+        self.schedule_learner()
 
     def train_time(self, n: int, k: int) -> float:
         w = self.w
@@ -445,6 +553,7 @@ class _Sim:
         return w.train_fixed_s + tokens / (w.train_tokens_per_s * n**w.train_alpha)
 
     def on_step_done(self) -> None:
+        self.learner_busy_s += self.now - self.learner_start
         self.version += 1
         self.learner_busy_until = None
         self.learner_devs = []
@@ -537,7 +646,11 @@ class _Sim:
             elif kind == "tool":
                 self.on_tool_done(ident)
             elif kind == "step":
-                self.on_step_done()
+                if stamp == self.learner_stamp:
+                    self.on_step_done()
+            elif kind == "host":
+                if stamp == self.host_stamp:
+                    self.on_host_done()
             elif kind == "joined_train":
                 d = self.devs[ident]
                 d.state = TRAIN
@@ -556,6 +669,7 @@ class _Sim:
                     self.apply(move.to, move.count)
                     self.window.reset()
                 self.push(self.now + self.w.tick_s, "tick")
+            self.update_speed()
         self.record()
         traj = self.w.steps * self.w.batch_size
         return SimResult(
@@ -592,10 +706,51 @@ def simulate(
         return _Sim(w, n_devices, policy, n_devices, seed, None, MigrationPolicy(w.prefill_speedup)).run()
     if rollout_devices is None or not 1 <= rollout_devices < n_devices:
         raise ValueError(f"rollout_devices must lie in [1, {n_devices - 1}], got {rollout_devices}")
-    ctl = ElasticController(controller or ControllerConfig()) if policy == "elastic" else None
+    ctl = ElasticController(controller or default_controller(w)) if policy == "elastic" else None
     if policy not in ("static", "elastic"):
         raise ValueError(f"policy must be colocated, static or elastic, got {policy!r}")
     return _Sim(w, n_devices, policy, rollout_devices, seed, ctl, MigrationPolicy(w.prefill_speedup)).run()
+
+
+def default_controller(w: Workload) -> ControllerConfig:
+    """The elastic policy's controller: default thresholds, move cost = this workload's move cost.
+
+    One move takes a device out of both pools for about ``realloc_s`` (drain + engine start or
+    joining the training group) plus one weight load; the controller's hysteresis and gain check
+    scale with that cost (see :class:`~trainer.pools.ElasticController`).
+    """
+    return ControllerConfig(move_cost_s=w.realloc_s + w.weight_sync_s)
+
+
+def critical_path_bound(w: Workload, n_devices: int, seed: int = 0) -> float:
+    """An upper bound on the throughput of *any* device policy (traj/s) under the staleness bound.
+
+    Whatever the split and however devices move, (1) an episode cannot finish sooner than its
+    own turns run back to back on a device serving it alone (``decode_base_s + decode_per_seq_s``
+    per token, its prefills, its tool latencies), (2) step ``k`` cannot start before every episode
+    of batch ``k`` has finished and step ``k - 1`` is done, and it takes at least the training
+    time on all ``n_devices``, and (3) batch ``k`` is admitted no earlier than step
+    ``k - max_policy_lag - 1`` is done (weight sync and reallocation costs are left out, so the
+    bound is optimistic). The makespan of that recursion bounds every policy's, elastic included;
+    when it is close to the best static split's, no reallocation policy can beat static by much.
+    """
+    lag = w.max_policy_lag
+    per_tok = w.decode_base_s + w.decode_per_seq_s
+    done: list[float] = []
+    for k in range(w.steps):
+        admit = done[k - lag - 1] if k - lag - 1 >= 0 else 0.0
+        longest, tokens = 0.0, 0.0
+        for e in make_episodes(w, k, seed):
+            dur, prefill = 0.0, float(w.prompt_tokens)
+            for i, (tok, lat) in enumerate(e.turns):
+                dur += (tok + prefill / w.prefill_speedup) * per_tok + lat
+                tokens += tok + (w.obs_tokens if i < len(e.turns) - 1 else 0)
+                prefill = float(w.obs_tokens)
+            longest = max(longest, dur)
+        train = w.train_fixed_s + (tokens + w.batch_size * w.prompt_tokens) / (w.train_tokens_per_s * n_devices**w.train_alpha)
+        start = max(admit + longest, done[-1] if done else 0.0)
+        done.append(start + train)
+    return w.steps * w.batch_size / done[-1]
 
 
 def best_static(w: Workload, n_devices: int, seed: int = 0) -> tuple[SimResult, dict[int, float]]:
@@ -631,6 +786,7 @@ def compare(w: Workload, n_devices: int, seed: int = 0, controller: ControllerCo
     static, grid = best_static(w, n_devices, seed)
     assert static.rollout_devices is not None
     ela = simulate(w, n_devices, "elastic", rollout_devices=static.rollout_devices, seed=seed, controller=controller)
+    bound = critical_path_bound(w, n_devices, seed)
     return {
         "workload": w.name,
         "gpus": n_devices,
@@ -639,6 +795,10 @@ def compare(w: Workload, n_devices: int, seed: int = 0, controller: ControllerCo
         "speedup_vs_colocated": ela.throughput / col.throughput,
         "speedup_vs_static_async": ela.throughput / static.throughput,
         "best_static_rollout_devices": static.rollout_devices,
+        # the most any device policy could reach here (see critical_path_bound), as a speedup
+        "bound_throughput": bound,
+        "bound_vs_colocated": bound / col.throughput,
+        "bound_vs_static_async": bound / static.throughput,
         "static_grid": grid,
         "elastic": ela.summary(),
         "colocated": col.summary(),
@@ -710,6 +870,8 @@ def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str 
     e = res["elastic"]
     print(f"  elastic               {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} episodes re-prefilled, {e['finished_in_place']} finished in place)")
     print(f"  speedup vs colocated {res['speedup_vs_colocated']:.2f}x, vs best static async {res['speedup_vs_static_async']:.2f}x")
+    print(f"  upper bound for any device policy (critical path): {res['bound_throughput']:.3f} traj/s = "
+          f"{res['bound_vs_colocated']:.2f}x colocated, {res['bound_vs_static_async']:.2f}x best static async")
     if plot:
         print(f"  pool plot: {plot}")
     return 0

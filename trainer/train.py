@@ -70,6 +70,13 @@ def main_train(
         from trainer.ray_backend import run_training_ray
 
         result = run_training_ray(cfg, out, resume=bool(resume))
+    elif cfg.trainer.elastic:
+        from trainer.elastic import ElasticTrainer
+
+        t = cfg.trainer
+        result = ElasticTrainer(
+            cfg, out, devices=t.devices, rollout=t.rollout_devices or t.devices - 1, console=True
+        ).run(resume=bool(resume))
     else:
         from trainer.loop import run_training
 

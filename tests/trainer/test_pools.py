@@ -180,3 +180,33 @@ def test_telemetry_window():
     assert w.learner_idle < 0.05 and w.long_tail < 0.05
     with pytest.raises(ValueError, match="tau_s"):
         TelemetryWindow(0)
+
+
+def test_controller_leaves_a_latency_bound_rollout_alone():
+    c = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4))
+    # the learner starves, but rollout devices sit idle with nothing queued: each episode waits on
+    # its own tokens/tools, so more rollout devices would not produce trajectories any faster
+    assert c.decide(_t(learner_idle_frac=0.9, queue_depth=0, long_tail_frac=0.7, staleness=0.5)) is None
+    # ... while a busy rollout pool (little idle capacity) does get devices
+    m = c.decide(_t(learner_idle_frac=0.9, queue_depth=0, long_tail_frac=0.05, staleness=0.5))
+    assert m is not None and m.to == "rollout"
+
+
+def test_controller_is_cost_aware_with_hysteresis():
+    cfg = ControllerConfig(idle_high=0.2, tail_high=0.4, max_move_frac=0.5, move_cost_s=10.0, hold_factor=4.0)
+    assert cfg.hold_s == 40.0
+    c = ElasticController(cfg)
+    # gain over the 40 s horizon: 40 * 0.5 * 2 / (4 + 2) = 6.7 s < 10 s cost -> no move
+    assert c.decide(_t(learner_idle_frac=0.5, queue_depth=10)) is None
+    # a heavily starved learner: 40 * 1.0 * 2 / 6 = 13.3 s > 10 s -> move
+    m = c.decide(_t(learner_idle_frac=1.0, queue_depth=10))
+    assert m is not None and m.to == "rollout"
+    # hysteresis: nothing, not even the opposite move, until the hold has passed
+    tail = dict(long_tail_frac=0.9, staleness=1.0, unconsumed=8, rollout_devices=8, train_devices=2)
+    assert c.decide(_t(time_s=39.0, **tail)) is None
+    m = c.decide(_t(time_s=41.0, **tail))
+    assert m is not None and m.to == "train"
+    with pytest.raises(ValueError, match="move_cost_s"):
+        ControllerConfig(move_cost_s=-1.0)
+    with pytest.raises(ValueError, match="hold_factor"):
+        ControllerConfig(hold_factor=0.5)

@@ -72,3 +72,41 @@ def test_workloads_document_sources():
         assert w.sources and w.description
     with pytest.raises(ValueError, match="unknown fields"):
         SMALL.with_overrides(nope=1)
+
+
+def test_critical_path_bound_bounds_every_policy():
+    from trainer.simulator import critical_path_bound
+
+    res = compare(SMALL, 4)
+    tp = res["throughput"]
+    bound = critical_path_bound(SMALL, 4)
+    assert res["bound_throughput"] == pytest.approx(bound)
+    assert all(v <= bound * (1 + 1e-9) for v in tp.values())
+    assert all(v <= bound * (1 + 1e-9) for v in res["static_grid"].values())
+    assert res["bound_vs_static_async"] == pytest.approx(bound / tp["static_async"])
+
+
+def test_shared_host_model():
+    """A shared host (CPU slots): serial host work per episode, processor sharing, one batch at a time."""
+    one_turn = SMALL.with_overrides(
+        turns_median=1.0, turns_sigma=0.0, max_turns=1, tokens_median=16.0, tokens_sigma=0.0, max_new_tokens=16,
+        prompt_tokens=20, obs_tokens=0, train_fixed_s=0.01, train_tokens_per_s=1e7, weight_sync_s=0.0,
+        decode_base_s=0.002, decode_per_seq_s=0.0001,
+    )
+    free = simulate(one_turn, 3, "static", rollout_devices=2)
+    # serial host work of h per episode caps throughput at 1/h, and that cap binds here
+    h = 0.01
+    hosted = simulate(one_turn.with_overrides(host_episode_s=h), 3, "static", rollout_devices=2)
+    assert hosted.throughput <= 1 / h + 1e-9
+    assert hosted.throughput > 0.6 / h and hosted.throughput < free.throughput
+    # two generating slots + the learner on one core: everything runs at a fraction of its speed
+    shared = simulate(one_turn.with_overrides(host_cpus=1.0), 3, "static", rollout_devices=2)
+    assert shared.throughput < 0.75 * free.throughput
+    # ... and on as many cores as workers, sharing costs nothing
+    roomy = simulate(one_turn.with_overrides(host_cpus=8.0), 3, "static", rollout_devices=2)
+    assert roomy.throughput == pytest.approx(free.throughput)
+    # one batch at a time (the embedded RolloutThread) never beats overlapping batches
+    serial = simulate(SMALL.with_overrides(overlap_batches=False), 4, "static", rollout_devices=2)
+    assert serial.throughput <= simulate(SMALL, 4, "static", rollout_devices=2).throughput
+    elastic = simulate(one_turn.with_overrides(host_episode_s=h, host_cpus=2.0), 3, "elastic", rollout_devices=2)
+    assert elastic.trajectories == one_turn.steps * one_turn.batch_size

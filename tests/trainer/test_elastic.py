@@ -1,0 +1,98 @@
+"""ElasticTrainer: the embedded loop on elastic CPU-slot pools, and the trainer.elastic switch.
+
+Real parts: math-tiny with the in-code nano model, one HFEngine per slot, the ledger and the tree.
+The controller is scripted (one move each way at fixed times) so the moves happen in every run;
+the pools, the drain and the weight loads are the real ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fr_agents.config import ConfigError, load_config
+from fr_agents.tree import TrajectoryTree
+from trainer.elastic import ElasticTrainer
+from trainer.ledger import EpisodeLedger
+from trainer.pools import Move, Telemetry
+
+BASE = [
+    "model.tiny_size=nano",
+    "tasks.params={digits: 1}",
+    "env.kwargs={answer_format: plain, format_reward: 0.1}",
+    "trainer.batch_size=8",
+    "rollout.concurrency=8",
+    "rollout.max_policy_lag=1",
+    "trainer.checkpoint_every=0",
+    "trainer.max_minutes=0",
+    "trainer.eval_episodes=0",
+    "trainer.plot_every=100",
+    "trainer.collapse_guard=false",
+    "warm_start.examples=0",
+    "trainer.threads=1",
+]
+
+
+class Scripted:
+    """A controller that lends a rollout slot to training after the first step, then takes it back."""
+
+    def __init__(self, trainer: ElasticTrainer) -> None:
+        self.trainer = trainer
+        self.done: list[str] = []
+
+    def decide(self, t: Telemetry) -> Move | None:
+        if t.moving:
+            return None
+        steps = len(self.trainer.step_seconds)
+        if not self.done and steps >= 1:
+            self.done.append("train")
+            return Move("train", 1, "scripted")
+        if self.done == ["train"] and steps >= 2 and t.train_devices >= 2:
+            self.done.append("rollout")
+            return Move("rollout", 1, "scripted")
+        return None
+
+
+def test_elastic_trainer_moves_slots_mid_run_and_consumes_every_episode(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    steps = 5
+    cfg = load_config("math-tiny", [*BASE, f"trainer.steps={steps}"])
+    tr = ElasticTrainer(cfg, tmp_path, devices=3, rollout=2, tick_s=0.02)
+    script = Scripted(tr)
+    tr.controller = script  # type: ignore[assignment]
+    res = tr.run()
+    assert res.ok and res.steps == steps
+    assert script.done == ["train", "rollout"]
+    st = tr.pool.stats
+    assert st.moves_to_train == 1 and st.moves_to_rollout == 1
+    # no episode dropped: every admitted episode finished, every batch is whole and consumed
+    assert st.admitted == st.finished == steps * cfg.trainer.batch_size
+    ledger, tree = EpisodeLedger(tmp_path / "episodes.sqlite"), TrajectoryTree.open(tmp_path / "store.sqlite")
+    assert [len(ledger.batch_rows(k)) for k in range(steps)] == [cfg.trainer.batch_size] * steps
+    assert tree.stats()["available"] == 0 and tree.open_paths() == []
+    ledger.close()
+    tree.close()
+    # the pools changed during the run and never emptied; a step's slot count is what it trained on
+    splits = {(r, k) for _, r, k in tr.pool_trace}
+    assert (2, 1) in splits and any(k == 2 for _, k in splits)
+    assert all(r >= 1 and k >= 1 for r, k in splits if r + k == 3)
+    assert {n for n, _ in tr.step_seconds} <= {1, 2} and len(tr.step_seconds) == steps
+    # CPU accounting for the simulator's calibration
+    cpu = tr.cpu_seconds
+    assert cpu["episodes"] == steps * cfg.trainer.batch_size
+    assert cpu["process"] >= cpu["learner"] > 0 and cpu["engines"] > 0
+
+
+def test_elastic_switch_is_validated() -> None:
+    cfg = load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=4", "trainer.rollout_devices=3"])
+    assert cfg.trainer.elastic and cfg.trainer.devices == 4
+    with pytest.raises(ConfigError, match="trainer.elastic"):
+        load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=ray"])
+    with pytest.raises(ConfigError, match="trainer.elastic"):
+        load_config("math-tiny", ["trainer.elastic=true", "rollout.engine=vllm"])
+    with pytest.raises(ConfigError, match="trainer.devices"):
+        load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=1"])
+    with pytest.raises(ConfigError, match="trainer.rollout_devices"):
+        load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=3", "trainer.rollout_devices=3"])
