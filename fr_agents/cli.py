@@ -805,11 +805,28 @@ def _cmd_play(a: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    stream: dict = {"turn": 0, "ids": [], "shown": ""}
+
+    def on_token(token_id: int) -> None:
+        """Stream the model's turn as it is sampled (called from the engine thread)."""
+        if not stream["ids"]:
+            print(f"[model turn {stream['turn']}] ", end="", flush=True)
+        stream["ids"].append(token_id)
+        text = tokenizer.decode(stream["ids"], skip_special_tokens=True)
+        if text.startswith(stream["shown"]) and not text.endswith("\ufffd"):  # whole characters only
+            print(text[len(stream["shown"]) :], end="", flush=True)
+            stream["shown"] = text
+
     def show(kind: str, ev: dict) -> None:
         if kind == "prompt":
             print(f"[observation]\n{ev['observation']}", flush=True)
         elif kind == "action":
-            print(f"[model turn {ev['turn']}] {ev['text']}", flush=True)
+            final = tokenizer.decode(stream["ids"], skip_special_tokens=True)
+            if stream["ids"] and final.startswith(stream["shown"]):
+                print(final[len(stream["shown"]) :], flush=True)  # streamed already: finish the line
+            else:
+                print(("\n" if stream["ids"] else "") + f"[model turn {ev['turn']}] {ev['text']}", flush=True)
+            stream.update(turn=ev["turn"] + 1, ids=[], shown="")
         elif kind == "observation":
             print(f"[reward] {ev['reward']}", flush=True)
             if not ev["done"]:
@@ -817,7 +834,7 @@ def _cmd_play(a: argparse.Namespace) -> int:
         elif kind == "finish":
             print(f"[result] {ev['status']}, reward {ev['reward']}, partial_score {ev['partial_score']}", flush=True)
 
-    engine = HFEngine(model, tokenizer)
+    engine = HFEngine(model, tokenizer, on_token=on_token)
     try:
         asyncio.run(run_episode(env, engine, tokenizer, TrajectoryTree(), opts, seed=a.seed, make_env=make_env, on_event=show))
     except ObservationTypeError as e:

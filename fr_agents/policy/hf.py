@@ -34,7 +34,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,9 @@ class HFEngine(Engine):
     """Dynamic-batching generation with a transformers causal LM (CPU or GPU).
 
     ``model`` is a loaded ``AutoModelForCausalLM``; ``tokenizer`` is only needed for stop strings
-    and the pad id. ``max_batch_size`` caps the rows of one wave.
+    and the pad id. ``max_batch_size`` caps the rows of one wave. ``on_token``, when set, is called
+    from the engine thread with every sampled token id as it is drawn (``fr-agents play`` streams a
+    model's turn with it); it observes, it never changes what is sampled.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class HFEngine(Engine):
         batch_wait_s: float = 0.002,
         seed: int = 0,
         version: int = 0,
+        on_token: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -95,6 +98,7 @@ class HFEngine(Engine):
         self._start_lock = threading.Lock()
         self._closed = False
         self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0}
+        self.on_token = on_token
 
     # ------------------------------------------------------------------ public API
 
@@ -258,6 +262,8 @@ class HFEngine(Engine):
                 r.logprobs.append(lp)
                 r.versions.append(version)
                 self.stats["tokens"] += 1
+                if self.on_token is not None:
+                    self.on_token(tok)
                 reason = self._finished(r)
                 if reason is None:
                     keep.append(row)
