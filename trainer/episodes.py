@@ -4,7 +4,7 @@
 learner) and turns one :class:`~trainer.schedule.EpisodeSpec` into one finished leaf of the tree
 with :func:`fr_agents.rollout.run_episode` (chat template, token truth, per-token versions; the
 prompt is the tree root, so identical prompts share it and GRPO groups pack together). Every
-request of an episode is seeded from the spec (:class:`SeededEngine`), so a re-run after a crash
+request of an episode is seeded from the spec (:class:`fr_agents.policy.seeded.SeededEngine`), so a re-run after a crash
 reproduces the tokens. It also provides the encodings evaluation and the warm start need, built the
 same way the rollout builds prompts.
 """
@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fr_agents.config import TrainConfig
-from fr_agents.policy.base import Engine, Generation, SamplingOptions
+from fr_agents.policy.seeded import SeededEngine
 from trainer.schedule import EpisodeSpec, derive_seed
 
 log = logging.getLogger(__name__)
@@ -34,34 +33,6 @@ class EpisodeOutcome:
     reward: float
     policy_tokens: int
     turns: int
-
-
-class SeededEngine(Engine):
-    """An engine view that seeds every request of one episode from the episode's seed.
-
-    The shared engine otherwise samples from one process-wide generator, so which episode gets
-    which random numbers would depend on timing. With a per-request seed (the ``n``-th call of the
-    episode uses ``derive_seed(seed, n)``) re-running an episode with the same weights reproduces
-    its tokens, whatever else the engine is batching at the time.
-    """
-
-    def __init__(self, engine: Engine, seed: int) -> None:
-        self.inner = engine
-        self.seed = seed
-        self.calls = 0
-
-    @property  # type: ignore[override]
-    def version(self) -> int:
-        return self.inner.version
-
-    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
-        n = self.calls
-        self.calls += 1
-        seeded = replace(options, seed=derive_seed("sample", self.seed, n) % (2**63))
-        return await self.inner.generate(prompt_ids, seeded)
-
-    def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        self.inner.set_weights(state_dict, version)
 
 
 class EpisodeRunner:
@@ -155,7 +126,7 @@ class EpisodeRunner:
         env = await asyncio.to_thread(self.make_env)
         result = await run_episode(
             env,
-            SeededEngine(self.engine, spec.seed),
+            SeededEngine(self.engine, lambda n, seed=spec.seed: derive_seed("sample", seed, n) % (2**63)),
             self.tokenizer,
             self.tree,
             self.options,

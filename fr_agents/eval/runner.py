@@ -41,8 +41,9 @@ import gymnasium
 
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.metrics import pass_at_k
-from fr_agents.eval.seeding import SeededEngine, item_seed, sample_seed
+from fr_agents.eval.seeding import item_seed, sample_seed, stable_seed
 from fr_agents.policy.base import Engine
+from fr_agents.policy.seeded import SeededEngine
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +323,7 @@ async def run_bench_async(
             env = await asyncio.to_thread(make_env)
             res = await run_episode(
                 env,
-                SeededEngine(engine, seed) if engine is not None else None,
+                SeededEngine(engine, lambda n, s=seed: stable_seed("req", s, n)) if engine is not None else None,
                 tokenizer,
                 tree,
                 opts,

@@ -1,0 +1,38 @@
+"""Per-request seeds for an engine shared by many concurrent episodes.
+
+A shared engine otherwise samples from one process-wide generator, so which episode gets which
+random numbers depends on timing. :class:`SeededEngine` is a per-episode view of the engine whose
+``n``-th request carries ``request_seed(n)``: re-running the episode with the same weights
+reproduces its tokens, whatever else the engine is batching at the time (for engines that honour
+``SamplingOptions.seed``; HFEngine does). Training derives ``request_seed`` from the episode's
+scheduled seed, evaluation from the sample's seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from fr_agents.policy.base import Engine, Generation, SamplingOptions
+
+
+class SeededEngine(Engine):
+    """A view of ``engine`` whose ``n``-th request (n = 0, 1, ...) is sampled with ``request_seed(n)``."""
+
+    def __init__(self, engine: Engine, request_seed: Callable[[int], int]) -> None:
+        self.inner = engine
+        self.request_seed = request_seed
+        self.calls = 0
+
+    @property  # type: ignore[override]
+    def version(self) -> int:
+        return self.inner.version
+
+    async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
+        n = self.calls
+        self.calls += 1
+        return await self.inner.generate(prompt_ids, replace(options, seed=self.request_seed(n)))
+
+    def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.inner.set_weights(state_dict, version)
