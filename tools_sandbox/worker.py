@@ -148,8 +148,21 @@ class Worker:
             with contextlib.suppress(OSError, ValueError):
                 self.signals[s] = signal.getsignal(s)
         self.drain = _Drain(self.cap)
+        # Spare descriptors, closed after each call so that the worker's own bookkeeping (/proc
+        # scans, the fd count) still works when the user's code has used up every descriptor.
+        self.reserve: list[int] = []
+        self._refill_reserve()
         with contextlib.suppress(OSError):
             os.chdir(self.workdir)
+
+    def _refill_reserve(self, n: int = 8) -> None:
+        with contextlib.suppress(OSError):
+            while len(self.reserve) < n:
+                self.reserve.append(os.open(os.devnull, os.O_RDONLY))
+
+    def _release_reserve(self) -> None:
+        while self.reserve:
+            os.close(self.reserve.pop())
 
     @staticmethod
     def _apply_rlimits(limits: dict) -> None:
@@ -229,6 +242,7 @@ class Worker:
             self._flush()
             os.dup2(self.devnull, 1)
             os.dup2(self.devnull, 2)
+        self._release_reserve()
         procs = self._kill_strays()
         self._restore()
         try:
@@ -262,6 +276,7 @@ class Worker:
                 )
         if status == "oom":
             resp["restart"] = True
+        self._refill_reserve()
         return resp
 
     def _text(self, data: bytes, total: int) -> str:
