@@ -31,7 +31,6 @@ since the last restart is replayed (lazily, at the twin's first call), so its Py
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium
 
+from envs import tool_calls
 from envs.answer_extract import extract_answer
 from envs.math_verifier import MathVerifierEnv
 from envs.tasks import Task, TaskSource
@@ -55,42 +55,19 @@ DEFAULT_TOOL_PROMPT = (
     "and the output comes back in <tool_response>...</tool_response>. Variables and imports persist "
     "between calls. When you know the answer, reply without a tool call.\n\n"
 )
-_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FENCE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
 _EXAMPLE = '<tool_call>{"name": "python", "arguments": {"code": "print(1 + 1)"}}</tool_call>'
 
 
 def parse_tool_calls(text: str) -> list[dict[str, Any]]:
-    """Every ``<tool_call>`` of ``text`` in order: ``{"code": str}`` or ``{"error": why}``.
-
-    ``arguments`` may be an object or a JSON string holding one (some models emit the latter).
-    An opening ``<tool_call>`` without its closing tag is reported as an error too.
-    """
-    calls: list[dict[str, Any]] = []
-    for m in _CALL_RE.finditer(text):
-        calls.append(_parse_one(m.group(1)))
-    tail = text[text.rfind("</tool_call>") + len("</tool_call>") :] if calls else text
-    if "<tool_call>" in tail:
-        calls.append({"error": "a <tool_call> was opened but never closed with </tool_call>"})
-    return calls
+    """Every ``<tool_call>`` of ``text`` in order: ``{"code": str}`` or ``{"error": why}``."""
+    return tool_calls.parse_tool_calls(text, _check_call)
 
 
-def _parse_one(body: str) -> dict[str, Any]:
-    try:
-        call = json.loads(body.strip(), strict=False)  # tolerate raw newlines inside strings
-    except json.JSONDecodeError as e:
-        return {"error": f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"}
-    if not isinstance(call, dict) or "name" not in call:
-        return {"error": 'the tool call must be a JSON object with "name" and "arguments"'}
-    if call["name"] != TOOL_NAME:
-        return {"error": f"unknown tool {call['name']!r}; the only tool is {TOOL_NAME!r}"}
-    args = call.get("arguments")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args, strict=False)
-        except json.JSONDecodeError:
-            return {"error": '"arguments" must be an object like {"code": "..."}'}
-    if not isinstance(args, dict) or not isinstance(args.get("code"), str):
+def _check_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    if name != TOOL_NAME:
+        return {"error": f"unknown tool {name!r}; the only tool is {TOOL_NAME!r}"}
+    if not isinstance(args.get("code"), str):
         return {"error": 'missing "code": the arguments must be {"code": "<python source>"}'}
     if not args["code"].strip():
         return {"error": '"code" is empty'}

@@ -12,12 +12,11 @@ inside the repository. Every result is cut to a character budget (head and tail 
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
 from typing import Any
 
 from envs.repo_coding.task import RepoTask
+from envs.tool_calls import parse_tool_calls
 
 TOOLS: dict[str, dict[str, Any]] = {
     "bash": {"required": ["command"], "doc": "run a shell command in the repository (optional timeout, seconds)"},
@@ -28,7 +27,6 @@ TOOLS: dict[str, dict[str, Any]] = {
     "run_tests": {"required": [], "doc": "run the repository's visible tests (optional paths: list of test files)"},
     "submit": {"required": [], "doc": "finish: your changes are graded on hidden tests"},
 }
-_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 EXAMPLE = '<tool_call>{"name": "read_file", "arguments": {"path": "README.rst"}}</tool_call>'
 
 
@@ -38,31 +36,12 @@ def tool_help() -> str:
 
 def parse_calls(text: str) -> list[dict[str, Any]]:
     """Every ``<tool_call>`` in ``text``: ``{"name", "arguments"}`` or ``{"error": why}``."""
-    calls = [_parse_one(m.group(1)) for m in _CALL_RE.finditer(text)]
-    tail = text[text.rfind("</tool_call>") + len("</tool_call>") :] if calls else text
-    if "<tool_call>" in tail:
-        calls.append({"error": "a <tool_call> was opened but never closed with </tool_call>"})
-    return calls
+    return parse_tool_calls(text, _check_call)
 
 
-def _parse_one(body: str) -> dict[str, Any]:
-    try:
-        call = json.loads(body.strip(), strict=False)
-    except json.JSONDecodeError as e:
-        return {"error": f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"}
-    if not isinstance(call, dict) or "name" not in call:
-        return {"error": 'a tool call must be a JSON object with "name" and "arguments"'}
-    name = call["name"]
+def _check_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
     if name not in TOOLS:
         return {"error": f"unknown tool {name!r}; tools: {', '.join(TOOLS)}"}
-    args = call.get("arguments") or {}
-    if isinstance(args, str):
-        try:
-            args = json.loads(args, strict=False)
-        except json.JSONDecodeError:
-            return {"error": '"arguments" must be a JSON object'}
-    if not isinstance(args, dict):
-        return {"error": '"arguments" must be a JSON object'}
     missing = [k for k in TOOLS[name]["required"] if not isinstance(args.get(k), str)]
     if missing:
         return {"error": f"{name}: missing string argument(s) {', '.join(missing)}"}
