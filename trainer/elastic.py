@@ -6,8 +6,9 @@ copy and batching thread). The learner runs on the train pool: each step uses
 ``torch.set_num_threads(train slots)`` (on CPU one slot = one core's worth of threads), and a
 controller thread feeds telemetry to an :class:`~trainer.pools.ElasticController` every
 ``tick_s`` and applies its moves -- a slot leaving rollout drains without dropping an episode; a
-slot joining rollout loads the current weights first, and only between two learner steps, so a
-step's device count is fixed while it runs. With ``elastic=False`` the split stays static.
+slot joining rollout loads the current weights first, and only between two learner steps; a slot
+joining the train pool during a step is used from the step's next micro-batch on (the learner's
+``before_micro_batch`` hook raises its thread count). With ``elastic=False`` the split stays static.
 
 Schedule, staleness bound, ledger, checkpoints: unchanged from the embedded loop.
 
@@ -92,7 +93,8 @@ class ElasticTrainer(Trainer):
         self.finished = 0
         self.consumed = 0
         self.rollout_thread: Any = None
-        self.step_seconds: list[tuple[int, float]] = []
+        self.step_seconds: list[tuple[int, float]] = []  # (train slots at the start, seconds)
+        self.grown_steps = 0  # steps whose train pool grew while they ran
         self.step_cpu_seconds: list[tuple[int, float]] = []  # learner thread CPU per step
         # CPU seconds from the start of rollout to the end of the last learner step: the whole
         # process, the engines' batching threads, the learner's steps (host = the rest)
@@ -129,12 +131,26 @@ class ElasticTrainer(Trainer):
         self.runner.run = counted
         learner_step = self.learner.step
 
+        used: list[int] = []
+
+        def grow() -> None:
+            """Before each micro-batch: slots that joined the train pool during the step join it."""
+            n = len(self.pool.in_state(DeviceState.TRAIN))
+            if n > used[-1]:
+                used.append(n)
+                torch.set_num_threads(self.learner_threads(n))
+
+        self.learner.before_micro_batch = grow
+
         def step(batch: Any) -> Any:
-            with self.step_lock:
+            with self.step_lock:  # moves to rollout wait for the step's end: a step's pool only grows
                 n = len(self.pool.in_state(DeviceState.TRAIN))
+                used[:] = [n]
                 torch.set_num_threads(self.learner_threads(n))
                 t, c = time.perf_counter(), time.thread_time()
                 out = learner_step(batch)
+                if len(used) > 1:
+                    self.grown_steps += 1
                 self.step_seconds.append((n, time.perf_counter() - t))
                 self.step_cpu_seconds.append((n, time.thread_time() - c))
                 self.consumed += self.cfg.trainer.batch_size
@@ -210,14 +226,16 @@ class ElasticTrainer(Trainer):
             learner_idle_frac=self.window.learner_idle,
             long_tail_frac=self.window.long_tail,
             staleness=ahead / self.lag if self.lag else 1.0,
+            last_step_s=self.step_seconds[-1][1] if self.step_seconds else 0.0,
+            finish_rate=self.window.finish_rate,
         )
 
     def _control_loop(self) -> None:
-        last = time.perf_counter()
+        last, seen = time.perf_counter(), self.finished
         while not self._stop.wait(self.tick_s / 5):
-            now = time.perf_counter()
-            self.window.observe(now - last, self.learner_waiting, self.pool.idle_capacity_frac(), self.pool.queue_depth)
-            last = now
+            now, done = time.perf_counter(), self.finished
+            self.window.observe(now - last, self.learner_waiting, self.pool.idle_capacity_frac(), self.pool.queue_depth, done - seen)
+            last, seen = now, done
             if self.controller is None or getattr(self, "board", None) is None or self.board.stopped:
                 continue
             if now - getattr(self, "_last_tick", 0.0) < self.tick_s:

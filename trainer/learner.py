@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -167,6 +168,9 @@ class Learner:
         self.grad_clip = grad_clip
         self.packed = packed
         self.version = version
+        # called before every micro-batch: an elastic train pool that grew during the step hands
+        # the step its new devices here (trainer.elastic); None: nothing to do
+        self.before_micro_batch: Callable[[], None] | None = None
 
     @classmethod
     def from_config(
@@ -255,10 +259,11 @@ class Learner:
             if use_packed:
                 chunks = [self._packed_chunk(batch, advantages, b, num_tokens, device)]
             else:
-                chunks = [
-                    self._flat_chunk(flat, rows, advantages, b, num_tokens, device)
-                    for rows in self._micro_batches(flat.attention_mask)
-                ]
+                chunks = []
+                for rows in self._micro_batches(flat.attention_mask):
+                    if self.before_micro_batch is not None:
+                        self.before_micro_batch()
+                    chunks.append(self._flat_chunk(flat, rows, advantages, b, num_tokens, device))
         except NonFiniteLossError as e:
             self.optimizer.zero_grad(set_to_none=True)
             e.batch = batch

@@ -4,8 +4,10 @@ Three parts, all shared by the real runtime and by :mod:`trainer.simulator`:
 
 * :class:`Telemetry` + :class:`TelemetryWindow` -- what the policy reads: the rollout queue depth
   (admissible episodes waiting for a rollout slot), finished-but-unconsumed trajectories, the
-  learner's idle fraction, the rollout long-tail fraction (rollout capacity left idle while no
-  episode waits), and staleness (how far rollout runs ahead of the learner, 1.0 = at the bound).
+  learner's idle fraction, the rollout long-tail fraction (the share of the rollout pool that is
+  spare -- :func:`spare_fraction` -- while no episode waits), staleness (how far rollout runs
+  ahead of the learner, 1.0 = at the bound), the last learner step's duration and the recent
+  rate at which episodes finish (the last two size a move's expected gain).
 * :class:`ElasticController` -- a pure policy: ``decide(telemetry) -> Move | None``. It never
   touches a device; the runtime (:class:`ElasticPool` driven by ``trainer.elastic``) and the
   simulator apply its moves with their own mechanics.
@@ -16,7 +18,8 @@ Three parts, all shared by the real runtime and by :mod:`trainer.simulator`:
   - leaving the rollout pool, a device first stops admitting new episodes (``DRAINING``); each of
     its live episodes then either continues on another rollout engine -- its next request carries
     the episode's full stored prefix (the tokens held in the tree, token for token), which the new
-    engine prefills -- or finishes in place when that is cheaper (:class:`MigrationPolicy`). A
+    engine prefills; when no engine has a free slot the request waits for one, ahead of new
+    episodes -- or finishes in place when that is cheaper (:class:`MigrationPolicy`). A
     generation already running on the device always completes there. When the last live episode
     has left, the device is in the train pool.
   - joining the rollout pool, a device loads the current weights first, then admits episodes.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,8 +59,10 @@ class Telemetry:
     unconsumed: int  # finished trajectories the learner has not consumed yet
     batch_size: int
     learner_idle_frac: float  # recent fraction of time the learner waited for data
-    long_tail_frac: float  # recent fraction of rollout compute idle while nothing waited
+    long_tail_frac: float  # recent share of the rollout pool that was spare while nothing waited
     staleness: float  # rollout's lead over the learner / max_policy_lag (1.0 = at the bound)
+    last_step_s: float = 0.0  # wall seconds of the learner's last step (0: no step yet)
+    finish_rate: float = 0.0  # recent episodes finished per second (0: none seen yet)
 
 
 @dataclass(frozen=True)
@@ -83,11 +89,11 @@ class ControllerConfig:
     min_rollout: int = 1
     min_train: int = 1
     idle_high: float = 0.2  # learner idle fraction that calls for more rollout devices
-    tail_high: float = 0.35  # idle rollout capacity that calls for more train devices
+    tail_high: float = 0.25  # spare share of the rollout pool that calls for lending devices to training
     cooldown_s: float = 0.0  # no decision this soon after the previous move
-    max_move_frac: float = 0.25  # one decision moves at most this share of a pool (at least 1)
+    max_move_frac: float = 0.5  # one decision moves at most this share of a pool (at least 1)
     move_cost_s: float = 0.0  # seconds one move takes a device out of both pools
-    hold_factor: float = 4.0  # hysteresis: hold a new split for hold_factor * move_cost_s
+    hold_factor: float = 2.0  # hysteresis: hold a new split for hold_factor * move_cost_s
 
     def __post_init__(self) -> None:
         if self.min_rollout < 1 or self.min_train < 1:
@@ -112,26 +118,32 @@ class ElasticController:
 
     Two rules, each moving a share of a pool proportional to the waste it sees:
 
-    * **learner starved, rollout compute-bound** -- the learner idled a fraction
-      ``f >= idle_high`` of the recent window, fewer than a batch of trajectories is waiting, and
-      more rollout devices would actually produce trajectories faster: episodes wait for a slot
-      (queue depth > 0) or the rollout pool's compute was busy (idle capacity ``< tail_high / 2``).
-      A latency-bound rollout (devices idle, every episode waiting on its own next token or tool
+    * **learner starved, rollout backlogged** -- the learner idled a fraction ``f >= idle_high`` of
+      the recent window, fewer than a batch of trajectories is waiting, and more rollout devices
+      would actually produce trajectories faster: episodes wait for a slot (queue depth > 0) or
+      the rollout pool had almost nothing to spare (spare share ``< tail_high / 2``). A
+      latency-bound rollout (devices idle, every episode waiting on its own next token or tool
       call) is not helped by more devices, so the rule does not fire there. Moves
       ``round(f * train)`` (at least 1) devices to rollout.
-    * **rollout in its long tail** -- a fraction ``g >= tail_high`` of rollout compute sat idle
-      with nothing waiting to start (the stragglers of a batch, or admission blocked by the
-      staleness bound) while the learner was busy or has a batch waiting: lend
-      ``round(g * rollout)`` (at least 1) idle rollout devices to training. Their live stragglers
-      move by re-prefill or finish in place (:class:`MigrationPolicy`); the devices come back by
-      the first rule once rollout is compute-bound again.
+    * **rollout in its long tail** -- a share ``g >= tail_high`` of the rollout pool was spare
+      with nothing waiting to start: every live episode would still have a slot, and every
+      running generation its compute, on the other ``(1 - g)`` of the devices. That is the
+      stragglers of a batch, or admission blocked by the staleness bound -- and it is exactly when
+      the learner waits for those stragglers and then trains. Lend ``floor(g * rollout)`` (at
+      least 1) spare devices to training, whether the learner is busy or waiting: its next step
+      runs on more devices. Their live stragglers move by re-prefill or finish in place
+      (:class:`MigrationPolicy`); the devices come back by the first rule when the next batch is
+      admitted and episodes queue for slots again.
 
-    **Cost.** A move takes each moved device out of both pools for ``move_cost_s``. Over the hold
-    horizon ``H = hold_factor * move_cost_s`` a move to rollout is expected to recover about
-    ``H * f * n / (rollout + n)`` seconds of learner waiting, and a lend to training about
-    ``H * (1 - f) * n / (train + n)`` seconds of training (linear scaling, an optimistic guess);
-    the move is made only when that beats ``move_cost_s``. After a move no decision is made for
-    ``H`` (hysteresis), so a split is never reversed before it could have paid off.
+    **Cost.** A move takes each moved device out of both pools for ``move_cost_s``. A move to
+    rollout is expected to shorten the backlog -- ``queue_depth / finish_rate`` seconds of work at
+    the recent rate -- by ``n / (rollout + n)`` of it; with no backlog estimate, to recover about
+    ``H * f * n / (rollout + n)`` seconds of learner waiting over the hold horizon
+    ``H = hold_factor * move_cost_s``. A lend to training is expected to
+    shorten the next learner step by ``last_step_s * n / (train + n)`` (linear scaling, an
+    optimistic guess; before the first step, ``H * (1 - f) * n / (train + n)``); a lend must pay
+    for its way there and back, ``2 * move_cost_s``. After a move no decision is made for ``H``
+    (hysteresis), so a split is never reversed before it could have paid off.
 
     One decision moves at most ``max_move_frac`` of a pool, so a noisy window cannot empty it.
     Pools never shrink below ``min_rollout`` / ``min_train``; no move is made while another is
@@ -150,6 +162,23 @@ class ElasticController:
         horizon = c.hold_factor * c.move_cost_s
         return horizon * gain_frac * n / pool_after > c.move_cost_s
 
+    def _feed_pays(self, t: Telemetry, n: int) -> bool:
+        c = self.config
+        if c.move_cost_s <= 0:
+            return True
+        if t.queue_depth > 0 and t.finish_rate > 0:
+            backlog_s = t.queue_depth / t.finish_rate  # the queue drains at the recent finish rate
+            return backlog_s * n / (t.rollout_devices + n) > c.move_cost_s
+        return self._pays(t.learner_idle_frac, n, t.rollout_devices + n)
+
+    def _lend_pays(self, t: Telemetry, n: int) -> bool:
+        c = self.config
+        if c.move_cost_s <= 0:
+            return True
+        if t.last_step_s <= 0:
+            return self._pays(1.0 - t.learner_idle_frac, n, t.train_devices + n)
+        return t.last_step_s * n / (t.train_devices + n) > 2 * c.move_cost_s
+
     def decide(self, t: Telemetry) -> Move | None:
         c = self.config
         if t.moving or t.time_s - self.last_move_s < c.hold_s:
@@ -157,32 +186,56 @@ class ElasticController:
         move: Move | None = None
         f = t.learner_idle_frac
         starved = f >= c.idle_high and t.unconsumed < t.batch_size
-        compute_bound = t.queue_depth > 0 or t.long_tail_frac < c.tail_high / 2
-        if starved and compute_bound and t.train_devices > c.min_train:
+        backlogged = t.queue_depth > 0 or t.long_tail_frac < c.tail_high / 2
+        if starved and backlogged and t.train_devices > c.min_train:
             n = max(1, round(f * t.train_devices))
             n = min(n, max(1, int(c.max_move_frac * t.train_devices)), t.train_devices - c.min_train)
-            if self._pays(f, n, t.rollout_devices + n):
+            if self._feed_pays(t, n):
                 move = Move("rollout", n, f"learner idle {f:.0%}, queue {t.queue_depth}")
+        elif t.long_tail_frac >= c.tail_high and t.queue_depth == 0 and t.rollout_devices > c.min_rollout:
+            n = max(1, math.floor(t.long_tail_frac * t.rollout_devices + 1e-9))
+            n = min(n, max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
+            if self._lend_pays(t, n):
+                move = Move("train", n, f"rollout pool {t.long_tail_frac:.0%} spare, staleness {t.staleness:.2f}")
         elif (
-            t.long_tail_frac >= c.tail_high
-            and t.queue_depth == 0
-            and f < c.idle_high
+            f < c.idle_high
+            and t.staleness >= 1.0
+            and t.queue_depth > 0
+            and t.finish_rate > 0
+            and t.last_step_s > t.queue_depth / t.finish_rate
             and t.rollout_devices > c.min_rollout
         ):
-            n = max(1, round(t.long_tail_frac * t.rollout_devices))
-            n = min(n, max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
-            if self._pays(1.0 - f, n, t.train_devices + n):
-                move = Move("train", n, f"rollout capacity idle {t.long_tail_frac:.0%}, staleness {t.staleness:.2f}")
+            n = min(max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
+            if self._lend_pays(t, n):
+                move = Move("train", n, f"learner is the bottleneck: step {t.last_step_s:.0f}s > backlog {t.queue_depth / t.finish_rate:.0f}s")
         if move is not None:
             self.last_move_s = t.time_s
         return move
 
 
-class TelemetryWindow:
-    """Exponential moving averages of the learner idle and rollout long-tail fractions.
+def spare_fraction(
+    devices: int, *, live: int, slots: int, generating: int, saturation: float, kv_used: float = 0.0, kv_tokens: float = 0.0
+) -> float:
+    """Share of ``devices`` rollout devices (whole devices) that could leave while every live episode keeps a slot
+    (``slots`` per device), every running generation its compute (``saturation`` concurrent
+    generations keep one device busy) and, with ``kv_tokens > 0``, every held token its KV cache.
 
-    ``observe(dt, learner_waiting, idle_capacity_frac, queue_depth)`` accumulates ``dt`` seconds of
-    state; the averages decay with time constant ``tau_s``. Used by both runtime and simulator.
+    This is the rollout pool's "long tail" measure: near 0 while the pool is full or busy, near 1
+    when a few stragglers (or nothing) hold it. Runtime and simulator both use it.
+    """
+    if devices <= 0:
+        return 0.0
+    need = max(live / slots, generating / saturation, kv_used / kv_tokens if kv_tokens > 0 else 0.0)
+    return min(1.0, max(0.0, 1.0 - math.ceil(need - 1e-9) / devices))
+
+
+class TelemetryWindow:
+    """Exponential moving averages of the learner idle and rollout long-tail fractions, and of
+    the rate at which episodes finish.
+
+    ``observe(dt, learner_waiting, idle_capacity_frac, queue_depth, finished)`` accumulates ``dt``
+    seconds of state (``finished``: episodes that ended during them); the averages decay with
+    time constant ``tau_s``. Used by both runtime and simulator.
     """
 
     def __init__(self, tau_s: float) -> None:
@@ -191,19 +244,22 @@ class TelemetryWindow:
         self.tau_s = tau_s
         self.learner_idle = 0.0
         self.long_tail = 0.0
+        self.finish_rate = 0.0
 
-    def observe(self, dt: float, learner_waiting: bool, idle_capacity_frac: float, queue_depth: int) -> None:
+    def observe(
+        self, dt: float, learner_waiting: bool, idle_capacity_frac: float, queue_depth: int, finished: int = 0
+    ) -> None:
         if dt <= 0:
             return
-        import math
-
+        self.finish_rate = self.finish_rate * math.exp(-dt / self.tau_s) + finished / self.tau_s
         a = 1.0 - math.exp(-dt / self.tau_s)
         self.learner_idle += a * ((1.0 if learner_waiting else 0.0) - self.learner_idle)
         tail = idle_capacity_frac if queue_depth == 0 else 0.0
         self.long_tail += a * (tail - self.long_tail)
 
     def reset(self) -> None:
-        """Forget the history (after a move the old fractions describe another split)."""
+        """Forget the fractions (after a move they describe another split); the finish rate is
+        kept -- it changes slowly and a move is judged by it."""
         self.learner_idle = 0.0
         self.long_tail = 0.0
 
@@ -294,6 +350,7 @@ class ElasticPool(Engine):
         self._lock = threading.RLock()
         self._where: dict[Any, str] = {}  # episode -> device
         self._pinned: set[Any] = set()  # episodes finishing in place on a draining device
+        self._resuming: set[Any] = set()  # live episodes moved off a draining device, waiting for a slot
         self._calls: dict[Any, int] = {}
         self._tokens: dict[Any, int] = {}
         self._waiting = 0
@@ -315,17 +372,17 @@ class ElasticPool(Engine):
         return self._waiting
 
     def idle_capacity_frac(self) -> float:
-        """Share of admitting rollout compute left idle: generating requests vs ``saturation`` each.
-
-        ``saturation`` is the number of concurrent generations at which one device's decode
-        throughput levels off (its batch size); live episodes waiting on a tool use no compute.
-        """
+        """Spare share of the admitting rollout pool: :func:`spare_fraction` of its devices, their
+        live episodes (``max_live`` slots each) and running generations (``saturation`` each)."""
         with self._lock:
             admitting = [d for d in self.devices.values() if d.state is DeviceState.ROLLOUT]
-            if not admitting:
-                return 0.0
-            busy = sum(min(d.inflight, self.saturation) for d in admitting)
-            return max(0.0, 1.0 - busy / (len(admitting) * self.saturation))
+            return spare_fraction(
+                len(admitting),
+                live=sum(len(d.live) for d in admitting),
+                slots=self.max_live,
+                generating=sum(d.inflight for d in admitting),
+                saturation=self.saturation,
+            )
 
     # ------------------------------------------------------------------ weights
 
@@ -386,7 +443,9 @@ class ElasticPool(Engine):
 
     # ------------------------------------------------------------------ routing
 
-    def _admit(self, key: Any) -> str | None:
+    def _admit(self, key: Any, *, resuming: bool = False) -> str | None:
+        if self._resuming and not resuming:
+            return None  # moved episodes get the free slots first
         admitting = [d for d in self.devices.values() if d.state is DeviceState.ROLLOUT and len(d.live) < self.max_live]
         if not admitting:
             return None
@@ -399,6 +458,7 @@ class ElasticPool(Engine):
         with self._lock:
             name = self._where.pop(key, None)
             self._pinned.discard(key)
+            self._resuming.discard(key)
             self._calls.pop(key, None)
             self._tokens.pop(key, None)
             self.stats.finished += 1
@@ -432,7 +492,11 @@ class ElasticPool(Engine):
             while True:
                 with self._lock:
                     name = self._where.get(key)
-                    if name is None:
+                    if name is None and key in self._resuming:
+                        name = self._admit(key, resuming=True)
+                        if name is not None:
+                            self._resuming.discard(key)
+                    elif name is None:
                         name = self._admit(key)
                         if name is not None:
                             self.stats.admitted += 1
@@ -462,16 +526,14 @@ class ElasticPool(Engine):
             return name
         old.live.discard(key)
         del self._where[key]
-        new = self._admit(key)
-        if new is None:  # nowhere to go right now: finishing in place beats waiting
-            old.live.add(key)
-            self._where[key] = name
-            self._pinned.add(key)
-            self.stats.finished_in_place += 1
-            return name
         self.stats.migrated += 1
         self.stats.reprefill_tokens += prefix
-        log.debug("episode moved %s -> %s, re-prefilling %d tokens", name, new, prefix)
+        new = self._admit(key, resuming=True)
+        if new is None:  # no free slot anywhere: wait for the first one, ahead of new episodes
+            self._resuming.add(key)
+            log.debug("episode left %s, waiting for a slot to re-prefill %d tokens", name, prefix)
+        else:
+            log.debug("episode moved %s -> %s, re-prefilling %d tokens", name, new, prefix)
         self._maybe_drained(old)
         return new
 

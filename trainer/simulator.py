@@ -9,7 +9,9 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   call taking ``latency`` seconds during which the episode holds its KV slot but no compute.
   Turn counts, tokens per turn and tool latencies are log-normal (long-tailed) and capped; the
   same seed gives the same episodes for every policy (common random numbers).
-* **Rollout devices.** A device holds at most ``max_live`` live episodes. Its decode step takes
+* **Rollout devices.** A device holds at most ``max_live`` live episodes and, with
+  ``kv_tokens > 0``, admits one only while the prefixes it holds leave room in its KV cache
+  (prefixes grow with every turn; a device over budget admits nothing until some finish). Its decode step takes
   ``decode_base_s + decode_per_seq_s * n`` for ``n`` generating sequences, each of which gains
   one token per step (processor sharing: memory-bound decode is nearly flat in ``n`` until it
   saturates). Prefill of ``p`` tokens costs ``p / prefill_speedup`` decode steps of work.
@@ -17,14 +19,17 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   ``k - max_policy_lag`` (0 for colocated-sync); admissible episodes wait in a FIFO queue for a
   free slot on the least-loaded admitting device (that queue is the telemetry's queue depth).
 * **Learner.** Step ``k`` waits for every episode of batch ``k``, runs on the devices of the train
-  pool at that moment in ``train_fixed_s + tokens / (train_tokens_per_s * n ** train_alpha)``
-  seconds (``tokens``: all tokens of the batch), then publishes weights: every rollout device
-  pauses ``weight_sync_s``.
+  pool in ``train_fixed_s + tokens / (train_tokens_per_s * n ** train_alpha)`` seconds
+  (``tokens``: all tokens of the batch), then publishes weights: every rollout device pauses
+  ``weight_sync_s``. A device that joins the train pool while a step runs takes its share of the
+  remaining micro-batches (``grow_steps``; the runtime's learner does the same at micro-batch
+  boundaries); devices never leave a running step.
 * **Colocated-sync.** Every device generates batch ``k`` with version ``k``; then every device
   trains (``colocated_switch_s`` per step for switching engines and reloading weights).
 * **Moves (elastic).** The :class:`~trainer.pools.ElasticController` reads the same telemetry as
   in the runtime every ``tick_s``. A device leaving rollout stops admitting; each live episode, at
-  its next turn, either re-prefills its whole prefix on another device or finishes in place
+  its next turn, either re-prefills its whole prefix on another device -- waiting, ahead of new
+  episodes, for the first free slot when none has room -- or finishes in place
   (:class:`~trainer.pools.MigrationPolicy`); then the device pays ``realloc_s`` and joins the
   train pool. A device joining rollout leaves after the learner step that uses it, pays
   ``realloc_s`` (loading the current weights), then admits episodes.
@@ -39,8 +44,9 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
 
 Throughput is trajectories consumed by the learner per second over the whole run.
 :func:`critical_path_bound` gives an upper bound on any device policy's throughput (the
-stragglers' own chains of turns, the staleness bound, training on every device), which tells how
-much room a reallocation policy has at all.
+stragglers' own chains of turns, the staleness bound, training on every device; and the
+device-seconds the run's rollout and training need at the least), which tells how much room a
+reallocation policy has at all.
 """
 
 from __future__ import annotations
@@ -54,7 +60,14 @@ from typing import Any
 
 import numpy as np
 
-from trainer.pools import ControllerConfig, ElasticController, MigrationPolicy, Telemetry, TelemetryWindow
+from trainer.pools import (
+    ControllerConfig,
+    ElasticController,
+    MigrationPolicy,
+    Telemetry,
+    TelemetryWindow,
+    spare_fraction,
+)
 
 # =========================================================================== workloads
 
@@ -85,7 +98,7 @@ class Workload:
     # hardware, per device
     decode_base_s: float
     decode_per_seq_s: float
-    max_live: int
+    max_live: int  # live episodes per device at most (scheduler slots)
     prefill_speedup: float
     train_tokens_per_s: float
     train_alpha: float
@@ -98,6 +111,11 @@ class Workload:
     host_episode_s: float = 0.0  # serial host work per episode: env, reward check, store writes
     host_cpus: float = 0.0  # > 0: devices, learner and host share this many cores
     overlap_batches: bool = True  # False: batch k+1 starts after batch k ends (embedded RolloutThread)
+    # KV-cache capacity of one rollout device in tokens (0: only ``max_live`` limits admission)
+    kv_tokens: float = 0.0
+    # a device joining the train pool during a step takes micro-batches from then on (False: a
+    # step keeps the devices it started with)
+    grow_steps: bool = True
 
     def with_overrides(self, **kw: Any) -> Workload:
         bad = [k for k in kw if k not in self.__dataclass_fields__]
@@ -109,7 +127,8 @@ class Workload:
 _H100_7B = dict(  # Qwen2.5-7B bf16 on one H100/H200-class GPU (vLLM decode, FSDP training)
     decode_base_s=0.025,  # ~40 tokens/s for one sequence
     decode_per_seq_s=0.0004,  # saturates around a few hundred sequences
-    max_live=128,  # KV slots for long multi-turn contexts
+    max_live=128,  # scheduler slots
+    kv_tokens=1.0e6,  # KV cache: 57,344 bytes/token for Qwen2.5-7B, ~52 GB free on an 80 GB GPU (see xlong)
     prefill_speedup=200.0,  # prefill ~8k tokens/s vs one decode step per token
     train_tokens_per_s=6000.0,  # fwd+bwd of 7B at ~35% MFU
     train_alpha=0.9,  # data-parallel scaling exponent (communication)
@@ -125,26 +144,37 @@ WORKLOADS: dict[str, Workload] = {
     #   latency"; QwenGyre's claim of up to 1.85x over colocated and 1.78x over async RL on such
     #   workloads. The "xLong-horizon description" the issue cites is not available here, so no
     #   number below comes from it.
+    # * Derived: the KV-cache budget. Qwen2.5-7B keeps 2 (K, V) x 28 layers x 4 KV heads x 128
+    #   dims x 2 bytes = 57,344 bytes per token; an 80 GB GPU at 0.9 memory use, less ~15 GB of
+    #   bf16 weights and ~5 GB of activations, holds ~52 GB of KV: ~0.9-1.0M tokens. Episodes of
+    #   tens of turns hold 10k-80k tokens each, so the cache, not the 128 scheduler slots, is
+    #   what limits a device's live episodes.
     # * Assumed: every shape value -- turns per episode log-normal (median 12, sigma 0.9, cap 100:
     #   p90 ~ 35-40 turns, a few 100-turn episodes per batch), tokens per turn log-normal (median
     #   250, sigma 0.8, growing 2x over the run as responses lengthen), tool latency log-normal
-    #   (median 3 s, sigma 1.2, cap 180 s), B=256, lag 2 -- and the H100/7B hardware constants.
-    # * Consequence (measured with critical_path_bound): at 16 GPUs this workload is latency-bound.
-    #   The longest episode of a batch runs ~9x the median, compute sits mostly idle, and even an
-    #   ideal device policy reaches only ~1.13x the best static async split (~2.9x colocated).
-    #   Reallocation cannot shorten one straggler's own chain of turns and tool calls.
+    #   (median 3 s, sigma 1.2, cap 180 s), lag 2 -- the H100/7B hardware constants, and
+    #   B = 1024 (64 trajectories per GPU). With B = 256 on 16 GPUs the best static split keeps its
+    #   learner busy only ~19% of the time and the GPUs mostly idle; nobody sizes a run like that.
+    #   benchmarks/elastic_sim.py also prints the B = 256 variant.
+    # * Consequence (measured with critical_path_bound): this workload is bound by its
+    #   stragglers. Batch k+3 is admitted when step k ends, and a batch of 1024 episodes takes
+    #   ~9x its median episode to finish (its 100-turn episodes); the pipeline runs in waves of
+    #   max_policy_lag + 1 batches. An ideal device policy reaches only ~1.5x the best static async
+    #   split here (~1.1x at B = 256): reallocation cannot shorten one straggler's own chain of
+    #   turns and tool calls, only the training steps between them.
     "xlong": Workload(
         name="xlong",
         description="xLong-horizon agent tasks: tens of tool turns per episode, heavy-tailed turn counts and tool latency",
         sources=(
             "the P3 elastic-pools issue: 'long-tailed rollout durations with multi-turn tool latency' "
             "(QwenGyre's xLong-horizon workload; its description is not available here, so no number is taken from it)",
+            "derived: KV cache of Qwen2.5-7B (57,344 bytes/token) on an 80 GB GPU -> ~1.0M tokens per device",
             "assumed, not measured: turns log-normal median 12 sigma 0.9 cap 100; tokens/turn log-normal median 250 "
             "sigma 0.8 cap 2048, growing 2x over the run; tool latency log-normal median 3 s sigma 1.2 cap 180 s; "
-            "B=256, max_policy_lag 2; hardware constants of _H100_7B",
+            "B=1024 (64 per GPU at 16 GPUs), max_policy_lag 2; hardware constants of _H100_7B",
         ),
-        batch_size=256,
-        steps=24,
+        batch_size=1024,
+        steps=12,
         max_policy_lag=2,
         turns_median=12.0,
         turns_sigma=0.9,
@@ -264,6 +294,7 @@ class _Dev:
     state: str
     live: set[int] = field(default_factory=set)
     gen: list[tuple[float, int]] = field(default_factory=list)  # heap of (virtual finish, episode)
+    kv: float = 0.0  # tokens its live episodes hold (their prefixes: the KV cache in use)
     vt: float = 0.0  # tokens each generating sequence has received
     t: float = 0.0  # time vt refers to
     paused_until: float = 0.0
@@ -315,7 +346,8 @@ class _Sim:
         self.events: list[tuple[float, int, str, int, int]] = []  # (time, seq, kind, id, stamp)
         self.seq = 0
         self.eps: dict[int, Episode] = {}
-        self.queue: deque[int] = deque()
+        self.queue: deque[int] = deque()  # admitted episodes waiting for their first slot
+        self.resume: deque[int] = deque()  # live episodes moved off a draining device, waiting for a slot
         self.next_batch = 0
         self.remaining: dict[int, int] = {}  # batch -> unfinished episodes
         self.batch_tokens: dict[int, float] = {}
@@ -333,7 +365,9 @@ class _Sim:
         self.saturation = max(1.0, w.decode_base_s / w.decode_per_seq_s)
         self.mean_turn_tokens = w.tokens_median * math.exp(w.tokens_sigma**2 / 2)
         self.speed = 1.0  # processor-sharing factor on a shared host (1.0 without one)
-        self.learner_work = self.learner_t = self.learner_start = 0.0
+        self.learner_fixed = self.learner_work = self.learner_t = self.learner_start = 0.0
+        self.last_step_s = 0.0
+        self.finished_total = self.finished_seen = 0
         self.learner_stamp = 0
         self.host_q: deque[int] = deque()
         self.host_cur: int | None = None
@@ -377,15 +411,24 @@ class _Sim:
         self.schedule_learner()
         self.schedule_host()
 
+    def learner_scale(self) -> float:
+        return float(len(self.learner_devs)) ** self.w.train_alpha
+
     def learner_progress(self) -> None:
+        """Bring the running step's remaining work to ``now``: its fixed part first, then its
+        token work at ``n ** train_alpha`` device-speed on its ``n`` devices."""
         if self.learner_busy_until is not None:
-            self.learner_work -= (self.now - self.learner_t) * self.speed
+            elapsed = (self.now - self.learner_t) * self.speed
+            fixed = min(elapsed, self.learner_fixed)
+            self.learner_fixed -= fixed
+            self.learner_work -= (elapsed - fixed) * self.learner_scale()
             self.learner_t = self.now
 
     def schedule_learner(self) -> None:
         if self.learner_busy_until is not None:
             self.learner_stamp += 1
-            self.learner_busy_until = self.now + max(0.0, self.learner_work) / self.speed
+            left = self.learner_fixed + max(0.0, self.learner_work) / self.learner_scale()
+            self.learner_busy_until = self.now + left / self.speed
             self.push(self.learner_busy_until, "step", 0, self.learner_stamp)
 
     def host_progress(self) -> None:
@@ -451,18 +494,28 @@ class _Sim:
             self.next_batch += 1
         self.fill()
 
+    def has_room(self, d: _Dev, prefix: float) -> bool:
+        """A slot free on ``d``, and (with ``kv_tokens``) room in its KV cache for ``prefix``."""
+        if len(d.live) >= self.w.max_live:
+            return False
+        return self.w.kv_tokens <= 0 or d.kv + prefix <= self.w.kv_tokens or not d.live
+
     def fill(self) -> None:
+        """Give free slots to moved episodes first (they re-prefill their prefix), then to new ones."""
         admitting = [d for d in self.devs if d.state == ROLLOUT]
-        while self.queue and admitting:
-            d = min(admitting, key=lambda x: (len(x.live), x.i))
-            if len(d.live) >= self.w.max_live:
-                return
-            e = self.eps[self.queue.popleft()]
-            self.place(e, d, self.w.prompt_tokens)
+        for waiting in (self.resume, self.queue):
+            while waiting and admitting:
+                e = self.eps[waiting[0]]
+                room = [d for d in admitting if self.has_room(d, e.prefix)]
+                if not room:
+                    return
+                waiting.popleft()
+                self.place(e, min(room, key=lambda x: (len(x.live), x.i)), e.prefix)
 
     def place(self, e: Episode, d: _Dev, prefill_tokens: float) -> None:
         e.device = d.i
         d.live.add(e.index)
+        d.kv += e.prefix
         self.start_turn(e, prefill_tokens)
 
     def start_turn(self, e: Episode, prefill_tokens: float) -> None:
@@ -480,6 +533,7 @@ class _Sim:
             e = self.eps[idx]
             tokens, latency = e.turns[e.turn]
             e.prefix += tokens
+            d.kv += tokens
             self.batch_tokens[e.batch] += tokens
             if e.turn == len(e.turns) - 1:
                 if self.w.host_episode_s > 0:
@@ -497,17 +551,19 @@ class _Sim:
         e.prefix += self.w.obs_tokens
         self.batch_tokens[e.batch] += self.w.obs_tokens
         d = self.devs[e.device]
+        d.kv += self.w.obs_tokens
         if d.state == DRAINING and not e.pinned:
             remaining = self.mean_turn_tokens * (len(e.turns) - e.turn)  # what the pool can estimate
-            target = [x for x in self.devs if x.state == ROLLOUT and len(x.live) < self.w.max_live]
-            if target and self.migration.should_migrate(int(e.prefix), min(remaining, self.mean_turn_tokens)):
-                new = min(target, key=lambda x: (len(x.live), x.i))
+            if self.migration.should_migrate(int(e.prefix), min(remaining, self.mean_turn_tokens)):
                 d.live.discard(idx)
+                d.kv -= e.prefix
                 self.migrations += 1
-                e.device = new.i
-                new.live.add(idx)
-                self.start_turn(e, e.prefix)  # re-prefill the whole stored prefix
                 self.check_drained(d)
+                target = [x for x in self.devs if x.state == ROLLOUT and self.has_room(x, e.prefix)]
+                if target:
+                    self.place(e, min(target, key=lambda x: (len(x.live), x.i)), e.prefix)  # re-prefill it all
+                else:
+                    self.resume.append(idx)  # waits for the next free slot, ahead of new episodes
                 return
             e.pinned = True
             self.in_place += 1
@@ -516,8 +572,10 @@ class _Sim:
     def finish(self, e: Episode) -> None:
         d = self.devs[e.device]
         d.live.discard(e.index)
+        d.kv -= e.prefix
         self.remaining[e.batch] -= 1
         self.finished_unconsumed += 1
+        self.finished_total += 1
         del self.eps[e.index]
         self.check_drained(d)
         if not self.w.overlap_batches and self.remaining[e.batch] == 0:
@@ -533,27 +591,37 @@ class _Sim:
             return
         if self.colocated:
             devs = list(self.devs)
-            n = len(devs)
-            dur = self.w.colocated_switch_s + self.train_time(n, k)
+            fixed = self.w.colocated_switch_s + self.w.train_fixed_s
         else:
             devs = [d for d in self.devs if d.state == TRAIN]
-            n = len(devs)
-            if n == 0:
+            if not devs:
                 return
-            dur = self.train_time(n, k)
+            fixed = self.w.train_fixed_s
         self.learner_devs = [d.i for d in devs]
-        self.learner_busy_until = self.now + dur
-        self.learner_work, self.learner_t, self.learner_start = dur, self.now, self.now
+        self.learner_busy_until = self.now
+        self.learner_fixed, self.learner_work = fixed, self.train_work(k)
+        self.learner_t = self.learner_start = self.now
         self.finished_unconsumed -= self.w.batch_size
         self.schedule_learner()
 
-    def train_time(self, n: int, k: int) -> float:
+    def train_work(self, k: int) -> float:
+        """Step ``k``'s token work in seconds on one device (it takes ``1 / n ** train_alpha`` of that on ``n``)."""
         w = self.w
-        tokens = self.batch_tokens[k] + w.batch_size * w.prompt_tokens
-        return w.train_fixed_s + tokens / (w.train_tokens_per_s * n**w.train_alpha)
+        return (self.batch_tokens[k] + w.batch_size * w.prompt_tokens) / w.train_tokens_per_s
+
+    def train_time(self, n: int, k: int) -> float:
+        return self.w.train_fixed_s + self.train_work(k) / n**self.w.train_alpha
+
+    def grow_step(self, d: _Dev) -> None:
+        """Device ``d`` joined the train pool: the running step takes it from its next micro-batch on."""
+        if self.w.grow_steps and self.learner_busy_until is not None and not self.colocated:
+            self.learner_progress()
+            self.learner_devs.append(d.i)
+            self.schedule_learner()
 
     def on_step_done(self) -> None:
         self.learner_busy_s += self.now - self.learner_start
+        self.last_step_s = self.now - self.learner_start
         self.version += 1
         self.learner_busy_until = None
         self.learner_devs = []
@@ -606,25 +674,34 @@ class _Sim:
             rollout_devices=len(admitting),
             train_devices=self.count(TRAIN),
             moving=self.count(DRAINING, TO_TRAIN, TO_ROLLOUT) + sum(d.leave_after_step for d in self.devs),
-            queue_depth=len(self.queue),
+            queue_depth=len(self.queue) + len(self.resume),
             unconsumed=self.finished_unconsumed,
             batch_size=self.w.batch_size,
             learner_idle_frac=self.window.learner_idle,
             long_tail_frac=self.window.long_tail,
             staleness=ahead / self.lag if self.lag else 1.0,
+            last_step_s=self.last_step_s,
+            finish_rate=self.window.finish_rate,
         )
 
     def observe_until(self, t: float) -> None:
-        """Feed the state held during [now, t) to the telemetry window."""
+        """Feed the state held during [now, t) to the telemetry window (only the controller reads it)."""
         dt = t - self.now
-        if dt <= 0:
+        if dt <= 0 or self.controller is None:
             return
         admitting = [d for d in self.devs if d.state == ROLLOUT]
-        sat = self.saturation
-        busy = sum(min(len(d.gen), sat) for d in admitting)
-        idle = 1.0 - busy / (len(admitting) * sat) if admitting else 0.0
+        spare = spare_fraction(
+            len(admitting),
+            live=sum(len(d.live) for d in admitting),
+            slots=self.w.max_live,
+            generating=sum(len(d.gen) for d in admitting),
+            saturation=self.saturation,
+            kv_used=sum(d.kv for d in admitting),
+            kv_tokens=self.w.kv_tokens,
+        )
         waiting = self.learner_busy_until is None and self.count(TRAIN) > 0
-        self.window.observe(dt, waiting, idle, len(self.queue))
+        self.window.observe(dt, waiting, spare, len(self.queue) + len(self.resume), self.finished_total - self.finished_seen)
+        self.finished_seen = self.finished_total
 
     # ------------------------------------------------------------------ run
 
@@ -655,6 +732,7 @@ class _Sim:
                 d = self.devs[ident]
                 d.state = TRAIN
                 self.record()
+                self.grow_step(d)
                 self.maybe_train()
             elif kind == "joined_rollout":
                 d = self.devs[ident]
@@ -725,32 +803,57 @@ def default_controller(w: Workload) -> ControllerConfig:
 def critical_path_bound(w: Workload, n_devices: int, seed: int = 0) -> float:
     """An upper bound on the throughput of *any* device policy (traj/s) under the staleness bound.
 
-    Whatever the split and however devices move, (1) an episode cannot finish sooner than its
-    own turns run back to back on a device serving it alone (``decode_base_s + decode_per_seq_s``
-    per token, its prefills, its tool latencies), (2) step ``k`` cannot start before every episode
-    of batch ``k`` has finished and step ``k - 1`` is done, and it takes at least the training
-    time on all ``n_devices``, and (3) batch ``k`` is admitted no earlier than step
-    ``k - max_policy_lag - 1`` is done (weight sync and reallocation costs are left out, so the
-    bound is optimistic). The makespan of that recursion bounds every policy's, elastic included;
-    when it is close to the best static split's, no reallocation policy can beat static by much.
+    Whatever the split and however devices move:
+
+    * **Critical path.** (1) An episode cannot finish sooner than its own turns run back to back
+      on a device serving it alone (``decode_base_s + decode_per_seq_s`` per token, its prefills,
+      its tool latencies), (2) step ``k`` cannot start before every episode of batch ``k`` has
+      finished and step ``k - 1`` is done, and it takes at least the training time on all
+      ``n_devices``, and (3) batch ``k`` is admitted no earlier than step ``k - max_policy_lag - 1``
+      is done.
+    * **Work.** The run needs at least its rollout device-seconds plus its training
+      device-seconds out of ``n_devices``: an episode holds one of a device's ``max_live`` slots
+      (and, with ``kv_tokens``, its prefix in that device's KV cache) at least for its solo
+      duration; a generated token costs at least ``decode_per_seq_s + decode_base_s / max_live``
+      of a device; a step's token work takes at least its one-device time in device-seconds
+      (``n ** (1 - train_alpha) >= 1`` on ``n`` devices).
+
+    Weight sync and reallocation costs are left out, so the bound is optimistic. The larger of the
+    two makespans bounds every policy's, elastic included; when it is close to the best static
+    split's, no reallocation policy can beat static by much.
     """
     lag = w.max_policy_lag
     per_tok = w.decode_base_s + w.decode_per_seq_s
     done: list[float] = []
+    slot_s = kv_s = decode_tokens = train_s = 0.0
     for k in range(w.steps):
         admit = done[k - lag - 1] if k - lag - 1 >= 0 else 0.0
         longest, tokens = 0.0, 0.0
         for e in make_episodes(w, k, seed):
-            dur, prefill = 0.0, float(w.prompt_tokens)
+            dur, prefill, prefix = 0.0, float(w.prompt_tokens), float(w.prompt_tokens)
             for i, (tok, lat) in enumerate(e.turns):
-                dur += (tok + prefill / w.prefill_speedup) * per_tok + lat
+                turn = (tok + prefill / w.prefill_speedup) * per_tok + lat
+                dur += turn
+                prefix += tok
+                kv_s += prefix * turn
+                decode_tokens += tok
                 tokens += tok + (w.obs_tokens if i < len(e.turns) - 1 else 0)
                 prefill = float(w.obs_tokens)
+                prefix += w.obs_tokens
             longest = max(longest, dur)
-        train = w.train_fixed_s + (tokens + w.batch_size * w.prompt_tokens) / (w.train_tokens_per_s * n_devices**w.train_alpha)
+            slot_s += dur
+        work = (tokens + w.batch_size * w.prompt_tokens) / w.train_tokens_per_s
+        train_s += work
+        train = w.train_fixed_s + work / n_devices**w.train_alpha
         start = max(admit + longest, done[-1] if done else 0.0)
         done.append(start + train)
-    return w.steps * w.batch_size / done[-1]
+    rollout_s = max(
+        slot_s / w.max_live,
+        kv_s / w.kv_tokens if w.kv_tokens > 0 else 0.0,
+        decode_tokens * (w.decode_per_seq_s + w.decode_base_s / w.max_live),
+    )
+    makespan = max(done[-1], (rollout_s + train_s) / n_devices)
+    return w.steps * w.batch_size / makespan
 
 
 def best_static(w: Workload, n_devices: int, seed: int = 0) -> tuple[SimResult, dict[int, float]]:

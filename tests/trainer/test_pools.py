@@ -29,6 +29,7 @@ from trainer.pools import (
     MigrationPolicy,
     Telemetry,
     TelemetryWindow,
+    spare_fraction,
 )
 
 torch.set_num_threads(1)
@@ -62,9 +63,9 @@ def tiny(tmp_path_factory):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
 
 
-def _pool(model, tok, migration: MigrationPolicy | None = None) -> ElasticPool:
+def _pool(model, tok, migration: MigrationPolicy | None = None, max_live: int = 8) -> ElasticPool:
     engines = {f"cpu{i}": HFEngine(copy.deepcopy(model), tok, max_batch_size=8, seed=i) for i in range(2)}
-    return ElasticPool(engines, rollout=["cpu0", "cpu1"], max_live=8, migration=migration)
+    return ElasticPool(engines, rollout=["cpu0", "cpu1"], max_live=max_live, migration=migration)
 
 
 def _run_with_move(pool: ElasticPool, tok, tree: TrajectoryTree, n: int) -> list[Any]:
@@ -114,6 +115,28 @@ def test_slot_leaves_rollout_mid_run_without_dropping_episodes(tiny, tmp_path):
     pool.move_to_rollout("cpu1")
     assert pool.devices["cpu1"].engine.version == 7
     assert pool.devices["cpu1"].state is DeviceState.ROLLOUT
+    asyncio.run(pool.close())
+    tree.close()
+
+
+def test_leaving_a_full_pool_moved_episodes_wait_for_a_slot(tiny, tmp_path):
+    """cpu0 is full when cpu1 leaves: cpu1's episodes wait for free slots (ahead of new ones), then
+    re-prefill there; every episode still plays every turn, none is dropped."""
+    model, tok = tiny
+    pool = _pool(model, tok, MigrationPolicy(prefill_speedup=1e9), max_live=3)
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    n = 8  # 6 slots for 8 episodes: a queue from the start, and cpu0 full when cpu1 drains
+    results = _run_with_move(pool, tok, tree, n)
+    assert len(results) == n
+    assert all(r.leaves[0].turns == TURNS and r.leaves[0].status == "finished" for r in results)
+    assert all(r.leaves[0].reward == 1.0 for r in results)
+    assert pool.stats.migrated >= 2 and pool.stats.finished_in_place == 0
+    assert pool.stats.finished == n == pool.stats.admitted
+    assert pool.devices["cpu1"].state is DeviceState.TRAIN and not pool._resuming
+    assert tree.open_paths() == []
+    for r in results:
+        traj = tree.trajectory(r.leaves[0].leaf_id)
+        assert sum(traj.policy_mask) == r.leaves[0].policy_tokens
     asyncio.run(pool.close())
     tree.close()
 
@@ -178,6 +201,13 @@ def test_telemetry_window():
     for _ in range(50):
         w.observe(0.1, False, 0.8, 5)
     assert w.learner_idle < 0.05 and w.long_tail < 0.05
+    # the finish rate: 3 episodes every 0.1 s -> 30/s once the average has settled
+    r = TelemetryWindow(tau_s=1.0)
+    for _ in range(100):
+        r.observe(0.1, False, 0.0, 0, finished=3)
+    assert r.finish_rate == pytest.approx(30.0, rel=0.06)
+    r.reset()
+    assert r.finish_rate > 25.0  # a move does not forget how fast episodes finish
     with pytest.raises(ValueError, match="tau_s"):
         TelemetryWindow(0)
 
@@ -185,11 +215,54 @@ def test_telemetry_window():
 def test_controller_leaves_a_latency_bound_rollout_alone():
     c = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4))
     # the learner starves, but rollout devices sit idle with nothing queued: each episode waits on
-    # its own tokens/tools, so more rollout devices would not produce trajectories any faster
-    assert c.decide(_t(learner_idle_frac=0.9, queue_depth=0, long_tail_frac=0.7, staleness=0.5)) is None
-    # ... while a busy rollout pool (little idle capacity) does get devices
-    m = c.decide(_t(learner_idle_frac=0.9, queue_depth=0, long_tail_frac=0.05, staleness=0.5))
+    # its own tokens/tools, so more rollout devices would not produce trajectories any faster.
+    # The spare devices are lent to training instead: the learner's next step runs on them.
+    m = c.decide(_t(learner_idle_frac=0.9, queue_depth=0, long_tail_frac=0.7, staleness=0.5))
+    assert m is not None and m.to == "train" and m.count == 2  # floor(0.7 * 4) spare devices
+    # ... while a busy rollout pool (nothing spare) does get devices
+    m = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4)).decide(
+        _t(learner_idle_frac=0.9, queue_depth=0, long_tail_frac=0.05, staleness=0.5)
+    )
     assert m is not None and m.to == "rollout"
+
+
+def test_controller_lends_to_a_learner_that_is_the_bottleneck():
+    c = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4, max_move_frac=0.5))
+    # the learner is busy, rollout sits at the staleness bound with a backlog that would drain in
+    # 10 / 1.0 = 10 s, but a step takes 60 s: the learner is the bottleneck, lend it devices
+    busy = dict(learner_idle_frac=0.0, staleness=1.0, queue_depth=10, finish_rate=1.0, last_step_s=60.0)
+    m = c.decide(_t(**busy))
+    assert m is not None and m.to == "train" and m.count == 2
+    # not while rollout may still admit (below the bound), nor when its backlog is the longer one
+    assert ElasticController(c.config).decide(_t(**{**busy, "staleness": 0.5})) is None
+    assert ElasticController(c.config).decide(_t(**{**busy, "last_step_s": 5.0})) is None
+
+
+def test_controller_cost_estimates_use_backlog_and_step_time():
+    cfg = ControllerConfig(idle_high=0.2, tail_high=0.4, max_move_frac=0.5, move_cost_s=10.0, hold_factor=2.0)
+    # a backlog of 200 episodes at 1 episode/s: two more rollout devices save 200 * 2 / 6 = 67 s > 10 s
+    m = ElasticController(cfg).decide(_t(learner_idle_frac=0.5, queue_depth=200, finish_rate=1.0))
+    assert m is not None and m.to == "rollout"
+    # ... a backlog of 20 at 1/s saves 6.7 s < 10 s: not worth a move
+    assert ElasticController(cfg).decide(_t(learner_idle_frac=0.5, queue_depth=20, finish_rate=1.0)) is None
+    # lending 2 spare devices to a 4-device learner whose steps take 90 s saves 30 s > 2 * 10 s ...
+    tail = dict(long_tail_frac=0.6, queue_depth=0)
+    m = ElasticController(cfg).decide(_t(last_step_s=90.0, **tail))
+    assert m is not None and m.to == "train"
+    # ... with 45 s steps it saves 15 s < 20 s (there and back): no
+    assert ElasticController(cfg).decide(_t(last_step_s=45.0, **tail)) is None
+
+
+def test_spare_fraction():
+    # 4 devices of 8 slots: 6 live episodes would fit on one device -> 3 of 4 spare
+    assert spare_fraction(4, live=6, slots=8, generating=2, saturation=8) == pytest.approx(0.75)
+    # compute binds first: 24 generations need 3 devices at 8 each
+    assert spare_fraction(4, live=24, slots=64, generating=24, saturation=8) == pytest.approx(0.25)
+    # the KV cache binds: 2.5M tokens held on 1M-token devices need 3 of them
+    assert spare_fraction(4, live=4, slots=64, generating=0, saturation=8, kv_used=2.5e6, kv_tokens=1e6) == pytest.approx(0.25)
+    # a full pool has nothing spare; no devices, nothing spare
+    assert spare_fraction(2, live=16, slots=8, generating=16, saturation=8) == 0.0
+    assert spare_fraction(0, live=0, slots=8, generating=0, saturation=8) == 0.0
 
 
 def test_controller_is_cost_aware_with_hysteresis():

@@ -110,3 +110,65 @@ def test_shared_host_model():
     assert serial.throughput <= simulate(SMALL, 4, "static", rollout_devices=2).throughput
     elastic = simulate(one_turn.with_overrides(host_episode_s=h, host_cpus=2.0), 3, "elastic", rollout_devices=2)
     assert elastic.trajectories == one_turn.steps * one_turn.batch_size
+
+
+class _Scripted:
+    """A controller that makes one move once ``when(telemetry)`` holds (a fixed test input)."""
+
+    def __init__(self, move, when) -> None:
+        self.move, self.when, self.done = move, when, False
+
+    def decide(self, t):
+        if not self.done and not t.moving and self.when(t):
+            self.done = True
+            return self.move
+        return None
+
+
+def _run(w, n, rollout, controller):
+    from trainer.pools import MigrationPolicy
+    from trainer.simulator import _Sim
+
+    return _Sim(w, n, "elastic", rollout, 0, controller, MigrationPolicy(w.prefill_speedup)).run()
+
+
+def test_a_running_step_grows_onto_a_lent_device():
+    """A device that joins the train pool mid-step takes micro-batches from then on."""
+    from trainer.pools import Move
+
+    heavy = SMALL.with_overrides(train_tokens_per_s=40.0, steps=2, realloc_s=1.0, weight_sync_s=0.0)
+
+    def lend():
+        return _Scripted(Move("train", 1, "test"), lambda t: t.time_s > 200)  # step 0 runs from ~60 s to ~1000 s
+
+    grown = _run(heavy, 4, 3, lend())
+    fixed = _run(heavy.with_overrides(grow_steps=False), 4, 3, lend())
+    assert grown.moves == fixed.moves == 1
+    assert grown.makespan_s < fixed.makespan_s
+    assert grown.trajectories == fixed.trajectories == heavy.steps * heavy.batch_size
+
+
+def test_kv_cache_budget_limits_admission():
+    roomy = simulate(SMALL, 4, "static", rollout_devices=2)
+    tight = simulate(SMALL.with_overrides(kv_tokens=3 * SMALL.prompt_tokens), 4, "static", rollout_devices=2)
+    assert tight.throughput < roomy.throughput
+    assert tight.trajectories == SMALL.steps * SMALL.batch_size
+
+
+def test_draining_a_full_pool_requeues_its_episodes_without_dropping_any():
+    """Leaving a full rollout pool: live episodes wait for a free slot, then re-prefill; none is lost."""
+    from trainer.pools import Move
+
+    full = SMALL.with_overrides(max_live=4, prefill_speedup=1e6)  # re-prefill is nearly free: always migrate
+    res = _run(full, 4, 3, _Scripted(Move("train", 1, "test"), lambda t: t.queue_depth > 0 and t.time_s > 0))
+    assert res.moves == 1 and res.migrations > 0
+    assert res.trajectories == full.steps * full.batch_size
+
+
+def test_bound_counts_the_work_of_slot_bound_rollout():
+    from trainer.simulator import critical_path_bound
+
+    few = SMALL.with_overrides(max_live=2)
+    assert critical_path_bound(few, 4) < critical_path_bound(SMALL, 4)
+    for policy in ("static", "elastic"):
+        assert simulate(few, 4, policy, rollout_devices=2).throughput <= critical_path_bound(few, 4) * (1 + 1e-9)
