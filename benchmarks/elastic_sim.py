@@ -6,7 +6,8 @@ static async split; goals 2.0 and 1.9), the critical-path upper bound that no de
 beat (how much room reallocation has at all), and writes a plot of the elastic run's pool sizes.
 The workload and hardware constants are documented in trainer/simulator.py (WORKLOADS).
 
-Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png]``.
+Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png] [--also-batch 256]``
+(about two minutes on one core).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="elastic_pools.png")
+    ap.add_argument("--also-batch", type=int, nargs="*", default=[256],
+                    help="also report the speedups at these batch sizes (sensitivity; default 256, none: --also-batch)")
     a = ap.parse_args()
     w = get_workload(a.workload)
     if a.steps:
@@ -45,6 +48,11 @@ def main() -> None:
           f"{res['bound_throughput']:.3f} traj/s = {res['bound_vs_colocated']:.2f}x colocated, "
           f"{res['bound_vs_static_async']:.2f}x best static async")
     print(f"  pool sizes over time: {a.plot}")
+    for b in a.also_batch:
+        r = compare(w.with_overrides(batch_size=b), a.gpus, seed=a.seed)
+        print(f"  at B={b}: elastic {r['speedup_vs_colocated']:.2f}x colocated, {r['speedup_vs_static_async']:.2f}x best static "
+              f"(rollout {r['best_static_rollout_devices']}, learner busy {r['static_async']['learner_busy_frac']:.0%}); "
+              f"bound {r['bound_vs_static_async']:.2f}x best static")
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ class ElasticTrainer(Trainer):
         self.rollout_thread: Any = None
         self.step_seconds: list[tuple[int, float]] = []  # (train slots at the start, seconds)
         self.grown_steps = 0  # steps whose train pool grew while they ran
+        self.step_slots: list[int] = []  # train slots of the running step, each time it grew
         self.step_cpu_seconds: list[tuple[int, float]] = []  # learner thread CPU per step
         # CPU seconds from the start of rollout to the end of the last learner step: the whole
         # process, the engines' batching threads, the learner's steps (host = the rest)
@@ -131,25 +132,16 @@ class ElasticTrainer(Trainer):
         self.runner.run = counted
         learner_step = self.learner.step
 
-        used: list[int] = []
-
-        def grow() -> None:
-            """Before each micro-batch: slots that joined the train pool during the step join it."""
-            n = len(self.pool.in_state(DeviceState.TRAIN))
-            if n > used[-1]:
-                used.append(n)
-                torch.set_num_threads(self.learner_threads(n))
-
-        self.learner.before_micro_batch = grow
+        self.learner.before_micro_batch = self._grow_step
 
         def step(batch: Any) -> Any:
             with self.step_lock:  # moves to rollout wait for the step's end: a step's pool only grows
                 n = len(self.pool.in_state(DeviceState.TRAIN))
-                used[:] = [n]
+                self.step_slots = [n]
                 torch.set_num_threads(self.learner_threads(n))
                 t, c = time.perf_counter(), time.thread_time()
                 out = learner_step(batch)
-                if len(used) > 1:
+                if len(self.step_slots) > 1:
                     self.grown_steps += 1
                 self.step_seconds.append((n, time.perf_counter() - t))
                 self.step_cpu_seconds.append((n, time.thread_time() - c))
@@ -163,6 +155,14 @@ class ElasticTrainer(Trainer):
         self._record()
         self._controller = threading.Thread(target=self._control_loop, name="elastic-controller", daemon=True)
         self._controller.start()
+
+    def _grow_step(self) -> None:
+        """Before each micro-batch of a step: slots that joined the train pool since the step began
+        (or since the last micro-batch) take part from here on -- the learner gets their threads."""
+        n = len(self.pool.in_state(DeviceState.TRAIN))
+        if self.step_slots and n > self.step_slots[-1]:
+            self.step_slots.append(n)
+            torch.set_num_threads(self.learner_threads(n))
 
     def _engine_threads(self) -> list[int]:
         """Native ids of the slots' engine batching threads (started lazily, on first request)."""

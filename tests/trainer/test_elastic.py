@@ -96,3 +96,28 @@ def test_elastic_switch_is_validated() -> None:
         load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=1"])
     with pytest.raises(ConfigError, match="trainer.rollout_devices"):
         load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=3", "trainer.rollout_devices=3"])
+
+
+def test_a_step_grows_onto_a_slot_lent_while_it_runs(tmp_path: Path) -> None:
+    """A slot that joins the train pool during a step is used from the step's next micro-batch on."""
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "trainer.steps=3", "trainer.micro_batch_tokens=64"])
+    tr = ElasticTrainer(cfg, tmp_path, devices=3, rollout=2, elastic=False, tick_s=0.02)
+    grow = tr._grow_step
+    calls: list[int] = []
+    lent: list[bool] = []
+
+    def hook() -> None:
+        calls.append(len(tr.step_seconds))
+        if len(tr.step_seconds) == 1 and not lent:  # the second step's first micro-batch
+            lent.append(tr.pool.move_to_train("cpu1").wait(timeout=120))  # drains: its episodes move on
+        grow()
+
+    tr._grow_step = hook  # type: ignore[method-assign]
+    res = tr.run()
+    assert res.ok and res.steps == 3 and lent == [True]
+    assert calls.count(1) > 1  # the step had more micro-batches after the lend
+    assert tr.grown_steps == 1
+    assert [n for n, _ in tr.step_seconds] == [1, 1, 2]  # step 2 began on 1 slot, step 3 on 2
+    st = tr.pool.stats
+    assert st.admitted == st.finished == 3 * cfg.trainer.batch_size
