@@ -116,7 +116,7 @@ class ControllerConfig:
 class ElasticController:
     """Decides device moves from telemetry; the same object drives the simulator and the runtime.
 
-    Two rules, each moving a share of a pool proportional to the waste it sees:
+    Four rules, each moving a share of a pool proportional to the waste it sees:
 
     * **learner starved, rollout backlogged** -- the learner idled a fraction ``f >= idle_high`` of
       the recent window, fewer than a batch of trajectories is waiting, and more rollout devices
@@ -132,8 +132,14 @@ class ElasticController:
       the learner waits for those stragglers and then trains. Lend ``floor(g * rollout)`` (at
       least 1) spare devices to training, whether the learner is busy or waiting: its next step
       runs on more devices. Their live stragglers move by re-prefill or finish in place
-      (:class:`MigrationPolicy`); the devices come back by the first rule when the next batch is
-      admitted and episodes queue for slots again.
+      (:class:`MigrationPolicy`); the devices come back when the next batch is admitted and the
+      pool fills again (below).
+    * **learner is the bottleneck** -- the learner is busy, rollout sits at the staleness bound
+      (it may admit nothing more until the learner steps) and its backlog would drain sooner
+      (``queue_depth / finish_rate``) than a learner step takes (``last_step_s``): lend it
+      ``max_move_frac`` of the rollout pool.
+    * **back home** -- the rollout pool is below the split the run started with and is busy
+      again (a queue, or almost nothing spare): the lent devices return (after the running step).
 
     **Cost.** A move takes each moved device out of both pools for ``move_cost_s``. A move to
     rollout is expected to shorten the backlog -- ``queue_depth / finish_rate`` seconds of work at
@@ -147,13 +153,15 @@ class ElasticController:
 
     One decision moves at most ``max_move_frac`` of a pool, so a noisy window cannot empty it.
     Pools never shrink below ``min_rollout`` / ``min_train``; no move is made while another is
-    still in progress. The only state is the time of the last move, so the same telemetry
+    still in progress. The only state is the time of the last move and the starting split (the
+    rollout pool's size at the first decision, or ``home_rollout``), so the same telemetry
     sequence always gives the same decisions.
     """
 
-    def __init__(self, config: ControllerConfig | None = None) -> None:
+    def __init__(self, config: ControllerConfig | None = None, home_rollout: int = -1) -> None:
         self.config = config or ControllerConfig()
         self.last_move_s = -float("inf")
+        self.home_rollout = home_rollout  # -1: the rollout pool's size at the first decision
 
     def _pays(self, gain_frac: float, n: int, pool_after: int) -> bool:
         c = self.config
@@ -181,6 +189,8 @@ class ElasticController:
 
     def decide(self, t: Telemetry) -> Move | None:
         c = self.config
+        if self.home_rollout < 0:
+            self.home_rollout = t.rollout_devices
         if t.moving or t.time_s - self.last_move_s < c.hold_s:
             return None
         move: Move | None = None
@@ -208,6 +218,9 @@ class ElasticController:
             n = min(max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
             if self._lend_pays(t, n):
                 move = Move("train", n, f"learner is the bottleneck: step {t.last_step_s:.0f}s > backlog {t.queue_depth / t.finish_rate:.0f}s")
+        elif backlogged and t.rollout_devices < self.home_rollout and t.train_devices > c.min_train:
+            n = min(self.home_rollout - t.rollout_devices, t.train_devices - c.min_train)
+            move = Move("rollout", n, f"rollout busy again (queue {t.queue_depth}): back to the starting split")
         if move is not None:
             self.last_move_s = t.time_s
         return move
@@ -255,7 +268,9 @@ class TelemetryWindow:
         a = 1.0 - math.exp(-dt / self.tau_s)
         self.learner_idle += a * ((1.0 if learner_waiting else 0.0) - self.learner_idle)
         tail = idle_capacity_frac if queue_depth == 0 else 0.0
-        self.long_tail += a * (tail - self.long_tail)
+        # rises slowly, falls at once: a pool counts as spare only while it has stayed spare (a
+        # newly admitted batch fills it in an instant, and the stale average must not lend it out)
+        self.long_tail = min(tail, self.long_tail + a * (tail - self.long_tail))
 
     def reset(self) -> None:
         """Forget the fractions (after a move they describe another split); the finish rate is

@@ -54,7 +54,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -856,13 +856,17 @@ def critical_path_bound(w: Workload, n_devices: int, seed: int = 0) -> float:
     return w.steps * w.batch_size / makespan
 
 
-def best_static(w: Workload, n_devices: int, seed: int = 0) -> tuple[SimResult, dict[int, float]]:
+def best_static(
+    w: Workload, n_devices: int, seed: int = 0, progress: Callable[[str], None] | None = None
+) -> tuple[SimResult, dict[int, float]]:
     """The best static async split: a coarse grid over rollout sizes, refined around the best."""
     tried: dict[int, SimResult] = {}
 
     def at(r: int) -> SimResult:
         if r not in tried:
             tried[r] = simulate(w, n_devices, "static", rollout_devices=r, seed=seed)
+            if progress:
+                progress(f"static split {r} rollout / {n_devices - r} train: {tried[r].throughput:.3f} traj/s")
         return tried[r]
 
     step = max(1, (n_devices - 1) // 8)
@@ -883,12 +887,25 @@ def best_static(w: Workload, n_devices: int, seed: int = 0) -> tuple[SimResult, 
     return tried[best], {r: res.throughput for r, res in sorted(tried.items())}
 
 
-def compare(w: Workload, n_devices: int, seed: int = 0, controller: ControllerConfig | None = None) -> dict[str, Any]:
-    """Colocated-sync vs the best static async split vs elastic (started from that split)."""
+def compare(
+    w: Workload,
+    n_devices: int,
+    seed: int = 0,
+    controller: ControllerConfig | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Colocated-sync vs the best static async split vs elastic (started from that split).
+
+    ``progress`` (optional) is called with a line after each simulated run.
+    """
     col = simulate(w, n_devices, "colocated", seed=seed)
-    static, grid = best_static(w, n_devices, seed)
+    if progress:
+        progress(f"colocated-sync: {col.throughput:.3f} traj/s")
+    static, grid = best_static(w, n_devices, seed, progress)
     assert static.rollout_devices is not None
     ela = simulate(w, n_devices, "elastic", rollout_devices=static.rollout_devices, seed=seed, controller=controller)
+    if progress:
+        progress(f"elastic from {static.rollout_devices} rollout: {ela.throughput:.3f} traj/s ({ela.moves} moves)")
     bound = critical_path_bound(w, n_devices, seed)
     return {
         "workload": w.name,
@@ -960,7 +977,11 @@ def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str 
         if steps < 1:
             raise ConfigError(f"--steps: must be >= 1, got {steps}")
         w = w.with_overrides(steps=steps)
-    res = compare(w, gpus, seed=seed)
+    import sys
+
+    print(f"simulate-elastic: {w.name} on {gpus} GPUs, {w.steps} steps of {w.batch_size} (colocated, a search over "
+          "static splits, elastic; about a minute for xlong)", file=sys.stderr, flush=True)
+    res = compare(w, gpus, seed=seed, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     if plot:
         plot_pools(res, plot)
     if as_json:

@@ -283,3 +283,25 @@ def test_controller_is_cost_aware_with_hysteresis():
         ControllerConfig(move_cost_s=-1.0)
     with pytest.raises(ValueError, match="hold_factor"):
         ControllerConfig(hold_factor=0.5)
+
+
+def test_controller_brings_lent_devices_home_when_rollout_fills_again():
+    c = ElasticController(ControllerConfig(idle_high=0.2, tail_high=0.4, max_move_frac=0.5))
+    m = c.decide(_t(long_tail_frac=0.6, rollout_devices=4, train_devices=4))  # the tail: lend 2
+    assert m is not None and m.to == "train" and m.count == 2 and c.home_rollout == 4
+    # later: the learner is busy, a new batch fills the smaller rollout pool -> the 2 come back
+    m = c.decide(_t(time_s=10.0, rollout_devices=2, train_devices=6, queue_depth=5, long_tail_frac=0.0))
+    assert m is not None and m.to == "rollout" and m.count == 2
+    # at the starting split nothing more moves for that reason
+    assert c.decide(_t(time_s=20.0, rollout_devices=4, train_devices=4, queue_depth=5, long_tail_frac=0.0)) is None
+
+
+def test_spare_share_falls_at_once_and_rises_slowly():
+    w = TelemetryWindow(tau_s=10.0)
+    for _ in range(200):
+        w.observe(1.0, False, 0.9, 0)
+    assert w.long_tail > 0.85
+    w.observe(0.01, False, 0.1, 0)  # a batch was admitted: the pool is full now
+    assert w.long_tail == pytest.approx(0.1)
+    w.observe(1.0, False, 0.9, 0)
+    assert 0.1 < w.long_tail < 0.3  # one spare second does not make the pool spare again
