@@ -197,7 +197,19 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     cores = os.cpu_count() or 1
     t = cfg.trainer
     lines = [f"backend: {t.backend}"]
-    if t.device == "cpu":
+    if t.elastic:
+        r = t.rollout_devices or t.devices - 1
+        lines.append(
+            f"pools: {t.devices} CPU slots, {r} rollout / {t.devices - r} train at the start, each with its own "
+            f"{cfg.rollout.engine} engine (a model copy); the elastic controller lends spare rollout slots to "
+            "training in a batch's long tail and brings them back when rollout fills again; moved episodes "
+            "re-prefill their stored prefix, none is dropped"
+        )
+        lines.append(
+            f"learner: main thread, cpu, one torch thread per train slot, capped by the cores (of {cores}) that the "
+            "serving slots leave free; a slot lent during a step joins it at the next micro-batch"
+        )
+    elif t.device == "cpu":
         threads = t.threads or max(1, cores // 2)
         lines.append(f"learner: main thread, cpu, {threads} torch thread(s)")
         lines.append(
