@@ -159,7 +159,7 @@ WORKLOADS: dict[str, Workload] = {
     # * Consequence (measured with critical_path_bound): this workload is bound by its
     #   stragglers. Batch k+3 is admitted when step k ends, and a batch of 1024 episodes takes
     #   ~9x its median episode to finish (its 100-turn episodes); the pipeline runs in waves of
-    #   max_policy_lag + 1 batches. An ideal device policy reaches only ~1.5x the best static async
+    #   max_policy_lag + 1 batches. On 16 GPUs an ideal device policy reaches only ~1.5x the best static async
     #   split here (~1.1x at B = 256): reallocation cannot shorten one straggler's own chain of
     #   turns and tool calls, only the training steps between them.
     "xlong": Workload(
