@@ -281,7 +281,6 @@ def main() -> None:
           f"wall time (the rest: GIL hand-offs, polling, batching waits -- serial time that is not CPU)")
     host = dataclasses.replace(host, host_episode_s=max(host_s, host_fit))
     med = {name: statistics.median(v) for name, v in measured.items()}
-    worst = worst_any = 0.0
     for label, model in (("bare model", w), ("host model", host)):
         sims = {
             "static": simulate(model, a.slots, "static", rollout_devices=r_static),

@@ -229,9 +229,10 @@ class ElasticController:
 def spare_fraction(
     devices: int, *, live: int, slots: int, generating: int, saturation: float, kv_used: float = 0.0, kv_tokens: float = 0.0
 ) -> float:
-    """Share of ``devices`` rollout devices (whole devices) that could leave while every live episode keeps a slot
-    (``slots`` per device), every running generation its compute (``saturation`` concurrent
-    generations keep one device busy) and, with ``kv_tokens > 0``, every held token its KV cache.
+    """Share of ``devices`` rollout devices (whole devices) that could leave while every live
+    episode keeps a slot (``slots`` per device), every running generation its compute
+    (``saturation`` concurrent generations keep one device busy) and, with ``kv_tokens > 0``,
+    every held token its KV cache.
 
     This is the rollout pool's "long tail" measure: near 0 while the pool is full or busy, near 1
     when a few stragglers (or nothing) hold it. Runtime and simulator both use it.

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -609,9 +610,6 @@ class _Sim:
         w = self.w
         return (self.batch_tokens[k] + w.batch_size * w.prompt_tokens) / w.train_tokens_per_s
 
-    def train_time(self, n: int, k: int) -> float:
-        return self.w.train_fixed_s + self.train_work(k) / n**self.w.train_alpha
-
     def grow_step(self, d: _Dev) -> None:
         """Device ``d`` joined the train pool: the running step takes it from its next micro-batch on."""
         if self.w.grow_steps and self.learner_busy_until is not None and not self.colocated:
@@ -977,8 +975,6 @@ def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str 
         if steps < 1:
             raise ConfigError(f"--steps: must be >= 1, got {steps}")
         w = w.with_overrides(steps=steps)
-    import sys
-
     print(f"simulate-elastic: {w.name} on {gpus} GPUs, {w.steps} steps of {w.batch_size} (colocated, a search over "
           "static splits, elastic; about a minute for xlong)", file=sys.stderr, flush=True)
     res = compare(w, gpus, seed=seed, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
