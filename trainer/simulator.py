@@ -26,6 +26,12 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   boundaries); devices never leave a running step.
 * **Colocated-sync.** Every device generates batch ``k`` with version ``k``; then every device
   trains (``colocated_switch_s`` per step for switching engines and reloading weights).
+* **Colocated-async (a reference).** Every device generates under the async staleness bound and
+  every device trains each step: generation pauses on all devices (live episodes keep their KV
+  cache; tool calls go on) from the step's start until it ends, ``colocated_switch_s`` included.
+  That is an elastic policy that hands the whole cluster to every step and back, with no drain,
+  at the colocated switch cost -- a yardstick for how much any reallocation can gain on a
+  workload, not a policy the runtime offers.
 * **Moves (elastic).** The :class:`~trainer.pools.ElasticController` reads the same telemetry as
   in the runtime every ``tick_s``. A device leaving rollout stops admitting; each live episode, at
   its next turn, either re-prefills its whole prefix on another device -- waiting, ahead of new
@@ -337,8 +343,9 @@ class _Sim:
         migration: MigrationPolicy,
     ) -> None:
         self.w, self.n, self.policy, self.seed = w, n_devices, policy, seed
-        self.colocated = policy == "colocated"
-        self.lag = 0 if self.colocated else w.max_policy_lag
+        self.colocated = policy in ("colocated", "colocated_async")
+        self.sliced = policy == "colocated_async"  # generation pauses on every device during a step
+        self.lag = 0 if policy == "colocated" else w.max_policy_lag
         r = n_devices if self.colocated else rollout_devices
         self.devs = [_Dev(i, ROLLOUT if i < r else TRAIN) for i in range(n_devices)]
         self.controller = controller
@@ -388,7 +395,8 @@ class _Sim:
 
     def active_workers(self) -> int:
         """Workers wanting a core now: generating devices, the learner's devices, the host thread."""
-        n = sum(1 for d in self.devs if d.gen)  # a weight load in progress is CPU work too
+        # a weight load in progress is CPU work too; a device paused for a whole step is not
+        n = sum(1 for d in self.devs if d.gen and d.paused_until < math.inf)
         if self.learner_busy_until is not None:
             n += len(self.learner_devs)
         return n + (1 if self.host_cur is not None else 0)
@@ -465,7 +473,7 @@ class _Sim:
 
     def reschedule(self, d: _Dev) -> None:
         d.stamp += 1
-        if d.gen:
+        if d.gen and d.paused_until < math.inf:
             start = max(self.now, d.paused_until)
             t = start + max(0.0, d.gen[0][0] - d.vt) / self.rate(d)
             self.push(t, "gen", d.i, d.stamp)
@@ -603,6 +611,11 @@ class _Sim:
         self.learner_fixed, self.learner_work = fixed, self.train_work(k)
         self.learner_t = self.learner_start = self.now
         self.finished_unconsumed -= self.w.batch_size
+        if self.sliced:  # every device trains: generation waits for the step's end
+            for d in self.devs:
+                self.advance(d)
+                d.paused_until = math.inf
+                self.reschedule(d)  # drops its pending generation event
         self.schedule_learner()
 
     def train_work(self, k: int) -> float:
@@ -623,6 +636,10 @@ class _Sim:
         self.version += 1
         self.learner_busy_until = None
         self.learner_devs = []
+        if self.sliced:
+            for d in self.devs:
+                d.t = d.paused_until = self.now
+                self.reschedule(d)
         if not self.colocated:
             for d in self.devs:
                 if d.state in (ROLLOUT, DRAINING):
@@ -775,16 +792,17 @@ def simulate(
     seed: int = 0,
     controller: ControllerConfig | None = None,
 ) -> SimResult:
-    """Run one policy: ``colocated``, ``static`` (needs ``rollout_devices``) or ``elastic``."""
-    if n_devices < 2 and policy != "colocated":
+    """Run one policy: ``colocated``, ``static`` (needs ``rollout_devices``), ``elastic`` or the
+    reference ``colocated_async`` (see the module docstring)."""
+    if n_devices < 2 and policy not in ("colocated", "colocated_async"):
         raise ValueError(f"--gpus: async policies need >= 2 devices, got {n_devices}")
-    if policy == "colocated":
+    if policy in ("colocated", "colocated_async"):
         return _Sim(w, n_devices, policy, n_devices, seed, None, MigrationPolicy(w.prefill_speedup)).run()
     if rollout_devices is None or not 1 <= rollout_devices < n_devices:
         raise ValueError(f"rollout_devices must lie in [1, {n_devices - 1}], got {rollout_devices}")
     ctl = ElasticController(controller or default_controller(w)) if policy == "elastic" else None
     if policy not in ("static", "elastic"):
-        raise ValueError(f"policy must be colocated, static or elastic, got {policy!r}")
+        raise ValueError(f"policy must be colocated, static, elastic or colocated_async, got {policy!r}")
     return _Sim(w, n_devices, policy, rollout_devices, seed, ctl, MigrationPolicy(w.prefill_speedup)).run()
 
 
@@ -892,7 +910,8 @@ def compare(
     controller: ControllerConfig | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Colocated-sync vs the best static async split vs elastic (started from that split).
+    """Colocated-sync vs the best static async split vs elastic (started from that split), with
+    two yardsticks: the colocated-async reference policy and :func:`critical_path_bound`.
 
     ``progress`` (optional) is called with a line after each simulated run.
     """
@@ -904,6 +923,9 @@ def compare(
     ela = simulate(w, n_devices, "elastic", rollout_devices=static.rollout_devices, seed=seed, controller=controller)
     if progress:
         progress(f"elastic from {static.rollout_devices} rollout: {ela.throughput:.3f} traj/s ({ela.moves} moves)")
+    ref = simulate(w, n_devices, "colocated_async", seed=seed)
+    if progress:
+        progress(f"colocated-async (reference): {ref.throughput:.3f} traj/s")
     bound = critical_path_bound(w, n_devices, seed)
     return {
         "workload": w.name,
@@ -917,6 +939,10 @@ def compare(
         "bound_throughput": bound,
         "bound_vs_colocated": bound / col.throughput,
         "bound_vs_static_async": bound / static.throughput,
+        # every device to every step and back at the colocated switch cost: what whole-cluster
+        # reallocation reaches here (a reference, not a bound)
+        "colocated_async_throughput": ref.throughput,
+        "colocated_async_vs_static_async": ref.throughput / static.throughput,
         "static_grid": grid,
         "elastic": ela.summary(),
         "colocated": col.summary(),
@@ -992,6 +1018,8 @@ def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str 
     print(f"  speedup vs colocated {res['speedup_vs_colocated']:.2f}x, vs best static async {res['speedup_vs_static_async']:.2f}x")
     print(f"  upper bound for any device policy (critical path): {res['bound_throughput']:.3f} traj/s = "
           f"{res['bound_vs_colocated']:.2f}x colocated, {res['bound_vs_static_async']:.2f}x best static async")
+    print(f"  reference, colocated-async (the whole cluster to every step and back): "
+          f"{res['colocated_async_throughput']:.3f} traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async")
     if plot:
         print(f"  pool plot: {plot}")
     return 0

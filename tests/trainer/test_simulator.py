@@ -172,3 +172,23 @@ def test_bound_counts_the_work_of_slot_bound_rollout():
     assert critical_path_bound(few, 4) < critical_path_bound(SMALL, 4)
     for policy in ("static", "elastic"):
         assert simulate(few, 4, policy, rollout_devices=2).throughput <= critical_path_bound(few, 4) * (1 + 1e-9)
+
+
+def test_colocated_async_reference():
+    """The reference policy: every device trains each step and generation pauses meanwhile."""
+    from trainer.simulator import critical_path_bound
+
+    ref = simulate(SMALL, 4, "colocated_async")
+    assert ref.trajectories == SMALL.steps * SMALL.batch_size
+    assert ref == simulate(SMALL, 4, "colocated_async")  # deterministic
+    # under the staleness bound it overlaps batches, so it is no slower than lock-step colocated
+    assert ref.throughput >= simulate(SMALL, 4, "colocated").throughput
+    # with no staleness allowed there is nothing to overlap: it is colocated-sync exactly
+    sync = SMALL.with_overrides(max_policy_lag=0)
+    assert simulate(sync, 4, "colocated_async").makespan_s == pytest.approx(simulate(sync, 4, "colocated").makespan_s)
+    # generation really pauses during steps: a longer step switch costs the whole cluster
+    slow_switch = SMALL.with_overrides(colocated_switch_s=SMALL.colocated_switch_s + 50.0)
+    assert simulate(slow_switch, 4, "colocated_async").makespan_s > ref.makespan_s + 50.0 * (SMALL.steps - 1)
+    assert ref.throughput <= critical_path_bound(SMALL, 4) * (1 + 1e-9)
+    res = compare(SMALL, 4)
+    assert res["colocated_async_vs_static_async"] == pytest.approx(res["colocated_async_throughput"] / res["throughput"]["static_async"])
