@@ -8,7 +8,11 @@ handed to every training step and back: what reallocation without drain costs wo
 writes a plot of the elastic run's pool sizes.
 The workload and hardware constants are documented in trainer/simulator.py (WORKLOADS).
 
-Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png] [--also-batch 256]``
+``--sensitivity`` also prints, for variants of the workload (staleness bound, training cost, tail
+weight), how far the colocated-async reference and the bound get above the best static split
+there: whether any reallocation could reach the goals on a nearby workload (about five minutes).
+
+Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png] [--also-batch 256] [--sensitivity]``
 (about two minutes on one core).
 """
 
@@ -17,7 +21,16 @@ from __future__ import annotations
 import argparse
 import time
 
-from trainer.simulator import compare, get_workload, plot_pools
+from trainer.simulator import best_static, compare, critical_path_bound, get_workload, plot_pools, simulate
+
+# workload variants for --sensitivity: (label, overrides)
+VARIANTS = (
+    ("max_policy_lag 0", {"max_policy_lag": 0}),
+    ("max_policy_lag 1", {"max_policy_lag": 1}),
+    ("training 3x dearer", {"train_tokens_per_s": 2000.0}),
+    ("training 3x dearer, lag 1", {"train_tokens_per_s": 2000.0, "max_policy_lag": 1}),
+    ("heavier turn tail (sigma 1.3)", {"turns_sigma": 1.3}),
+)
 
 
 def main() -> None:
@@ -29,6 +42,7 @@ def main() -> None:
     ap.add_argument("--plot", default="elastic_pools.png")
     ap.add_argument("--also-batch", type=int, nargs="*", default=[256],
                     help="also report the speedups at these batch sizes (sensitivity; default 256, none: --also-batch)")
+    ap.add_argument("--sensitivity", action="store_true", help="reference and bound vs best static on workload variants")
     a = ap.parse_args()
     w = get_workload(a.workload)
     if a.steps:
@@ -57,6 +71,16 @@ def main() -> None:
         print(f"  at B={b}: elastic {r['speedup_vs_colocated']:.2f}x colocated, {r['speedup_vs_static_async']:.2f}x best static "
               f"(rollout {r['best_static_rollout_devices']}, learner busy {r['static_async']['learner_busy_frac']:.0%}); "
               f"bound {r['bound_vs_static_async']:.2f}x best static, colocated-async {r['colocated_async_vs_static_async']:.2f}x")
+
+    if a.sensitivity:
+        print("  sensitivity (static search + colocated-async reference + bound per variant):")
+        for label, kw in VARIANTS:
+            v = w.with_overrides(**kw)
+            st, _ = best_static(v, a.gpus, seed=a.seed)
+            ref = simulate(v, a.gpus, "colocated_async", seed=a.seed).throughput
+            bound = critical_path_bound(v, a.gpus, a.seed)
+            print(f"    {label:<32} best static {st.throughput:.3f} traj/s (rollout {st.rollout_devices}); "
+                  f"colocated-async {ref / st.throughput:.2f}x, bound {bound / st.throughput:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
