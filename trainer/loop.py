@@ -408,9 +408,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
 
-    def run(self, *, resume: bool = False) -> TrainResult:
+    def _open(self, resume: bool) -> tuple[TrainerState, dict[str, dict[str, float]]]:
+        """Build the parts and the metrics sink; restore the latest checkpoint (``resume``) or run
+        the pre-RL evaluations and the warm start. Version ``learner.version`` is published."""
         cfg = self.cfg
-        t0 = time.perf_counter()
         self._build()
         if self.console:  # the progress line carries the learner's per-step figures
             logging.getLogger("trainer.learner").setLevel(logging.WARNING)
@@ -445,11 +446,107 @@ class Trainer:
                     evals["after_warm_start"] = ev
             state.extra["evals"] = evals
         self.board.publish(self.learner.version, self.model)
-        last_ckpt = self._checkpoint(state) if not resume else latest_checkpoint(self.run_dir)
+        self.last_ckpt = self._checkpoint(state) if not resume else latest_checkpoint(self.run_dir)
+        self._start_rl_clock()
+        return state, evals
 
-        rl_started = time.monotonic()
-        budget = cfg.trainer.max_minutes * 60 - state.rl_elapsed_s if cfg.trainer.max_minutes > 0 else math.inf
-        deadline = rl_started + budget
+    def _start_rl_clock(self) -> None:
+        self._rl_started = time.monotonic()
+        self._recent: collections.deque[float] = collections.deque(maxlen=10)
+        self._first_rewards: list[float] = []
+        self._last_step_end = time.perf_counter()
+
+    def rl_deadline(self, state: TrainerState) -> float:
+        """``time.monotonic()`` at which ``trainer.max_minutes`` of RL (resumed runs included) is spent."""
+        budget = self.cfg.trainer.max_minutes * 60 - state.rl_elapsed_s if self.cfg.trainer.max_minutes > 0 else math.inf
+        return self._rl_started + budget
+
+    def learn(self, k: int, state: TrainerState) -> str | None:
+        """Step ``k`` on the complete batch ``k``: export it, one optimizer step, publish version
+        ``k + 1``, metrics (``self.last_row``), evaluations, guards, checkpoint.
+
+        Returns ``None`` to go on, or why the run must stop (a non-finite loss, the collapse
+        guard): the run then ends not ok, with the last good checkpoint kept.
+        """
+        cfg = self.cfg
+        batch, leaves, rows = self._export(k)
+        flat = batch.flat if hasattr(batch, "flat") else batch
+        try:
+            stats = self.learner.step(batch)
+        except Exception as e:
+            from trainer.learner import NonFiniteLossError
+
+            if not isinstance(e, NonFiniteLossError):
+                raise
+            path = self._save_bad_batch(k, batch, leaves, e)
+            log.error("non-finite loss at step %d: %s; batch saved to %s; last good checkpoint %s", k, e, path, self.last_ckpt)
+            self.metrics.event("stop", step=k, reason="non-finite loss", batch_file=str(path))
+            return "non-finite loss"
+        self.tree.mark_consumed(sorted(set(leaves)))
+        state.step = k + 1
+        self.board.publish(self.learner.version, self.model)
+        self.board.drop_below(max(0, state.step - self.lag))
+        lags = self._lags(flat, k)
+        now = time.perf_counter()
+        reward = float(sum(r[2] for r in rows) / len(rows))
+        tokens = sum(r[3] for r in rows)
+        row = {
+            "step": state.step,
+            "version": self.learner.version,
+            "reward": reward,
+            "acceptance": stats.get("acceptance_rate", float("nan")),
+            "loss": stats["loss"],
+            "tokens": tokens,
+            "tokens_per_s": tokens / max(1e-9, now - self._last_step_end),
+            "lag_mean": sum(lags) / max(1, len(lags)),
+            "lag_max": max(lags, default=0),
+            "lag_hist": dict(collections.Counter(lags)),
+            "elapsed_s": state.rl_elapsed_s + (time.monotonic() - self._rl_started),
+            **{k2: v for k2, v in stats.items() if k2 not in ("loss",)},
+        }
+        self._last_step_end = now
+        self.last_row = row
+        self.metrics.step(row)
+        self._recent.append(reward)
+        if len(self._first_rewards) < 5 and state.baseline_reward is None:
+            self._first_rewards.append(reward)
+            if len(self._first_rewards) == 5:
+                state.baseline_reward = sum(self._first_rewards) / 5
+        if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
+            self.evaluate("during", state.step)
+        if self.periodic is not None and self.periodic.due(state.step):
+            self.metrics.event("eval_at_k", **self.periodic.run(state.step, self.model, self.tokenizer))
+        if self._collapsed(state, self._recent):
+            reason = "collapse guard (batch reward fell below half its start)"
+            log.error("%s at step %d; last good checkpoint %s", reason, state.step, self.last_ckpt)
+            self.metrics.event("stop", step=state.step, reason=reason)
+            return reason
+        if cfg.trainer.checkpoint_every and state.step % cfg.trainer.checkpoint_every == 0:
+            state.rl_elapsed_s += time.monotonic() - self._rl_started
+            self._rl_started = time.monotonic()
+            self.last_ckpt = self._checkpoint(state)
+        return None
+
+    def _close_run(self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str) -> float:
+        """The end of the RL phase: the final evaluation and checkpoint (when ``ok``), the ``end``
+        event; closes the metrics sink. Returns the RL seconds (resumed runs included)."""
+        state.rl_elapsed_s += time.monotonic() - self._rl_started
+        self._rl_started = time.monotonic()
+        if ok:
+            ev = self.evaluate("after_rl", state.step)
+            if ev:
+                evals["after_rl"] = ev
+            state.extra["evals"] = evals
+            self.last_ckpt = self._checkpoint(state)
+        self.metrics.event("end", step=state.step, reason=stop_reason, lag_histogram={str(k): v for k, v in self.lag_histogram.items()})
+        self.metrics.close()
+        return state.rl_elapsed_s
+
+    def run(self, *, resume: bool = False) -> TrainResult:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        state, evals = self._open(resume)
+        deadline = self.rl_deadline(state)
         rollout = RolloutThread(
             schedule=self.schedule,
             first_batch=state.step,
@@ -465,84 +562,20 @@ class Trainer:
         rollout.start()
         stop_reason = "steps"
         ok = True
-        recent: collections.deque[float] = collections.deque(maxlen=10)
-        first_rewards: list[float] = []
-        last_step_end = time.perf_counter()
         try:
             while state.step < cfg.trainer.steps:
                 k = state.step
                 if not self._wait_batch(k, rollout, deadline):
                     stop_reason = "time budget"
                     break
-                batch, leaves, rows = self._export(k)
-                flat = batch.flat if hasattr(batch, "flat") else batch
-                try:
-                    stats = self.learner.step(batch)
-                except Exception as e:
-                    from trainer.learner import NonFiniteLossError
-
-                    if not isinstance(e, NonFiniteLossError):
-                        raise
-                    path = self._save_bad_batch(k, batch, leaves, e)
-                    log.error("non-finite loss at step %d: %s; batch saved to %s; last good checkpoint %s", k, e, path, last_ckpt)
-                    self.metrics.event("stop", step=k, reason="non-finite loss", batch_file=str(path))
-                    stop_reason, ok = "non-finite loss", False
+                failed = self.learn(k, state)
+                if failed:
+                    stop_reason, ok = failed, False
                     break
-                self.tree.mark_consumed(sorted(set(leaves)))
-                state.step = k + 1
-                self.board.publish(self.learner.version, self.model)
-                self.board.drop_below(max(0, state.step - self.lag))
-                lags = self._lags(flat, k)
-                now = time.perf_counter()
-                reward = float(sum(r[2] for r in rows) / len(rows))
-                tokens = sum(r[3] for r in rows)
-                row = {
-                    "step": state.step,
-                    "version": self.learner.version,
-                    "reward": reward,
-                    "acceptance": stats.get("acceptance_rate", float("nan")),
-                    "loss": stats["loss"],
-                    "tokens": tokens,
-                    "tokens_per_s": tokens / max(1e-9, now - last_step_end),
-                    "lag_mean": sum(lags) / max(1, len(lags)),
-                    "lag_max": max(lags, default=0),
-                    "lag_hist": dict(collections.Counter(lags)),
-                    "elapsed_s": state.rl_elapsed_s + (time.monotonic() - rl_started),
-                    **{k2: v for k2, v in stats.items() if k2 not in ("loss",)},
-                }
-                last_step_end = now
-                self.metrics.step(row)
-                recent.append(reward)
-                if len(first_rewards) < 5 and state.baseline_reward is None:
-                    first_rewards.append(reward)
-                    if len(first_rewards) == 5:
-                        state.baseline_reward = sum(first_rewards) / 5
-                if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
-                    self.evaluate("during", state.step)
-                if self.periodic is not None and self.periodic.due(state.step):
-                    self.metrics.event("eval_at_k", **self.periodic.run(state.step, self.model, self.tokenizer))
-                if self._collapsed(state, recent):
-                    stop_reason, ok = "collapse guard (batch reward fell below half its start)", False
-                    log.error("%s at step %d; last good checkpoint %s", stop_reason, state.step, last_ckpt)
-                    self.metrics.event("stop", step=state.step, reason=stop_reason)
-                    break
-                if cfg.trainer.checkpoint_every and state.step % cfg.trainer.checkpoint_every == 0:
-                    state.rl_elapsed_s += time.monotonic() - rl_started
-                    rl_started = time.monotonic()
-                    last_ckpt = self._checkpoint(state)
         finally:
             self.board.stop()
             rollout.join(timeout=60)
-        rl_elapsed = state.rl_elapsed_s + (time.monotonic() - rl_started)
-        state.rl_elapsed_s = rl_elapsed
-        if ok:
-            ev = self.evaluate("after_rl", state.step)
-            if ev:
-                evals["after_rl"] = ev
-            state.extra["evals"] = evals
-            last_ckpt = self._checkpoint(state)
-        self.metrics.event("end", step=state.step, reason=stop_reason, lag_histogram={str(k): v for k, v in self.lag_histogram.items()})
-        self.metrics.close()
+        rl_elapsed = self._close_run(state, evals, ok, stop_reason)
         self.runner.close()
         self.ledger.close()
         self.tree.close()
@@ -554,7 +587,7 @@ class Trainer:
             wall_s=time.perf_counter() - t0,
             rl_s=rl_elapsed,
             evals=evals,
-            last_checkpoint=last_ckpt,
+            last_checkpoint=self.last_ckpt,
         )
 
     def _lags(self, flat: Any, k: int) -> list[int]:

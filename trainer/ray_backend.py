@@ -5,15 +5,23 @@ processes (and, after ``ray start``, machines)::
 
     driver                         LearnerActor (num_cpus / num_gpus)      RolloutWorker x W (num_cpus=1)
     ──────                         ─────────────────────────────────      ────────────────────────────
-    launch batches 0..lag  ───────────────────────────────────────────►  run(specs, weights[v], v)
-    for k: wait batch k            step(k): export batch k from the      set weights if v changed,
-           learner.step(k) ──────► tree, one optimizer step, return  ──► run episodes -> tree + ledger
-           launch batch k+1+lag    the new weights (object store)
+    launch batches s..s+lag ──────────────────────────────────────────►  run(specs, weights[v], v)
+    for k: wait batch k            step(k): Trainer.learn -- export      set weights if v changed,
+           learner.step(k) ──────► batch k, one optimizer step, metrics, run episodes -> tree + ledger
+           launch batch k+1+lag    guards, checkpoint; new weights ───►  (episodes already in the
+                                   (object store)                        ledger are kept, not rerun)
 
 Weight sync goes through the Ray object store: ``LearnerActor.step`` returns the new CPU state
-dict as an object ref; batch ``k+1+lag`` is launched at once with that ref as its argument, so Ray
+dict as an object ref; batch ``k+1+lag`` is launched with that ref as its argument, so Ray
 starts it as soon as the weights exist and every worker on a node reads the same shared copy.
 Staleness is the embedded loop's: batch ``k`` is sampled with version ``k - max_policy_lag``.
+
+Between two batches the learner runs the embedded loop's own step (:meth:`Trainer.learn`), so a
+Ray run has the same metrics, evaluations, non-finite-loss and collapse guards, and checkpoints
+every ``trainer.checkpoint_every`` steps. ``fr-agents train --resume RUN_DIR`` continues a Ray
+run that crashed (driver, actors or the whole local Ray) from its latest checkpoint: the store
+is rewound to the checkpoint's cursor, the weights the in-flight batches sample with come from
+the checkpoint, and every episode the ledger acknowledged is kept rather than run again.
 
 The tree and ledger are SQLite files in the run directory, written by every worker (WAL mode);
 on a multi-node cluster the run directory must be on a shared filesystem.
@@ -23,8 +31,7 @@ rollout worker ``num_gpus=1``; replace the object-store hop by an NCCL broadcast
 ``torch.distributed`` group (``backend="nccl"``) spanning the learner rank 0 and every worker,
 ``dist.broadcast(param, src=0)`` each parameter into the workers' engine buffers after each step
 (``ray.util.collective`` offers the same over NCCL). That path needs GPUs and is not exercised by
-the tests. Resume and elastic pools are not supported with this backend yet (the embedded loop
-has both).
+the tests. Elastic pools are not supported with this backend yet (the embedded loop has them).
 """
 
 from __future__ import annotations
@@ -51,69 +58,63 @@ def _ray() -> Any:
     return ray
 
 
-class _Base:
-    """Builds the embedded trainer's parts (model, tree, ledger, schedule, runner) in this process."""
+def _trainer(cfg: TrainConfig, run_dir: str) -> Any:
+    logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
+    from trainer.loop import Trainer
+
+    return Trainer(cfg, run_dir, console=False)
+
+
+class LearnerCore:
+    """The learner side: the embedded trainer's learner, run step by step by the driver.
+
+    Everything between two batches is the embedded loop's own code (:meth:`Trainer.learn`): the
+    optimizer step, metrics, evaluations, the non-finite-loss and collapse guards, and a
+    checkpoint every ``trainer.checkpoint_every`` steps (with the older weights that the batches
+    still in flight sample with), so ``--resume`` continues a Ray run exactly as an embedded one.
+    """
 
     def __init__(self, cfg: TrainConfig, run_dir: str) -> None:
-        logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
-        from trainer.loop import Trainer
+        self.trainer = _trainer(cfg, run_dir)
 
-        self.trainer = Trainer(cfg, run_dir, console=False)
-        self.trainer._build()
-
-
-class LearnerCore(_Base):
-    """The learner side: warm start, one optimizer step per batch, checkpoints."""
-
-    def setup(self) -> dict[str, torch.Tensor]:
-        """Warm start (when configured) and return version 0's weights."""
-        from trainer.checkpoint import TrainerState
-        from trainer.loop import WeightBoard
-        from trainer.metrics import MetricsSink
-
-        t = self.trainer
-        t.metrics = MetricsSink(t.run_dir, plot_every=t.cfg.trainer.plot_every, console=False)
-        t.board = WeightBoard()
-        self.state = TrainerState()
-        if t.cfg.warm_start.examples > 0:
-            t._warm_start(self.state)
-        return self.weights()
+    def setup(self, resume: bool) -> tuple[int, float]:
+        """Restore the latest checkpoint (``resume``) or evaluate and warm start; returns the first
+        step to run and the RL seconds already spent."""
+        self.state, self.evals = self.trainer._open(resume)
+        return self.state.step, self.state.rl_elapsed_s
 
     def num_tasks(self) -> int:
         return len(self.trainer.rl_tasks)
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.trainer.model.state_dict().items()}
+    def weights(self, version: int) -> dict[str, torch.Tensor]:
+        """Version ``version``'s weights (CPU), while a batch may still sample with it."""
+        w = self.trainer.board.get(version)
+        if w is None:
+            raise KeyError(f"policy version {version} is no longer kept (current {self.trainer.learner.version})")
+        return w
 
-    def step(self, k: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def step(self, k: int) -> tuple[dict[str, Any], str | None, dict[str, torch.Tensor] | None]:
+        """Step ``k``: the metrics row, why the run must stop (or None), the new weights (None when stopping)."""
+        failed = self.trainer.learn(k, self.state)
+        row = self.trainer.last_row if self.state.step > k else {}  # a non-finite loss made no step
+        return row, failed, None if failed else self.weights(self.state.step)
+
+    def finish(self, ok: bool, stop_reason: str) -> tuple[str | None, float, dict[str, dict[str, float]]]:
+        """The final evaluation and checkpoint; returns (checkpoint, RL seconds, evaluations)."""
         t = self.trainer
-        batch, leaves, rows = t._export(k)
-        stats = t.learner.step(batch)
-        t.tree.mark_consumed(sorted(set(leaves)))
-        self.state.step = k + 1
-        row = {
-            "step": k + 1,
-            "version": t.learner.version,
-            "reward": float(sum(r[2] for r in rows) / len(rows)),
-            "tokens": sum(r[3] for r in rows),
-            **{key: float(v) for key, v in stats.items() if isinstance(v, (int, float))},
-        }
-        t.metrics.step(row)
-        return row, self.weights()
-
-    def finish(self, rl_s: float) -> str:
-        t = self.trainer
-        self.state.rl_elapsed_s = rl_s
-        path = t._checkpoint(self.state)
-        t.metrics.close()
-        return str(path)
+        rl_s = t._close_run(self.state, self.evals, ok, stop_reason)
+        t.runner.close()
+        t.ledger.close()
+        t.tree.close()
+        return (str(t.last_ckpt) if t.last_ckpt else None), rl_s, self.evals
 
 
-class RolloutCore(_Base):
+class RolloutCore:
     """One rollout worker: its own engine; runs the episodes it is given and records them."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str) -> None:
-        super().__init__(cfg, run_dir)
+        self.trainer = _trainer(cfg, run_dir)
+        self.trainer._build()
         self.version: int | None = None
 
     def run(self, episodes: list[int], k: int, weights: dict[str, torch.Tensor], version: int) -> list[tuple[int, float, int]]:
@@ -121,7 +122,10 @@ class RolloutCore(_Base):
         if self.version != version:
             t.runner.set_weights(weights, version)
             self.version = version
-        specs = [s for s in t.schedule.episodes(k) if s.episode in set(episodes)]
+        mine = set(episodes)
+        specs = [s for s in t.schedule.episodes(k) if s.episode in mine]
+        done = t.ledger.leaves(s.episode for s in specs)  # recorded before a crash: kept, not rerun
+        specs = [s for s in specs if s.episode not in done]
 
         async def go() -> list[tuple[int, float, int]]:
             async def one(spec: Any) -> tuple[int, float, int]:
@@ -139,8 +143,6 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
     from trainer.loop import TrainResult
     from trainer.schedule import EpisodeSchedule
 
-    if resume:
-        raise ConfigError("trainer.backend=ray: --resume is not supported yet; use trainer.backend=local")
     ray = _ray()
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -166,6 +168,7 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
     workers = [Worker.remote(cfg, str(run_dir)) for _ in range(n_workers)]
     log.info("ray: 1 learner (%d CPU) + %d rollout workers", learner_cpus, n_workers)
 
+    first, rl_before = ray.get(learner.setup.remote(resume))
     group = cfg.objective.grpo_group_size if cfg.objective.algo == "grpo" else 1
     # the driver only needs the schedule's shape; task count comes from the learner's split
     num_tasks = ray.get(learner.num_tasks.remote())
@@ -173,9 +176,10 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
         num_tasks=num_tasks, batch_size=cfg.trainer.batch_size, group_size=group,
         max_policy_lag=cfg.rollout.max_policy_lag, seed=cfg.trainer.seed, task_seed=cfg.tasks.seed,
     )
-    weights: dict[int, Any] = {0: learner.setup.remote()}
-    pending: dict[int, list[Any]] = {}
     steps, lag = cfg.trainer.steps, cfg.rollout.max_policy_lag
+    # the versions the next batches sample with (after a resume, older ones come from the checkpoint)
+    weights: dict[int, Any] = {v: learner.weights.remote(v) for v in range(max(0, first - lag), first + 1)}
+    pending: dict[int, list[Any]] = {}
 
     def launch(k: int) -> None:
         v = schedule.sampling_version(k)
@@ -183,36 +187,39 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
         parts = [eps[i::n_workers] for i in range(n_workers)]
         pending[k] = [w.run.remote(p, k, weights[v], v) for w, p in zip(workers, parts, strict=True) if p]
 
-    for k in range(min(steps, lag + 1)):
+    for k in range(first, min(steps, first + lag + 1)):
         launch(k)
-    rl_started = time.perf_counter()
-    deadline = rl_started + cfg.trainer.max_minutes * 60 if cfg.trainer.max_minutes > 0 else float("inf")
-    done, stop = 0, "steps"
+    budget = cfg.trainer.max_minutes * 60 - rl_before if cfg.trainer.max_minutes > 0 else float("inf")
+    deadline = time.perf_counter() + budget
+    done, stop, ok = first, "steps", True
     try:
-        for k in range(steps):
+        for k in range(first, steps):
             ray.get(pending.pop(k))
-            row_ref, w_ref = learner.step.options(num_returns=2).remote(k)
+            row, failed, w_ref = learner.step.options(num_returns=3).remote(k)
+            failed = ray.get(failed)
+            if failed:
+                stop, ok = failed, False
+                break
             weights[k + 1] = w_ref
             if k + 1 + lag < steps:
                 launch(k + 1 + lag)
-            row = ray.get(row_ref)
             done = k + 1
-            log.info("ray step %d: reward %.3f", done, row["reward"])
+            log.info("ray step %d: reward %.3f", done, ray.get(row)["reward"])
             for v in [v for v in weights if v < done - lag]:
                 del weights[v]
             if time.perf_counter() > deadline:
                 stop = "time budget"
                 break
-        rl_s = time.perf_counter() - rl_started
-        for refs in pending.values():  # batches launched ahead of a time-budget stop finish cleanly
-            ray.get(refs)
-        ckpt = ray.get(learner.finish.remote(rl_s))
+        if ok:
+            for refs in pending.values():  # batches launched ahead of a time-budget stop finish cleanly
+                ray.get(refs)
+        ckpt, rl_s, evals = ray.get(learner.finish.remote(ok, stop))
     finally:
         for a in [learner, *workers]:
             ray.kill(a)
         if started_ray:
             ray.shutdown()
     return TrainResult(
-        ok=True, run_dir=run_dir, steps=done, stop_reason=stop, wall_s=time.perf_counter() - t0,
-        rl_s=rl_s, last_checkpoint=Path(ckpt),
+        ok=ok, run_dir=run_dir, steps=done, stop_reason=stop, wall_s=time.perf_counter() - t0,
+        rl_s=rl_s, evals=evals, last_checkpoint=Path(ckpt) if ckpt else None,
     )
