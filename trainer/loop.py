@@ -408,7 +408,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
 
-    def _open(self, resume: bool) -> tuple[TrainerState, dict[str, dict[str, float]]]:
+    def open_run(self, resume: bool) -> tuple[TrainerState, dict[str, dict[str, float]]]:
         """Build the parts and the metrics sink; restore the latest checkpoint (``resume``) or run
         the pre-RL evaluations and the warm start. Version ``learner.version`` is published."""
         cfg = self.cfg
@@ -527,7 +527,7 @@ class Trainer:
             self.last_ckpt = self._checkpoint(state)
         return None
 
-    def _close_run(self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str) -> float:
+    def close_run(self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str) -> float:
         """The end of the RL phase: the final evaluation and checkpoint (when ``ok``), the ``end``
         event; closes the metrics sink. Returns the RL seconds (resumed runs included)."""
         state.rl_elapsed_s += time.monotonic() - self._rl_started
@@ -545,7 +545,7 @@ class Trainer:
     def run(self, *, resume: bool = False) -> TrainResult:
         cfg = self.cfg
         t0 = time.perf_counter()
-        state, evals = self._open(resume)
+        state, evals = self.open_run(resume)
         deadline = self.rl_deadline(state)
         rollout = RolloutThread(
             schedule=self.schedule,
@@ -575,7 +575,7 @@ class Trainer:
         finally:
             self.board.stop()
             rollout.join(timeout=60)
-        rl_elapsed = self._close_run(state, evals, ok, stop_reason)
+        rl_elapsed = self.close_run(state, evals, ok, stop_reason)
         self.runner.close()
         self.ledger.close()
         self.tree.close()

@@ -80,7 +80,7 @@ class LearnerCore:
     def setup(self, resume: bool) -> tuple[int, float]:
         """Restore the latest checkpoint (``resume``) or evaluate and warm start; returns the first
         step to run and the RL seconds already spent."""
-        self.state, self.evals = self.trainer._open(resume)
+        self.state, self.evals = self.trainer.open_run(resume)
         return self.state.step, self.state.rl_elapsed_s
 
     def num_tasks(self) -> int:
@@ -102,7 +102,7 @@ class LearnerCore:
     def finish(self, ok: bool, stop_reason: str) -> tuple[str | None, float, dict[str, dict[str, float]]]:
         """The final evaluation and checkpoint; returns (checkpoint, RL seconds, evaluations)."""
         t = self.trainer
-        rl_s = t._close_run(self.state, self.evals, ok, stop_reason)
+        rl_s = t.close_run(self.state, self.evals, ok, stop_reason)
         t.runner.close()
         t.ledger.close()
         t.tree.close()
