@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,7 +49,7 @@ OVERRIDES = [
 ]
 
 
-def _train(args: list[str]) -> subprocess.Popen:
+def _train(args: list[str], **popen: Any) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FR_AGENTS_LOG": "WARNING"}
     return subprocess.Popen(
         [sys.executable, "-m", "fr_agents.cli", "train", *args],
@@ -56,6 +57,7 @@ def _train(args: list[str]) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        **popen,
     )
 
 
@@ -80,6 +82,32 @@ def _batches(run: Path, steps: int) -> list[list[tuple[int, list[int], list[floa
     return out
 
 
+def assert_resumed_run_matches(a: Path, b: Path, steps: int = 6) -> None:
+    """Run ``b`` (killed and resumed) consumed the same batches as run ``a`` and ends with the same
+    parameters; its metrics hold each step once."""
+    batches_a, batches_b = _batches(a, steps), _batches(b, steps)
+    for k, (ba, bb) in enumerate(zip(batches_a, batches_b, strict=True)):
+        assert [x[0] for x in ba] == [x[0] for x in bb], f"batch {k}: different episodes"
+        for (ep, toks_a, lp_a, r_a), (_, toks_b, lp_b, r_b) in zip(ba, bb, strict=True):
+            assert toks_a == toks_b, f"batch {k} episode {ep}: different tokens"
+            assert r_a == r_b
+            assert torch.allclose(torch.tensor(lp_a), torch.tensor(lp_b), atol=1e-5)
+    rewards = [x[3] for batch in batches_a for x in batch]
+    assert len(set(rewards)) > 1, "the test needs a learning signal (rewards must vary)"
+
+    final_a = load_file(a / "checkpoints" / f"step_{steps:06d}" / "model.safetensors")
+    final_b = load_file(b / "checkpoints" / f"step_{steps:06d}" / "model.safetensors")
+    start = load_file(a / "checkpoints" / "step_000000" / "model.safetensors")
+    moved = max(float((final_a[k] - start[k]).abs().max()) for k in final_a)
+    assert moved > 1e-4, "parameters did not move: the comparison would be vacuous"
+    diff = max(float((final_a[k] - final_b[k]).abs().max()) for k in final_a)
+    assert diff <= 1e-6, f"resumed parameters differ by {diff}"
+
+    metrics = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    logged = [m["step"] for m in metrics if m["kind"] == "step"]
+    assert logged == list(range(1, steps + 1)), "metrics.jsonl must hold each step once after a resume"
+
+
 @pytest.mark.timeout(600)
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
@@ -102,24 +130,4 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     out_r, _ = pr.communicate(timeout=400)
     assert pr.returncode == 0, out_r
 
-    batches_a, batches_b = _batches(a, 6), _batches(b, 6)
-    for k, (ba, bb) in enumerate(zip(batches_a, batches_b, strict=True)):
-        assert [x[0] for x in ba] == [x[0] for x in bb], f"batch {k}: different episodes"
-        for (ep, toks_a, lp_a, r_a), (_, toks_b, lp_b, r_b) in zip(ba, bb, strict=True):
-            assert toks_a == toks_b, f"batch {k} episode {ep}: different tokens"
-            assert r_a == r_b
-            assert torch.allclose(torch.tensor(lp_a), torch.tensor(lp_b), atol=1e-5)
-    rewards = [x[3] for batch in batches_a for x in batch]
-    assert len(set(rewards)) > 1, "the test needs a learning signal (rewards must vary)"
-
-    final_a = load_file(a / "checkpoints" / "step_000006" / "model.safetensors")
-    final_b = load_file(b / "checkpoints" / "step_000006" / "model.safetensors")
-    start = load_file(a / "checkpoints" / "step_000000" / "model.safetensors")
-    moved = max(float((final_a[k] - start[k]).abs().max()) for k in final_a)
-    assert moved > 1e-4, "parameters did not move: the comparison would be vacuous"
-    diff = max(float((final_a[k] - final_b[k]).abs().max()) for k in final_a)
-    assert diff <= 1e-6, f"resumed parameters differ by {diff}"
-
-    metrics = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
-    steps = [m["step"] for m in metrics if m["kind"] == "step"]
-    assert steps == list(range(1, 7)), "metrics.jsonl must hold each step once after a resume"
+    assert_resumed_run_matches(a, b)
