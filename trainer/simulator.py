@@ -30,8 +30,8 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   every device trains each step: generation pauses on all devices (live episodes keep their KV
   cache; tool calls go on) from the step's start until it ends, ``colocated_switch_s`` included.
   That is an elastic policy that hands the whole cluster to every step and back, with no drain,
-  at the colocated switch cost -- a yardstick for how much any reallocation can gain on a
-  workload, not a policy the runtime offers.
+  at the colocated switch cost -- a yardstick for what reallocation gains on a workload (not
+  an upper bound: see :func:`critical_path_bound`), and not a policy the runtime offers.
 * **Moves (elastic).** The :class:`~trainer.pools.ElasticController` reads the same telemetry as
   in the runtime every ``tick_s``. A device leaving rollout stops admitting; each live episode, at
   its next turn, either re-prefills its whole prefix on another device -- waiting, ahead of new
