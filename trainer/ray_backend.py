@@ -118,6 +118,8 @@ class RolloutCore:
         self.version: int | None = None
 
     def run(self, episodes: list[int], k: int, weights: dict[str, torch.Tensor], version: int) -> list[tuple[int, float, int]]:
+        """Run this worker's share ``episodes`` of batch ``k`` with ``weights`` (version ``version``);
+        returns ``(episode, reward, policy tokens)`` of those it ran (acknowledged ones are skipped)."""
         t = self.trainer
         if self.version != version:
             t.runner.set_weights(weights, version)

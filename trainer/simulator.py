@@ -294,6 +294,7 @@ def make_episodes(w: Workload, batch: int, seed: int) -> list[Episode]:
 
 
 ROLLOUT, DRAINING, TO_TRAIN, TRAIN, TO_ROLLOUT = "rollout", "draining", "to_train", "train", "to_rollout"
+_WHOLE_CLUSTER = ("colocated", "colocated_async")  # policies where every device both generates and trains
 
 
 @dataclass
@@ -344,7 +345,7 @@ class _Sim:
         migration: MigrationPolicy,
     ) -> None:
         self.w, self.n, self.policy, self.seed = w, n_devices, policy, seed
-        self.colocated = policy in ("colocated", "colocated_async")
+        self.colocated = policy in _WHOLE_CLUSTER
         self.sliced = policy == "colocated_async"  # generation pauses on every device during a step
         self.lag = 0 if policy == "colocated" else w.max_policy_lag
         r = n_devices if self.colocated else rollout_devices
@@ -510,17 +511,21 @@ class _Sim:
             return False
         return self.w.kv_tokens <= 0 or d.kv + prefix <= self.w.kv_tokens or not d.live
 
+    def target(self, prefix: float) -> _Dev | None:
+        """The least-loaded admitting device with room for ``prefix`` (None: none has room)."""
+        room = [d for d in self.devs if d.state == ROLLOUT and self.has_room(d, prefix)]
+        return min(room, key=lambda x: (len(x.live), x.i)) if room else None
+
     def fill(self) -> None:
         """Give free slots to moved episodes first (they re-prefill their prefix), then to new ones."""
-        admitting = [d for d in self.devs if d.state == ROLLOUT]
         for waiting in (self.resume, self.queue):
-            while waiting and admitting:
+            while waiting:
                 e = self.eps[waiting[0]]
-                room = [d for d in admitting if self.has_room(d, e.prefix)]
-                if not room:
+                d = self.target(e.prefix)
+                if d is None:
                     return
                 waiting.popleft()
-                self.place(e, min(room, key=lambda x: (len(x.live), x.i)), e.prefix)
+                self.place(e, d, e.prefix)
 
     def place(self, e: Episode, d: _Dev, prefill_tokens: float) -> None:
         e.device = d.i
@@ -569,9 +574,9 @@ class _Sim:
                 d.kv -= e.prefix
                 self.migrations += 1
                 self.check_drained(d)
-                target = [x for x in self.devs if x.state == ROLLOUT and self.has_room(x, e.prefix)]
-                if target:
-                    self.place(e, min(target, key=lambda x: (len(x.live), x.i)), e.prefix)  # re-prefill it all
+                target = self.target(e.prefix)
+                if target is not None:
+                    self.place(e, target, e.prefix)  # re-prefill it all
                 else:
                     self.resume.append(idx)  # waits for the next free slot, ahead of new episodes
                 return
@@ -795,9 +800,9 @@ def simulate(
 ) -> SimResult:
     """Run one policy: ``colocated``, ``static`` (needs ``rollout_devices``), ``elastic`` or the
     reference ``colocated_async`` (see the module docstring)."""
-    if n_devices < 2 and policy not in ("colocated", "colocated_async"):
+    if n_devices < 2 and policy not in _WHOLE_CLUSTER:
         raise ValueError(f"--gpus: async policies need >= 2 devices, got {n_devices}")
-    if policy in ("colocated", "colocated_async"):
+    if policy in _WHOLE_CLUSTER:
         return _Sim(w, n_devices, policy, n_devices, seed, None, MigrationPolicy(w.prefill_speedup)).run()
     if rollout_devices is None or not 1 <= rollout_devices < n_devices:
         raise ValueError(f"rollout_devices must lie in [1, {n_devices - 1}], got {rollout_devices}")
@@ -1003,7 +1008,7 @@ def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str 
             raise ConfigError(f"--steps: must be >= 1, got {steps}")
         w = w.with_overrides(steps=steps)
     print(f"simulate-elastic: {w.name} on {gpus} GPUs, {w.steps} steps of {w.batch_size} (colocated, a search over "
-          "static splits, elastic; about a minute for xlong)", file=sys.stderr, flush=True)
+          "static splits, elastic, the colocated-async reference; about a minute for xlong)", file=sys.stderr, flush=True)
     res = compare(w, gpus, seed=seed, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     if plot:
         plot_pools(res, plot)
