@@ -852,10 +852,16 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and placement plan; start nothing")
     p.add_argument("--run-dir", help="write the run here (default run.out_dir/<preset>-<time>)")
+    p.add_argument(
+        "--env",
+        metavar="MODULE:ID",
+        help="train on your own gymnasium env (e.g. mypkg.envs:me/Guess-v0) with the tiny model, tasks from "
+        "the env's own reset() and multi-turn defaults (preset env-tiny); overrides still apply",
+    )
 
 
 def _add_train(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", nargs="?", default=None, help="preset name in configs/ or a YAML path (default math-tiny)")
+    p.add_argument("preset", nargs="?", default=None, help="a shipped preset's name or a YAML path (default math-tiny)")
     # REMAINDER so that flags may follow the overrides: `train math-tiny x=1 --dry-run y=2`
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="dotted key=value overrides, e.g. trainer.steps=50")
     _train_flags(p)
@@ -878,6 +884,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
         resume=flags.resume or a.resume,
         dry_run=flags.dry_run or a.dry_run,
         run_dir=flags.run_dir or a.run_dir,
+        env=flags.env or a.env,
     )
 
 

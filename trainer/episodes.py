@@ -27,6 +27,18 @@ from trainer.schedule import EpisodeSpec, derive_seed
 log = logging.getLogger(__name__)
 
 
+def reset_args(task: dict[str, Any], seed: int) -> tuple[int, dict[str, Any] | None]:
+    """How to reset for ``task``: ``(seed, options["task"])``.
+
+    A task whose metadata holds ``reset_seed`` (the ``env-reset`` source) is the env's own choice:
+    ``reset(seed=reset_seed)`` with no task option. Any other task is handed over whole.
+    """
+    meta = task.get("metadata") or {}
+    if "reset_seed" in meta:
+        return int(meta["reset_seed"]), None
+    return seed, dict(task)
+
+
 @dataclass
 class EpisodeOutcome:
     leaf_id: int
@@ -35,8 +47,45 @@ class EpisodeOutcome:
     turns: int
 
 
+def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, model: Any = None) -> Any:
+    """The rollout engine ``rollout.engine`` names, holding its own copy of the policy.
+
+    * ``hf``: :class:`~fr_agents.policy.hf.HFEngine` on a copy of ``model`` (or a fresh load of
+      ``model_dir``) on ``trainer.device``;
+    * ``vllm``: :class:`~fr_agents.policy.vllm_engine.VLLMEngine` loading ``model_dir``, with
+      ``max_model_len = rollout.max_context`` and ``max_num_seqs = rollout.concurrency``; weights
+      are reloaded in place after each step (:meth:`VLLMEngine.set_weights`).
+    """
+    r = cfg.rollout
+    if r.engine == "vllm":
+        import os
+
+        from fr_agents.policy.vllm_engine import VLLMEngine
+
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU default is far larger
+        kwargs: dict[str, Any] = {"max_model_len": r.max_context, "max_num_seqs": max(1, r.concurrency)}
+        if cfg.trainer.device.startswith("cuda"):
+            kwargs["gpu_memory_utilization"] = 0.5  # the learner shares the device
+        return VLLMEngine(str(model_dir), dtype=cfg.model.dtype, seed=cfg.trainer.seed, **kwargs)
+    if r.engine != "hf":
+        raise ValueError(f"rollout.engine: unknown engine {r.engine!r}")
+    from transformers import AutoModelForCausalLM
+
+    from fr_agents.policy.hf import HFEngine
+
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.model.dtype))
+        model.to(cfg.trainer.device)
+    else:
+        model = copy.deepcopy(model)
+    return HFEngine(model, tokenizer, max_batch_size=max(1, r.concurrency), seed=cfg.trainer.seed)
+
+
 class EpisodeRunner:
-    """Runs scheduled episodes for the loop (see the module docstring)."""
+    """Runs scheduled episodes for the loop (see the module docstring).
+
+    ``model``: for the hf engine, a model whose copy the engine samples with (else it loads one).
+    """
 
     def __init__(
         self,
@@ -49,21 +98,12 @@ class EpisodeRunner:
         *,
         model: Any = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
-        from fr_agents.policy.hf import HFEngine
-
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.tree = tree
         self.make_env = make_env
         self.tasks = tasks
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.model.dtype))
-            model.to(cfg.trainer.device)
-        else:
-            model = copy.deepcopy(model)
-        self.engine = HFEngine(model, tokenizer, max_batch_size=max(1, cfg.rollout.concurrency), seed=cfg.trainer.seed)
+        self.engine = make_engine(cfg, model_dir, tokenizer, model=model)
         from fr_agents.rollout import RolloutOptions, default_stop_ids
 
         r = cfg.rollout
@@ -123,6 +163,7 @@ class EpisodeRunner:
         from fr_agents.rollout import run_episode
 
         task = self.tasks[spec.task_index]
+        reset_seed, task_option = reset_args(task, spec.seed % (2**31))
         env = await asyncio.to_thread(self.make_env)
         result = await run_episode(
             env,
@@ -130,8 +171,8 @@ class EpisodeRunner:
             self.tokenizer,
             self.tree,
             self.options,
-            seed=spec.seed % (2**31),
-            task=dict(task),
+            seed=reset_seed,
+            task=task_option,
             make_env=self.make_env,
         )
         leaf = result.leaves[0]

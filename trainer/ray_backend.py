@@ -65,6 +65,54 @@ def _trainer(cfg: TrainConfig, run_dir: str) -> Any:
     return Trainer(cfg, run_dir, console=False)
 
 
+PACKAGES = ("fr_agents", "envs", "tools_sandbox", "trainer")
+"""The top-level packages of fr-agents (what a worker process must be able to import)."""
+
+
+def _install_kind() -> str:
+    """``"regular"`` (pip install .), ``"editable"`` (pip install -e) or ``"none"`` (a bare checkout)."""
+    import json
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("fr-agents")
+    except metadata.PackageNotFoundError:
+        return "none"
+    direct = dist.read_text("direct_url.json")
+    if direct:
+        try:
+            if json.loads(direct).get("dir_info", {}).get("editable"):
+                return "editable"
+        except ValueError:
+            pass
+    return "regular"
+
+
+def runtime_env(*, remote: bool, install: str | None = None) -> dict[str, Any]:
+    """The Ray ``runtime_env`` of a run: one torch/OpenMP thread per actor, and the package shipped
+    to the workers when they cannot import it themselves.
+
+    An installed package (``pip install .``) is imported by workers from their own environment, as
+    Ray expects; an editable install is too on this machine. Ray ships the package source
+    (``py_modules``) when it is not installed at all, or when an editable install meets a remote
+    cluster (``RAY_ADDRESS``) whose nodes do not hold this checkout.
+    """
+    import importlib
+
+    install = install or _install_kind()
+    env: dict[str, Any] = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    if install == "none" or (remote and install == "editable"):
+        env["py_modules"] = [str(Path(importlib.import_module(p).__file__).parent) for p in PACKAGES]
+    return env
+
+
+def rollout_worker_resources(cfg: TrainConfig) -> dict[str, Any]:
+    """What one rollout worker asks Ray for: the worker holds one engine (one policy copy) and
+    no learner, so one CPU, plus one GPU only when its engine runs on CUDA."""
+    gpu = cfg.trainer.device.startswith("cuda")
+    return {"num_cpus": 1, "num_gpus": 1 if gpu else 0}
+
+
 class LearnerCore:
     """The learner side: the embedded trainer's learner, run step by step by the driver.
 
@@ -110,17 +158,22 @@ class LearnerCore:
 
 
 class RolloutCore:
-    """One rollout worker: its own engine; runs the episodes it is given and records them."""
+    """One rollout worker: the rollout side only (:func:`trainer.parts.build_rollout_side`): one
+    policy copy inside its engine, no learner model, no optimizer. Runs the episodes it is given
+    and records them in the shared tree and ledger."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str) -> None:
-        self.trainer = _trainer(cfg, run_dir)
-        self.trainer._build()
+        logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
+        from trainer.parts import build_rollout_side
+
+        torch.set_num_threads(1)
+        self.side = build_rollout_side(cfg, run_dir)
         self.version: int | None = None
 
     def run(self, episodes: list[int], k: int, weights: dict[str, torch.Tensor], version: int) -> list[tuple[int, float, int]]:
         """Run this worker's share ``episodes`` of batch ``k`` with ``weights`` (version ``version``);
         returns ``(episode, reward, policy tokens)`` of those it ran (acknowledged ones are skipped)."""
-        t = self.trainer
+        t = self.side
         if self.version != version:
             t.runner.set_weights(weights, version)
             self.version = version
@@ -151,9 +204,7 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
     started_ray = False
     if not ray.is_initialized():
         addr = os.environ.get("RAY_ADDRESS")
-        repo = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
-        env = {"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}}
+        env = runtime_env(remote=bool(addr))
         if addr:
             ray.init(address=addr, runtime_env=env)
         else:
@@ -165,7 +216,7 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
     cpus = int(ray.available_resources().get("CPU", 1))
     n_workers = max(1, min(cpus - learner_cpus, cfg.trainer.batch_size))
     Learner = ray.remote(LearnerCore).options(num_cpus=learner_cpus, num_gpus=1 if gpu else 0)
-    Worker = ray.remote(RolloutCore).options(num_cpus=1, num_gpus=1 if gpu else 0)
+    Worker = ray.remote(RolloutCore).options(**rollout_worker_resources(cfg))
     learner = Learner.remote(cfg, str(run_dir))
     workers = [Worker.remote(cfg, str(run_dir)) for _ in range(n_workers)]
     log.info("ray: 1 learner (%d CPU) + %d rollout workers", learner_cpus, n_workers)

@@ -27,11 +27,27 @@ def resolve_run_dir(cfg: TrainConfig, run_dir: str | None) -> Path:
     return Path(cfg.run.out_dir) / name
 
 
-def load_run_config(preset: str | None, overrides: list[str], resume: str | None) -> TrainConfig:
-    """The config of a new run, or of the run being resumed (with optional overrides on top)."""
+ENV_PRESET = "env-tiny"
+"""The preset behind ``fr-agents train --env MODULE:ID``: the tiny model, tasks from the env's own
+reset (``tasks.source=env-reset``), multi-turn episodes."""
+
+
+def load_run_config(
+    preset: str | None, overrides: list[str], resume: str | None, *, env: str | None = None
+) -> TrainConfig:
+    """The config of a new run, or of the run being resumed (with optional overrides on top).
+
+    ``env``: train on that gymnasium id with the :data:`ENV_PRESET` defaults (``--env``).
+    """
     if preset and "=" in preset:  # `fr-agents train key=value --resume DIR`
         overrides = [preset, *overrides]
         preset = None
+    if env is not None:
+        if preset or resume:
+            raise ConfigError("--env: give either --env MODULE:ID, a preset or --resume RUN_DIR, not two of them")
+        if not env.strip():
+            raise ConfigError("--env: expected a gymnasium id such as mypkg.envs:me/Guess-v0")
+        return load_config(ENV_PRESET, [f"env.id={env}", *overrides])
     if resume:
         saved = Path(resume) / "config.yaml"
         if not saved.exists():
@@ -49,9 +65,10 @@ def main_train(
     resume: str | None = None,
     dry_run: bool = False,
     run_dir: str | None = None,
+    env: str | None = None,
 ) -> int:
     """The ``fr-agents train`` command. Returns the process exit code."""
-    cfg = load_run_config(preset, list(overrides or []), resume)
+    cfg = load_run_config(preset, list(overrides or []), resume, env=env)
     from trainer.preflight import dry_run_report, run_preflight
 
     if dry_run:

@@ -16,6 +16,7 @@ Built-in sources (see each module for its parameters):
 ``hf``                    a Hugging Face ``datasets`` dataset by ``name`` (online)
 ``math`` / ``gsm8k``      ``hf`` with the MATH / GSM8K hub datasets as defaults (online)
 ``champ``                 champ-dataset, auto-verifiable part
+``env-reset``             no list: each task is a reset seed; the env's own reset picks it
 ========================  =========================================================
 
 A user source is named ``"package.module:factory"``; the factory is called with the same keyword
@@ -34,6 +35,7 @@ from typing import Any
 from envs.tasks.arithmetic import ArithmeticSource
 from envs.tasks.base import Task, TaskSource, TaskSplit, holdout, make_task
 from envs.tasks.champ import ChampSource
+from envs.tasks.env_reset import EnvResetSource
 from envs.tasks.hf import Gsm8kSource, HFDatasetSource, MathDatasetSource
 from envs.tasks.jsonl import JsonlSource, read_jsonl_tasks
 from envs.tasks.reasoning_gym_source import ReasoningGymSource
@@ -47,6 +49,7 @@ SOURCES: dict[str, type[TaskSource]] = {
     "math": MathDatasetSource,
     "gsm8k": Gsm8kSource,
     "champ": ChampSource,
+    "env-reset": EnvResetSource,
 }
 """Source name -> class. Env owners add their own sources here (e.g. ``alfworld``) when they land."""
 
@@ -54,6 +57,7 @@ __all__ = [
     "SOURCES",
     "ArithmeticSource",
     "ChampSource",
+    "EnvResetSource",
     "Gsm8kSource",
     "HFDatasetSource",
     "JsonlSource",

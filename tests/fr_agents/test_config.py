@@ -33,10 +33,10 @@ def test_every_preset_loads_and_validates(preset: str) -> None:
 
 
 def test_overrides_are_typed() -> None:
-    cfg = load_config("math-tiny", ["trainer.batch_size=8", "objective.delta=inf", "rollout.branch_at=[1,2]"])
+    cfg = load_config("math-tiny", ["trainer.batch_size=8", "objective.delta=inf", "optim.betas=[0.8,0.99]"])
     assert cfg.trainer.batch_size == 8
     assert math.isinf(cfg.objective.delta)
-    assert cfg.rollout.branch_at == [1, 2]
+    assert cfg.optim.betas == [0.8, 0.99]
 
 
 def test_unknown_key_is_named_with_suggestion() -> None:
