@@ -159,7 +159,7 @@ class ObjectiveConfig:
                         rule=rule_delta)
     importance_sampling: bool = _opt(True, help="weight tokens by the policy / behaviour probability ratio")
     aggregation: str = _opt("sample_mean", help="loss average: sample_mean (per row, then rows) or token_mean",
-                            choices=AGGREGATIONS, rule=rule_aggregation)
+                            rule=rule_aggregation)
     negative_token_fraction: float = _opt(1.0, help="share of a failed row's tokens (highest entropy first) that get the negative signal",
                                           rule=rule_fraction)
     grpo_group_size: int = _opt(4, help="samples per prompt when objective.algo=grpo", rule=_at_least(1))

@@ -1,0 +1,224 @@
+"""Every config key drives code or is refused; every field has help; one home per rule.
+
+The runs here are built from non-default values and each value is looked up where it must take
+effect (the engine, the schedule, the runner's sampling options, the env, the task splits, the
+learner, the run's checkpoints). Keys that training cannot honour yet are refused by name.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fr_agents.config import (
+    ConfigError,
+    TrainConfig,
+    annotated_yaml,
+    field_help,
+    iter_fields,
+    load_config,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAST = [
+    "model.tiny_size=nano",
+    "trainer.eval_episodes=0",
+    "warm_start.examples=0",
+    "trainer.threads=1",
+    "trainer.collapse_guard=false",
+]
+
+
+def test_every_field_has_one_line_of_help() -> None:
+    missing = [key for key, f in iter_fields() if not f.metadata.get("help", "").strip()]
+    assert not missing, f"fields without help: {missing}"
+    multi = [key for key, f in iter_fields() if "\n" in f.metadata["help"]]
+    assert not multi, f"help must be one line: {multi}"
+
+
+def test_defaults_obey_their_own_rules() -> None:
+    cfg = TrainConfig()
+    for key, f in iter_fields():
+        rule = f.metadata.get("rule")
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        if rule is not None:
+            rule(value)
+        if f.metadata.get("choices"):
+            assert value in f.metadata["choices"], key
+
+
+def test_dry_run_shows_each_value_with_its_help() -> None:
+    from trainer.preflight import dry_run_report
+
+    cfg = load_config("math-tiny", ["objective.delta=0.5"])
+    report = dry_run_report(cfg)
+    for key, f in iter_fields():
+        leaf = key.rsplit(".", 1)[-1]
+        lines = [ln for ln in report.splitlines() if ln.strip().startswith(f"{leaf}:")]
+        assert any(ln.rstrip().endswith("# " + f.metadata["help"]) for ln in lines), key
+    assert any(ln.strip().startswith("delta: 0.5") for ln in report.splitlines())
+
+
+def test_unknown_key_names_the_closest_key_and_its_help() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("math-tiny", ["rollout.temprature=0.5"])
+    msg = str(e.value)
+    assert "Did you mean: rollout.temperature" in msg
+    assert field_help("rollout.temperature") in msg
+
+
+def test_every_key_is_read_by_code() -> None:
+    """A key that no code outside ``fr_agents/config.py`` reads (as an attribute) is a lie."""
+    read: set[str] = set()
+    for pkg in ("fr_agents", "trainer", "envs"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if path == ROOT / "fr_agents" / "config.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Attribute):
+                    read.add(node.attr)
+    unread = [key for key, _ in iter_fields() if key.rsplit(".", 1)[-1] not in read]
+    assert not unread, f"config keys that no code reads: {unread}"
+
+
+def test_keys_training_cannot_honour_yet_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.branch_factor: training on branching episodes"):
+        load_config("math-tiny", ["rollout.branch_factor=2"])
+    with pytest.raises(ConfigError, match=r"rollout\.branch_at: must be empty"):
+        load_config("math-tiny", ["rollout.branch_at=[1]"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer\.max_per_root'"):
+        load_config("math-tiny", ["trainer.max_per_root=3"])
+    with pytest.raises(ConfigError, match=r"rollout\.engine: invalid value 'openai'"):
+        load_config("math-tiny", ["rollout.engine=openai"])
+    with pytest.raises(ConfigError, match=r"warm_start\.examples: tasks\.source=env-reset"):
+        load_config("env-tiny", ["warm_start.examples=5"])
+
+
+def test_env_kwargs_given_whole_replace_the_preset_mapping() -> None:
+    assert load_config("math-tiny").env.kwargs == {"answer_format": "plain"}
+    assert load_config("math-tiny", ["env.kwargs={}"]).env.kwargs == {}
+    assert load_config("math-tiny", ["env.kwargs={format_reward: 0.5}"]).env.kwargs == {"format_reward": 0.5}
+    merged = load_config("math-tiny", ["env.kwargs.format_reward=0.5"]).env.kwargs
+    assert merged == {"answer_format": "plain", "format_reward": "0.5"}
+
+
+def test_each_value_rule_has_one_home() -> None:
+    """The objective and the learner refuse a bad value with the config's own rule and words."""
+    from trainer.learner import Learner
+    from trainer.objective import flashreinforce_loss
+
+    for key, arg, bad in (
+        ("objective.delta", "delta", -1.0),
+        ("objective.negative_token_fraction", "negative_token_fraction", 1.5),
+        ("objective.aggregation", "aggregation", "sum"),
+    ):
+        with pytest.raises(ConfigError) as c:
+            load_config("math-tiny", [f"{key}={bad}"])
+        why = str(c.value).split(": ", 1)[1]
+        with pytest.raises(ValueError) as lrn:
+            Learner(torch.nn.Linear(2, 2), **{arg: bad})
+        assert str(lrn.value) == f"{arg}: {why}"
+        t = torch.zeros(1, 2)
+        with pytest.raises(ValueError) as obj:
+            flashreinforce_loss(t - 1, t - 1, torch.ones(1), torch.ones(1, 2, dtype=torch.bool), **{arg: bad})
+        assert str(obj.value) == f"{arg}: {why}"
+
+
+def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> None:
+    from fr_agents.models import tiny_dir
+    from fr_agents.policy.hf import HFEngine
+    from trainer.loop import Trainer
+
+    cfg = load_config(
+        "math-tiny",
+        [
+            *FAST,
+            "model.tiny_seed=3",
+            "model.dtype=float64",
+            "env.kwargs={answer_format: plain, format_reward: 0.25}",
+            "env.system_prompt=Answer with digits only.",
+            "env.max_turns=2",
+            "tasks.params={digits: 1}",
+            "tasks.seed=4",
+            "tasks.train_split=test",
+            "tasks.test_split=train",
+            "rollout.temperature=0.7",
+            "rollout.max_new_tokens=5",
+            "rollout.max_context=100",
+            "rollout.concurrency=3",
+            "rollout.max_policy_lag=3",
+            "rollout.turn_reward=last",
+            "rollout.top_p=0.9",
+            "objective.importance_sampling=false",
+            "trainer.batch_size=6",
+            "trainer.seed=5",
+            "warm_start.examples=3",
+        ],
+    )
+    t = Trainer(cfg, tmp_path, console=False)
+    t._build()
+    try:
+        assert Path(t.model_dir) == tiny_dir("nano", 3)
+        assert next(t.model.parameters()).dtype == torch.float64
+        assert isinstance(t.runner.engine, HFEngine)
+        assert next(t.runner.engine.model.parameters()).dtype == torch.float64
+        assert t.runner.engine.max_batch_size == 3
+        env = t.make_env()
+        assert env.unwrapped.format_reward == 0.25
+        env.close()
+        o = t.runner.options
+        assert (o.temperature, o.max_new_tokens, o.max_context, o.max_turns, o.turn_reward, o.top_p) == (
+            0.7, 5, 100, 2, "last", 0.9,
+        )
+        assert o.system_prompt == "Answer with digits only." and not o.importance_correction
+        assert "Answer with digits only." in t.tokenizer.decode(t.runner.encode_observation("1+1="))
+        assert t.learner.temperature == 0.7
+        # tasks: 1-digit problems, the splits swapped, the first 3 train tasks are demos
+        from envs.tasks import get_task_source
+
+        src = get_task_source("arithmetic", seed=4, digits=1)
+        assert [x["id"] for x in t.train_tasks] == [x["id"] for x in src.split("test")]
+        assert [x["id"] for x in t.test_tasks] == [x["id"] for x in src.split("train")]
+        assert t.demo_tasks == list(t.train_tasks[:3]) and t.rl_tasks == list(t.train_tasks[3:])
+        s = t.schedule
+        assert (s.batch_size, s.max_policy_lag, s.seed, s.task_seed) == (6, 3, 5, 4)
+        assert s.sampling_version(5) == 2 and len(s.episodes(0)) == 6
+        assert torch.get_num_threads() == 1
+    finally:
+        t.rollout_side.close()
+
+
+def test_run_level_keys_take_effect(tmp_path: Path) -> None:
+    """steps, checkpoint_every, keep_checkpoints, plot_every, rollout.reward and the lag, in one run."""
+    from trainer.loop import run_training
+
+    torch.set_num_threads(1)
+    cfg = load_config(
+        "math-tiny",
+        [
+            *FAST,
+            "tasks.params={digits: 1}",
+            "trainer.batch_size=4",
+            "rollout.concurrency=4",
+            "trainer.steps=4",
+            "trainer.checkpoint_every=2",
+            "trainer.keep_checkpoints=1",
+            "trainer.plot_every=3",
+            "rollout.max_policy_lag=0",
+        ],
+    )
+    res = run_training(cfg, tmp_path, console=False)
+    assert res.ok and res.steps == 4
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_000004"], ckpts
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and all(r["lag_max"] == 0 for r in steps)
+    assert (tmp_path / "curves.png").exists()
