@@ -17,7 +17,6 @@ import torch
 from fr_agents.config import (
     ConfigError,
     TrainConfig,
-    annotated_yaml,
     field_help,
     iter_fields,
     load_config,
