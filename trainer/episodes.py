@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from fr_agents.config import TrainConfig
+from fr_agents.config import ConfigError, TrainConfig
+from fr_agents.policy.base import SamplingOptions
 from fr_agents.policy.seeded import SeededEngine
 from trainer.schedule import EpisodeSpec, derive_seed
 
@@ -66,7 +67,13 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
         kwargs: dict[str, Any] = {"max_model_len": r.max_context, "max_num_seqs": max(1, r.concurrency)}
         if cfg.trainer.device.startswith("cuda"):
             kwargs["gpu_memory_utilization"] = 0.5  # the learner shares the device
-        return VLLMEngine(str(model_dir), dtype=cfg.model.dtype, seed=cfg.trainer.seed, **kwargs)
+        engine = VLLMEngine(str(model_dir), dtype=cfg.model.dtype, seed=cfg.trainer.seed, **kwargs)
+        try:  # one token now: a model vLLM cannot serve fails here, before any warm start or rollout
+            engine.generate_sync([int(tokenizer.eos_token_id or 0)], SamplingOptions(max_tokens=1))
+        except Exception as e:
+            engine.close_sync()
+            raise ConfigError(f"rollout.engine=vllm: vLLM cannot serve {model_dir} ({type(e).__name__}: {e})") from e
+        return engine
     if r.engine != "hf":
         raise ValueError(f"rollout.engine: unknown engine {r.engine!r}")
     from transformers import AutoModelForCausalLM
