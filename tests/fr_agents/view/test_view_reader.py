@@ -141,9 +141,8 @@ def test_reader_never_blocks_a_writer(fast_dir: Path) -> None:
             writer.finish(writer.append(writer.add_root([5, k]), [6], [-0.2], True, 1), 0.5)
         writer.take_batch(4, max_per_root=1)
     assert reader.version() != before and reader.stats()["leaves"] == 21 and reader.stats()["consumed"] == 4
-    with pytest.raises(sqlite3.OperationalError, match="readonly|read-only|attempt to write"):
-        with reader.snapshot() as c:
-            c.execute("DELETE FROM nodes")
+    with pytest.raises(sqlite3.OperationalError, match="readonly|read-only|attempt to write"), reader.snapshot() as c:
+        c.execute("DELETE FROM nodes")
 
 
 def test_sharing_ratio_per_consumed_batch(fast_dir: Path) -> None:
