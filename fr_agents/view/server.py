@@ -169,6 +169,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if path in ("/", "/index.html"):
                 self._static("index.html")
+            elif path == "/favicon.ico":  # browsers ask; there is none
+                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
             elif path.startswith("/static/"):
                 self._static(path.removeprefix("/static/"))
             elif path == "/api/summary":

@@ -318,7 +318,7 @@ function treeRow(n) {
   const kinds = [`${n.n} tok`];
   if (n.policy_n) kinds.push(`${n.policy_n} policy v${n.version}`);
   if (n.demo_n) kinds.push(`${n.demo_n} demo`);
-  const meta = el("div", { class: "meta" }, cmp, el("b", {}, "#" + n.id), n.depth === 0 ? "root" : null, kinds.join(" · "),
+  const meta = el("div", { class: "meta" }, cmp, el("b", {}, "#" + n.id), n.depth === 0 ? el("span", { class: "badge" }, "root") : null, el("span", {}, kinds.join(" · ")),
     n.children > 1 ? el("span", { class: "badge" }, `${n.children} branches · ${n.leaves_below} leaves`) : null, ...leafBadges(n.leaf));
   const box = el("div", { class: "box" }, meta, runsNode(n.runs, "text"));
   box.addEventListener("click", () => openNode(n.id));

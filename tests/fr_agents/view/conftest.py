@@ -106,13 +106,11 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def page(browser):
-    """A fresh page; records console errors, page errors and dialogs (an XSS would open one)."""
-    ctx = browser.new_context(viewport={"width": 1500, "height": 950})
-    pg = ctx.new_page()
+def _watch(pg):
+    """Record a page's console errors, page errors and dialogs (an XSS would open one) in
+    ``pg.problems``."""
     pg.set_default_timeout(20_000)
-    pg.problems = []  # type: ignore[attr-defined]
+    pg.problems = []
     pg.on("pageerror", lambda e: pg.problems.append(f"pageerror: {e}"))
     pg.on("console", lambda m: m.type == "error" and pg.problems.append(f"console: {m.text}"))
 
@@ -121,7 +119,20 @@ def page(browser):
         d.dismiss()
 
     pg.on("dialog", on_dialog)
-    yield pg
+    return pg
+
+
+@pytest.fixture
+def watch():
+    """``watch(page)``: start recording the page's problems (see ``page``)."""
+    return _watch
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page in its own context, its problems recorded in ``page.problems``."""
+    ctx = browser.new_context(viewport={"width": 1500, "height": 950})
+    yield _watch(ctx.new_page())
     ctx.close()
 
 
