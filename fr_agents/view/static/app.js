@@ -198,7 +198,7 @@ function lineChart(id, series, opts) {
           svg("title", {}, `${s.label}: ${fmt(q[1])} at step ${q[0]}${s.names ? " (" + s.names[i] + ")" : ""}`)));
       }
     }
-    g.append(svg("text", { class: "tick", x: W - R, y: ly, "text-anchor": "end", fill: s.color }, s.label));
+    g.append(svg("text", { class: "series-label", x: W - R, y: ly, "text-anchor": "end", fill: s.color }, s.label));
     ly += 12;
   }
   box.append(g);
@@ -246,8 +246,7 @@ async function loadRoots(resetPage) {
     const reward = r.leaves ? `${fmt(r.reward_mean, 2)} (${fmt(r.reward_min, 2)}…${fmt(r.reward_max, 2)})` : "–";
     const leaves = r.leaves === r.leaves_total ? String(r.leaves) : `${r.leaves}/${r.leaves_total}`;
     const tr = el("tr", { dataset: { root: r.id }, class: r.id === state.tree.root ? "selected" : "" },
-      el("td", {}, "#" + r.id, r.open ? el("div", { class: "hint" }, `${r.open} open`) : null),
-      el("td", {}, r.env || "–"),
+      el("td", {}, "#" + r.id, el("div", { class: "hint env" }, r.env || "–"), r.open ? el("div", { class: "hint" }, `${r.open} open`) : null),
       el("td", { class: "leaves" }, leaves, r.pruned ? el("div", { class: "badge pruned" }, `${r.pruned} pruned`) : null),
       el("td", {}, reward),
       el("td", { class: "prompt", title: JSON.stringify(r.meta) }, "…" + r.prompt_tail));

@@ -222,3 +222,28 @@ def test_large_tree_pages_stay_fast(big_store, dec) -> None:
     assert time.perf_counter() - t0 < 1.0
     assert page["total_leaves"] == 10_000 and len(page["nodes"]) == 300
     assert np.all(np.diff([n["depth"] for n in page["nodes"]]) <= 1)
+
+
+def test_cli_view_prints_the_url_and_serves(text_store, tmp_path: Path, capsys) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path, _ = text_store
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fr_agents.cli", "view", str(path), "--port", "0", "--model", MODEL],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        url = re.search(r"http://127\.0\.0\.1:\d+/", "".join(lines)).group(0)
+        stats = json.loads(urllib.request.urlopen(url + "api/summary", timeout=30).read())["stats"]
+        assert stats["roots"] == 3 and stats["leaves"] == 7
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert cli_main(["view", str(tmp_path / "nowhere.db")]) == 2
+    assert "PATH:" in capsys.readouterr().err
+    assert cli_main(["view", str(path), "--port", "70000", "--model", MODEL]) == 2
+    assert "--port" in capsys.readouterr().err
