@@ -7,6 +7,7 @@ tests/artifacts/view/.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def _no_problems(page) -> None:
 
 # ====================================================================== a real training run
 def test_run_page_shows_curves_config_and_checkpoints(trained_run: Path, page, serving, screenshot) -> None:
+    from playwright.sync_api import expect
+
     from trainer.metrics import read_metrics
 
     rows = read_metrics(trained_run)
@@ -60,6 +63,12 @@ def test_run_page_shows_curves_config_and_checkpoints(trained_run: Path, page, s
         assert page.locator("#checkpoints tbody tr").count() == len(ckpts) >= 2
         assert ckpts[-1] in page.inner_text("#checkpoints")
         screenshot(page, "run_page")
+        # live: a step row appended to metrics.jsonl (as the trainer appends it) shows up by polling
+        row = {**steps[-1], "step": 4, "reward": 0.5}
+        with open(trained_run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        expect(page.locator("#card-steps .v")).to_have_text("4", timeout=15_000)
+        expect(page.locator("#card-reward .v")).to_have_text("0.500")
         _no_problems(page)
 
 
@@ -193,6 +202,32 @@ def test_page_sees_new_roots_while_a_writer_appends(text_store, page, serving, e
         page.wait_for_selector("#tree-reload:not([hidden])")
         page.click("#tree-reload")
         expect(page.locator("#tree-leaves")).to_have_text("4")
+        _no_problems(page)
+
+
+def test_demo_tokens_and_pruned_leaves_are_marked(text_store, page, serving) -> None:
+    path, ids = text_store
+    with serving(path, MODEL) as url:
+        page.goto(url + "#trees")
+        page.select_option("#filters select[name='pruned']", "yes")
+        page.click("#filters button[type='submit']")
+        page.wait_for_selector("#roots-count:text('1–1 of 1 roots')")
+        page.click(f"#roots tbody tr[data-root='{ids['c']}']")
+        page.wait_for_selector(f"#tree .node[data-node='{ids['pruned']}']")
+        assert page.locator("#tree .node.pruned").count() == 1
+        assert page.locator(f"#tree .node.pruned[data-node='{ids['pruned']}'] .badge.pruned").inner_text() == "pruned"
+        page.click("#filters-reset")
+        page.wait_for_selector(f"#roots tbody tr[data-root='{ids['b']}']")
+        page.click(f"#roots tbody tr[data-root='{ids['b']}']")
+        page.click(f"#tree .node[data-node='{ids['demo']}'] .box")
+        page.wait_for_selector(f"#detail[data-node='{ids['demo']}'] #detail-text")
+        assert page.locator("#detail-text span[data-kind='demo']").inner_text() == "hi there"
+        assert page.locator("#heat .tok.demo").count() == page.locator("#heat .tok").count() > 0
+        bg = page.locator("#detail-text span[data-kind='demo']").evaluate("e => getComputedStyle(e).backgroundColor")
+        page.click(f"#tree .node[data-node='{ids['hello']}'] .box")
+        page.wait_for_selector(f"#detail[data-node='{ids['hello']}'] #detail-text")
+        policy_bg = page.locator("#detail-text span[data-kind='policy']").evaluate("e => getComputedStyle(e).backgroundColor")
+        assert bg != policy_bg  # demo and policy tokens look different
         _no_problems(page)
 
 
