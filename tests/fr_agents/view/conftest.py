@@ -225,7 +225,7 @@ def xss_store(fast_dir: Path, encode):
 @pytest.fixture(scope="session")
 def big_store() -> Iterator[tuple[Path, int]]:
     """One root with 10,000 leaves (100 branches of 100), written through the store's API;
-    returns ``(path, root)``. About 10 s on tmpfs."""
+    returns ``(path, root)``. 10-45 s on tmpfs here (2 shared cores), about a minute on a disk."""
     from fr_agents.tree import TrajectoryTree
 
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
