@@ -92,6 +92,8 @@ class EpisodeRunner:
     """Runs scheduled episodes for the loop (see the module docstring).
 
     ``model``: for the hf engine, a model whose copy the engine samples with (else it loads one).
+    ``with_engine=False``: no engine at all (a Ray learner encodes prompts and demos but never
+    samples: its rollout workers hold the engines).
     """
 
     def __init__(
@@ -104,13 +106,14 @@ class EpisodeRunner:
         tasks: list[dict[str, Any]],
         *,
         model: Any = None,
+        with_engine: bool = True,
     ) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.tree = tree
         self.make_env = make_env
         self.tasks = tasks
-        self.engine = make_engine(cfg, model_dir, tokenizer, model=model)
+        self.engine = make_engine(cfg, model_dir, tokenizer, model=model) if with_engine else None
         from fr_agents.rollout import RolloutOptions, default_stop_ids
 
         r = cfg.rollout
@@ -188,4 +191,5 @@ class EpisodeRunner:
         return EpisodeOutcome(leaf.leaf_id, leaf.reward, leaf.policy_tokens, leaf.turns)
 
     def close(self) -> None:
-        self.engine.close_sync()
+        if self.engine is not None:
+            self.engine.close_sync()

@@ -248,7 +248,10 @@ class Trainer:
 
             bench_for = load_object(cfg.trainer.eval_bench_provider, key="trainer.eval_bench_provider")
             self.periodic = PeriodicEval.from_config(cfg, self.run_dir, bench_for(cfg))
-        side = build_rollout_side(cfg, self.run_dir, tokenizer=self.tokenizer, engine_model=self.model)
+        # on Ray the rollout workers hold the engines; the learner's side only encodes and records
+        side = build_rollout_side(
+            cfg, self.run_dir, tokenizer=self.tokenizer, engine_model=self.model, with_engine=cfg.trainer.backend == "local"
+        )
         self.rollout_side = side
         self.make_env, self.tree, self.ledger = side.make_env, side.tree, side.ledger
         self.train_tasks, self.test_tasks = side.train_tasks, side.test_tasks
@@ -383,7 +386,8 @@ class Trainer:
             self.run_dir, plot_every=cfg.trainer.plot_every, log_every=cfg.trainer.log_every, console=self.console
         )
         self.board = WeightBoard()
-        self.metrics.event("start", engine=type(self.runner.engine).__name__, resume=resume)
+        engine = type(self.runner.engine).__name__ if self.runner.engine is not None else f"{cfg.rollout.engine} (rollout workers)"
+        self.metrics.event("start", engine=engine, backend=cfg.trainer.backend, resume=resume)
         state = TrainerState()
         evals: dict[str, dict[str, float]] = {}
         if resume:

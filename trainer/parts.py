@@ -86,13 +86,14 @@ class RolloutSide:
 
 
 def build_rollout_side(
-    cfg: TrainConfig, run_dir: str | Path, *, tokenizer: Any = None, engine_model: Any = None
+    cfg: TrainConfig, run_dir: str | Path, *, tokenizer: Any = None, engine_model: Any = None, with_engine: bool = True
 ) -> RolloutSide:
     """Build the rollout side of ``cfg`` in ``run_dir``.
 
     ``tokenizer``: reuse one already loaded (the embedded loop's); else it is loaded.
     ``engine_model``: for ``rollout.engine=hf``, a model whose *copy* the engine samples with
     (saves a load from disk); else the engine loads its own copy.
+    ``with_engine=False``: the runner gets no engine (a Ray learner: its workers sample).
     """
     from fr_agents.plugins import load_object
     from fr_agents.tree import TrajectoryTree
@@ -120,5 +121,5 @@ def build_rollout_side(
     tree = TrajectoryTree.open(run_dir / STORE_FILE)
     ledger = EpisodeLedger(run_dir / LEDGER_FILE)
     make_env = env_factory(cfg)
-    runner = EpisodeRunner(cfg, where, tok, tree, make_env, rl, model=engine_model)
+    runner = EpisodeRunner(cfg, where, tok, tree, make_env, rl, model=engine_model, with_engine=with_engine)
     return RolloutSide(where, tok, make_env, train_tasks, test_tasks, demos, rl, tree, ledger, schedule, runner)

@@ -46,3 +46,23 @@ def test_ray_trains_math_tiny(tmp_path):
     tree.close()
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "step" in s and "reward" in s][-1] == 3
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_ray_trains_with_vllm_rollout_workers(tmp_path):
+    """rollout.engine=vllm on Ray: the worker samples with a VLLMEngine, the learner holds none."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    over = [o for o in OVERRIDES if not o.startswith(("model.tiny_size", "trainer.steps"))]
+    cfg = load_config("math-tiny", [*over, "rollout.engine=vllm", "trainer.steps=2"])
+    res = run_training_ray(cfg, tmp_path / "run", num_cpus=2)
+    assert res.ok and res.steps == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["engine"] for r in rows if r["kind"] == "start"] == ["vllm (rollout workers)"]
+    ledger = EpisodeLedger(tmp_path / "run" / "episodes.sqlite")
+    assert [len(ledger.batch_rows(k)) for k in range(2)] == [8, 8]
+    ledger.close()
