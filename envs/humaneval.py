@@ -193,6 +193,7 @@ def main():
             pass
         verdict = {"checks": "failed"}
     if verdict["checks"] != "completed":
+        _fr_flush()
         _fr_os._exit(1)
     _fr_seal(secret, out, json.dumps(verdict).encode(), sys.argv[2])
     _fr_os._exit(0)
