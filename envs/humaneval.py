@@ -358,6 +358,13 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
             return None
         return "\n\n".join(f"[{who}]\n{text}" for who, text in self._transcript)
 
+    def expert_action(self) -> str:
+        """The task's canonical solution (``fr-agents eval --agent expert --bench humaneval``: every
+        canonical solution must pass the grader, pass@1 = 1)."""
+        if self._task is None:
+            raise RuntimeError("expert_action() called before reset()")
+        return self._task["answer"]
+
     def fork(self) -> HumanEvalEnv:
         """A copy of this episode (no sandbox state to copy: each attempt gets a fresh one)."""
         return copy.deepcopy(self)
