@@ -188,7 +188,8 @@ def main():
         verdict = {"checks": "completed"}
     except BaseException:  # noqa: BLE001 - SystemExit, KeyboardInterrupt: the checks did not pass
         try:
-            traceback.print_exc()
+            etype, value, tb = sys.exc_info()
+            traceback.print_exception(etype, value, tb.tb_next if tb is not None else tb)
         except BaseException:  # noqa: BLE001
             pass
         verdict = {"checks": "failed"}
@@ -291,7 +292,6 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
         crash), ``forged`` (a seal line that does not match), ``timeout``, ``oom``, ...
         """
         import json
-        import secrets
 
         from tools_sandbox import SandboxError, SandboxLimits, SandboxUnavailable, open_sandbox
         from tools_sandbox.sealed import PRELUDE, run_sealed
@@ -308,7 +308,7 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
         except SandboxError as e:  # a transient start failure is not the reply's fault: retry once
             log.warning("sandbox start failed (%s); retrying once", e)
             sb = open_sandbox(backend=self.backend, limits=limits)
-        run_dir = f"/tmp/fr_he_{secrets.token_hex(8)}"
+        run_dir = "/tmp/fr_he"  # a fresh session per attempt: a fixed path keeps ``info`` deterministic
         with sb:
             sb.write_file(f"{run_dir}/harness.py", PRELUDE + HARNESS)
             sb.write_file(f"{run_dir}/spec.json", json.dumps(spec))
