@@ -29,7 +29,7 @@ from typing import Any
 
 from tools_sandbox.limits import SandboxLimits
 from tools_sandbox.result import RunResult, SandboxError, SandboxTimeout
-from tools_sandbox.worker import decode_header, encode_frame
+from tools_sandbox.worker import MAX_STDIN, decode_header, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -358,8 +358,6 @@ class Sandbox:
     def run_shell(self, cmd: str, timeout: float | None = None, stdin: bytes | None = None) -> RunResult:
         """Run ``/bin/sh -c cmd`` in the work directory. ``stdin`` (at most 16 KiB) is what the command
         reads on its standard input (else ``/dev/null``); it appears in no argv, environment or file."""
-        from tools_sandbox.worker import MAX_STDIN
-
         if not isinstance(cmd, str):
             raise TypeError(f"cmd must be a str, got {type(cmd).__name__}")
         req: dict[str, Any] = {"op": "shell", "cmd": cmd}
