@@ -8,7 +8,7 @@
         sb.run_shell("ls", timeout=5.0); sb.write_file("a.txt", "hi"); sb.read_file("a.txt")
 
 Modules: :mod:`.worker` (runs inside), :mod:`.session` (calls, deadlines, restarts), :mod:`.bwrap` and
-:mod:`.docker_backend` (the backends), :mod:`.pool` (warm pool), :mod:`.reaper` (clean-up of
+:mod:`.docker_backend` (the backends), :mod:`.sealed` (verdicts the tested code cannot forge), :mod:`.pool` (warm pool), :mod:`.reaper` (clean-up of
 leftovers), :mod:`.image` (offline image build). This package imports nothing else of the project.
 """
 

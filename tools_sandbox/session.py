@@ -29,7 +29,7 @@ from typing import Any
 
 from tools_sandbox.limits import SandboxLimits
 from tools_sandbox.result import RunResult, SandboxError, SandboxTimeout
-from tools_sandbox.worker import decode_header, encode_frame
+from tools_sandbox.worker import MAX_STDIN, decode_header, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -355,11 +355,17 @@ class Sandbox:
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         return self._run({"op": "python", "code": code}, timeout)
 
-    def run_shell(self, cmd: str, timeout: float | None = None) -> RunResult:
-        """Run ``/bin/sh -c cmd`` in the work directory."""
+    def run_shell(self, cmd: str, timeout: float | None = None, stdin: bytes | None = None) -> RunResult:
+        """Run ``/bin/sh -c cmd`` in the work directory. ``stdin`` (at most 16 KiB) is what the command
+        reads on its standard input (else ``/dev/null``); it appears in no argv, environment or file."""
         if not isinstance(cmd, str):
             raise TypeError(f"cmd must be a str, got {type(cmd).__name__}")
-        return self._run({"op": "shell", "cmd": cmd}, timeout)
+        req: dict[str, Any] = {"op": "shell", "cmd": cmd}
+        if stdin is not None:
+            if not isinstance(stdin, bytes) or len(stdin) > MAX_STDIN:
+                raise ValueError(f"stdin: expected bytes of at most {MAX_STDIN}, got {type(stdin).__name__}")
+            req["stdin"] = base64.b64encode(stdin).decode("ascii")
+        return self._run(req, timeout)
 
     def _file_request(self, req: dict, timeout: float | None) -> dict:
         resp, failure, _ = self._request(req, timeout)

@@ -11,7 +11,10 @@ answers each request with exactly one response frame, echoing the request's ``"i
 
 * ``{"op": "python", "code": str}`` runs code in one persistent namespace (state survives across
   calls); a final bare expression is echoed like a REPL;
-* ``{"op": "shell", "cmd": str}`` runs ``/bin/sh -c cmd``;
+* ``{"op": "shell", "cmd": str, "stdin": base64?}`` runs ``/bin/sh -c cmd``; its standard input is
+  ``/dev/null``, or a pipe holding ``stdin`` (at most :data:`MAX_STDIN` bytes, then end of file). A
+  harness reads a per-run secret this way (:mod:`tools_sandbox.sealed`): not in argv, environment or
+  files, and gone from the pipe once read;
 * ``{"op": "write", "path": str, "data": base64}`` / ``{"op": "read", "path": str}``;
 * ``{"op": "ping"}``.
 
@@ -47,6 +50,8 @@ import traceback
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
+MAX_STDIN = 16 * 1024  # fits in an empty pipe's buffer: written whole before the command starts
+_PR_SET_DUMPABLE = 4
 
 
 def encode_frame(msg: dict) -> bytes:
@@ -134,6 +139,7 @@ class Worker:
         self.own_pidns = bool(cfg.get("kill_strays", False)) and self.pid <= 2
         self.ns: dict = {"__name__": "__main__", "__builtins__": builtins}
         self.cells = 0
+        self._not_dumpable()
         self._apply_rlimits(cfg.get("rlimits", {}))
         self.proto_in = os.dup(0)
         self.proto_out = os.dup(1)
@@ -163,6 +169,19 @@ class Worker:
     def _release_reserve(self) -> None:
         while self.reserve:
             os.close(self.reserve.pop())
+
+    @staticmethod
+    def _not_dumpable() -> None:
+        """``prctl(PR_SET_DUMPABLE, 0)``: the processes a call starts (same uid) can no longer open
+        this worker's ``/proc/<pid>/{mem,fd,environ}`` or ptrace it, so they cannot read a request
+        (a secret meant for a harness) from its memory or write frames into its protocol pipe.
+        Best effort: without ctypes the worker runs as before."""
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        except (ImportError, OSError, AttributeError):
+            pass
 
     @staticmethod
     def _apply_rlimits(limits: dict) -> None:
@@ -235,7 +254,7 @@ class Worker:
             if op == "python":
                 status, exit_code = self._exec(req.get("code", ""))
             else:
-                status, exit_code = self._shell(req.get("cmd", ""))
+                status, exit_code = self._shell(req.get("cmd", ""), req.get("stdin"))
         finally:
             if os.getpid() != self.pid:
                 os._exit(0)
@@ -328,14 +347,29 @@ class Worker:
                 os.write(2, f"{etype.__name__}: <unprintable>\n".encode())
             return "error", 1
 
-    def _shell(self, cmd: str) -> tuple[str, int]:
+    def _shell(self, cmd: str, stdin_b64: str | None = None) -> tuple[str, int]:
         import subprocess
 
+        stdin: int = subprocess.DEVNULL
+        if stdin_b64:
+            data = base64.b64decode(stdin_b64)
+            if len(data) > MAX_STDIN:
+                os.write(2, f"stdin: {len(data)} bytes, at most {MAX_STDIN}\n".encode())
+                return "error", 2
+            stdin, w = os.pipe()
+            try:
+                _write_all(w, data)
+            finally:
+                os.close(w)  # the command reads the data, then end of file
         try:
-            rc = subprocess.run(["/bin/sh", "-c", cmd], stdin=subprocess.DEVNULL).returncode
+            proc = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=stdin)
         except OSError as e:
             os.write(2, f"cannot run /bin/sh: {e}\n".encode())
             return "error", 127
+        finally:
+            if stdin != subprocess.DEVNULL:
+                os.close(stdin)  # only the command holds the data now
+        rc = proc.wait()
         return ("ok" if rc == 0 else "error"), rc
 
     def _flush(self) -> None:

@@ -3,8 +3,12 @@
 Grading never trusts the episode's sandbox. :func:`grade` opens a *new* sandbox, writes a clean
 checkout of ``base_commit``, applies the agent's diff with every change to a protected path (tests,
 ``conftest.py``, pytest configuration: :func:`~envs.repo_coding.testrun.is_protected_path`) dropped,
-applies ``test_patch`` (which adds the hidden tests back), runs the task's test files and reads
-per-test outcomes from a report file at a random path.
+applies ``test_patch`` (which adds the hidden tests back), runs the task's test files through the
+sealed pytest runner (:func:`~envs.repo_coding.testrun.run_pytest`) and reads per-test outcomes
+from its report. Only a report sealed with the run's secret, from a pytest session that finished
+with the runner's functions untouched, is scored; anything else (an early exit, a killed or
+shadowed runner, a report written by the code under test) scores 0, and ``info`` says why
+(``report_evidence``, ``checks_completed``, ``runner_tampered``).
 
 Reward and partial score::
 
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import secrets
 import shlex
 import subprocess
 import time
@@ -26,14 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.repo_coding.task import RepoTask
-from envs.repo_coding.testrun import (
-    PLUGIN_MODULE,
-    REPORT_PLUGIN,
-    filter_diff,
-    parse_report,
-    partial_score,
-    pytest_shell,
-)
+from envs.repo_coding.testrun import filter_diff, partial_score, run_pytest
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +105,9 @@ class GradeResult:
     discarded: list[str] = field(default_factory=list)
     error: str = ""
     seconds: float = 0.0
+    evidence: str = "missing"
+    checks_completed: bool = False
+    tampered: list[str] = field(default_factory=list)
 
     def as_info(self) -> dict[str, Any]:
         return {
@@ -120,6 +119,9 @@ class GradeResult:
             "discarded_files": list(self.discarded),
             "grade_error": self.error,
             "grade_seconds": round(self.seconds, 3),
+            "report_evidence": self.evidence,
+            "checks_completed": self.checks_completed,
+            "runner_tampered": list(self.tampered),
         }
 
 
@@ -152,18 +154,20 @@ def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0) ->
     r = _shell(sb, f"cd {wd} && git apply --whitespace=nowarn /tmp/fr_test.patch", 60)
     if r.exit_code != 0:
         raise RuntimeError(f"{task.instance_id}: test_patch does not apply: {(r.stderr or r.stdout)[-300:]}")
-    plugin_dir = f"/tmp/fr_plugin_{secrets.token_hex(6)}"
-    report_path = f"{plugin_dir}/report_{secrets.token_hex(8)}.json"
-    sb.write_file(f"{plugin_dir}/{PLUGIN_MODULE}.py", REPORT_PLUGIN)
-    r = _shell(sb, f"cd {wd} && " + pytest_shell(task.test_files, report_path, plugin_dir), test_timeout)
-    try:
-        report = parse_report(sb.read_file(report_path))
-    except Exception as e:  # noqa: BLE001 - no report means nothing passed
-        zero.error = f"no test report ({type(e).__name__}); pytest said: {(r.stdout + r.stderr)[-300:]}"
+    run = run_pytest(sb, task.workdir, task.test_files, test_timeout)
+    zero.evidence, zero.checks_completed, zero.tampered = run.evidence, run.finished, run.tampered
+    if not run.trusted:
+        why = {"missing": "the test run left no sealed report (it ended early or was killed)",
+               "forged": "the test report's seal does not match"}.get(run.evidence, "")
+        if run.evidence == "sealed":
+            why = ("the runner's functions were rebound during the run: " + ", ".join(run.tampered[:5])
+                   if run.tampered else "the pytest session did not finish")
+        zero.error = f"{why} [{run.status}]; pytest said: {run.output[-300:]}"
         zero.seconds = time.monotonic() - t0
         return zero
-    result = score(task, report)
+    result = score(task, run.report)
     result.discarded = dropped
+    result.evidence, result.checks_completed = run.evidence, run.finished
     result.seconds = time.monotonic() - t0
     return result
 

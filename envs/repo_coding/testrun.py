@@ -1,17 +1,32 @@
-"""Running pytest and reading its per-test outcomes, the same way on the host and in a sandbox.
+"""Running pytest and reading its per-test outcomes: sealed in a sandbox, plain on the host.
 
-Outcomes come from a tiny pytest plugin (:data:`REPORT_PLUGIN`) that writes one JSON object,
-``{node id: {"outcome": "passed"|"failed"|"skipped", "message": str}}``, at the end of the session.
-That is exact (no parsing of pytest's text output) and works with pytest 7 (the sandbox image's
-``python3-pytest``) and newer. Plugin auto-loading is switched off and ``addopts`` emptied so that a
+Outcomes are one JSON object, ``{node id: {"outcome": "passed"|"failed"|"skipped", "message": str}}``,
+recorded by pytest hooks (exact, no parsing of pytest's text output; pytest 7, the sandbox image's
+``python3-pytest``, and newer). Plugin auto-loading is switched off and ``addopts`` emptied so that a
 repository's own pytest configuration (coverage flags, plugins) cannot break or fake a run.
+
+Two ways to run:
+
+* :func:`run_pytest` (grading and the agent's ``run_tests``: the repository is untrusted) runs the
+  :data:`RUNNER` harness with ``python3 -I -B``. It reads a per-run secret on stdin before anything of
+  the repository is importable, loads pytest and its own modules from the interpreter's path, then
+  makes the repository importable for the tests behind a guard that keeps the runner's module names
+  (the standard library, pytest and everything it loaded) out of the repository's reach, registers
+  its report hooks as an object (no module name to shadow), and after the session seals the report
+  (:mod:`tools_sandbox.sealed`). It also reports functions of pytest, pluggy, the builtins and the
+  harness that were rebound during the run (``tampered``), which the grader scores as a failure.
+* :func:`pytest_shell` + :data:`REPORT_PLUGIN` (the offline task builder, on the project's own seed
+  repositories and pinned sdists) writes the report to ``$FR_REPORT_PATH``.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PLUGIN_MODULE = "_fr_report"
 
@@ -91,21 +106,30 @@ def pytest_sessionfinish(session, exitstatus):
 '''
 
 # Files whose edits are discarded before grading: tests and anything that configures pytest.
-_CONFIG_NAMES = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
-                 "usercustomize.py", PLUGIN_MODULE + ".py"}
+_CONFIG_NAMES = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+                 "sitecustomize.py", "usercustomize.py", PLUGIN_MODULE + ".py"}
 _TEST_DIRS = {"test", "tests", "testing"}
+# Compiled or installed-package files: a planted .pyc (pytest reads rewritten test modules from
+# __pycache__ even when it writes none) or package metadata (entry points) is never the agent's fix.
+_BUILD_DIRS = {"__pycache__"}
+_BUILD_SUFFIXES = (".pyc", ".pyo", ".pth", ".dist-info", ".egg-info")
 
 
 def is_protected_path(path: str) -> bool:
-    """True for test files and pytest configuration: the grader discards the agent's changes to them.
+    """True for test files, pytest configuration and compiled/package files: the grader discards
+    the agent's changes to them.
 
     Protected: ``test_*.py``, ``*_test.py``, anything under a ``test/``, ``tests/`` or ``testing/``
-    folder, ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``,
-    ``sitecustomize.py`` and ``usercustomize.py``.
+    folder, every file pytest reads configuration from (``pytest.ini``, ``.pytest.ini``, ``tox.ini``,
+    ``setup.cfg``, ``pyproject.toml``, ``conftest.py`` at any depth), ``sitecustomize.py``,
+    ``usercustomize.py``, and anything under ``__pycache__/``, ending in ``.pyc``/``.pyo``/``.pth`` or
+    inside ``*.dist-info``/``*.egg-info``.
     """
     parts = Path(path).parts
     name = parts[-1] if parts else path
     if name in _CONFIG_NAMES or any(p in _TEST_DIRS for p in parts[:-1]):
+        return True
+    if any(p in _BUILD_DIRS or p.endswith(_BUILD_SUFFIXES) for p in parts):
         return True
     return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
@@ -189,3 +213,190 @@ def partial_score(f2p_passed: int, f2p_total: int, p2p_all_pass: bool) -> float:
     if f2p_total <= 0:
         raise ValueError("f2p_total must be positive")
     return (f2p_passed / f2p_total) * (1.0 if p2p_all_pass else 0.5)
+
+
+# ----------------------------------------------------------------------------- the sealed runner
+
+PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "--tb=short", "-o", "addopts=", "-o",
+               "console_output_style=classic", "--color=no"]
+
+# The in-sandbox harness (after tools_sandbox.sealed.PRELUDE), run in the repository root as
+# ``python3 -I -B RUNNER RESULT_PATH PYTEST_ARGS...`` with the run's secret on stdin.
+RUNNER = r'''
+import importlib
+import importlib.machinery
+import json
+import os
+import pkgutil
+import sys
+import traceback
+import types
+
+_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, property,
+          staticmethod, classmethod, types.MethodType, types.WrapperDescriptorType)
+_WATCHED = ("_pytest", "pytest", "pluggy", "builtins", "__main__")
+
+
+class _Guard:
+    """A meta-path finder: the runner's own module names are found outside the repository only."""
+
+    def __init__(self, root, names):
+        self.root, self.names = root, frozenset(names)
+
+    def _outside(self):
+        out = []
+        for p in sys.path:
+            a = os.path.realpath(os.path.abspath(p or "."))
+            if a != self.root and not a.startswith(self.root + os.sep):
+                out.append(p)
+        return out
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or name not in self.names:
+            return None  # submodules are found on their (already guarded) package's __path__
+        if name in sys.builtin_module_names or importlib.machinery.FrozenImporter.find_spec(name):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, self._outside())
+        if spec is None:
+            raise ModuleNotFoundError(f"{name!r} is a module name of the test runner; "
+                                      "the repository cannot provide it", name=name)
+        return spec
+
+
+class _Report:
+    """The report hooks (registered as an object: there is no module name to shadow)."""
+
+    def __init__(self):
+        self.tests, self.finished, self.exit_status = {}, False, None
+
+    @staticmethod
+    def _message(report):
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:
+            return str(crash.message)
+        return str(report.longrepr or "")[-400:]
+
+    def pytest_runtest_logreport(self, report):
+        prev = self.tests.get(report.nodeid)
+        if report.failed:
+            if prev is None or prev["outcome"] != "failed":
+                self.tests[report.nodeid] = {"outcome": "failed", "message": self._message(report)[:1000]}
+        elif prev is not None and prev["outcome"] == "failed":
+            return
+        elif report.when == "call":
+            outcome = "skipped" if (report.skipped or hasattr(report, "wasxfail")) else "passed"
+            self.tests[report.nodeid] = {"outcome": outcome, "message": ""}
+        elif report.skipped:
+            self.tests[report.nodeid] = {"outcome": "skipped", "message": ""}
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.tests["<collect>::" + report.nodeid] = {"outcome": "failed",
+                                                         "message": self._message(report)[:1000]}
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.finished, self.exit_status = True, int(exitstatus)
+
+
+def _snapshot():
+    """Functions, classes and their members (as the classes resolve them, through their bases) bound
+    in the runner's modules: what tested code could rebind to fake outcomes."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if name.partition(".")[0] not in _WATCHED:
+            continue
+        for attr, v in list(getattr(mod, "__dict__", {}).items()):
+            if isinstance(v, _KINDS):
+                out[name + "." + attr] = v
+            if isinstance(v, type) and getattr(v, "__module__", None) == name:
+                members = {}
+                for base in reversed(v.__mro__):
+                    members.update(base.__dict__)
+                for k, m in members.items():
+                    if isinstance(m, _KINDS):
+                        out[name + "." + attr + "." + k] = m
+    return out
+
+
+def _rebound(snap):
+    now = _snapshot()
+    return sorted(label for label, v in snap.items() if now.get(label) is not v)
+
+
+def main():
+    secret = _fr_take_secret()
+    out = _fr_private_stdout()
+    result_path, args = sys.argv[1], sys.argv[2:]
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    import pytest
+    import _pytest
+    for m in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
+        try:
+            importlib.import_module(m.name)
+        except Exception:  # noqa: BLE001 - an optional part (e.g. a missing extra)
+            pass
+    names = (set(sys.stdlib_module_names) - {"test"}) | {n.partition(".")[0] for n in sys.modules}
+    names.discard("test")  # the stdlib's test package name is what repositories call their tests
+    names |= {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "pygments", "argcomplete",
+              "exceptiongroup", "tomli", "colorama", "attr", "attrs"}
+    root = os.path.realpath(os.getcwd())
+    sys.meta_path.insert(0, _Guard(root, names))
+    sys.path.insert(0, root)  # the tests import the repository, as `python -m pytest` in its root would
+    report, rebound = _Report(), _rebound
+    snap = _snapshot()
+    try:
+        pytest.main(args, plugins=[report])
+    except BaseException:  # noqa: BLE001 - whatever pytest did not catch: its report says what ran
+        traceback.print_exc()
+    payload = {"tests": report.tests, "finished": report.finished, "exit_status": report.exit_status,
+               "tampered": rebound(snap)}
+    _fr_seal(secret, out, json.dumps(payload).encode(), result_path)
+    os._exit(0)
+
+
+main()
+'''
+
+
+@dataclass
+class PytestRun:
+    """One sealed pytest run (:func:`run_pytest`).
+
+    ``report`` is the verified per-test report (empty when there is no valid seal), ``evidence`` is
+    ``sealed``/``missing``/``forged`` (:mod:`tools_sandbox.sealed`), ``finished`` whether the pytest
+    session reached its end, ``tampered`` the runner functions rebound during the run, ``output``
+    pytest's own text (what the agent's ``run_tests`` shows).
+    """
+
+    report: dict[str, dict[str, str]] = field(default_factory=dict)
+    evidence: str = "missing"
+    finished: bool = False
+    tampered: list[str] = field(default_factory=list)
+    output: str = ""
+    status: str = ""
+    timed_out: bool = False
+
+    @property
+    def trusted(self) -> bool:
+        """A sealed report from a session that finished with the runner untouched."""
+        return self.evidence == "sealed" and self.finished and not self.tampered
+
+
+def run_pytest(sb: Any, workdir: str, files: list[str], timeout: float) -> PytestRun:
+    """Run ``files`` with pytest in ``workdir`` of ``sb`` through the sealed :data:`RUNNER`."""
+    from tools_sandbox.sealed import PRELUDE, run_sealed
+
+    run_dir = f"/tmp/fr_runner_{secrets.token_hex(8)}"
+    result_path = f"{run_dir}/report.json"
+    sb.write_file(f"{run_dir}/runner.py", PRELUDE + RUNNER)
+    argv = ["python3", "-I", "-B", f"{run_dir}/runner.py", result_path, *PYTEST_ARGS, *files]
+    run = run_sealed(sb, f"cd {shlex.quote(workdir)} && " + " ".join(shlex.quote(a) for a in argv),
+                     result_path, timeout)
+    out = PytestRun(evidence=run.evidence, output=run.output(), status=run.result.status,
+                    timed_out=run.result.timed_out)
+    if run.verified and run.payload is not None:
+        data = json.loads(run.payload)
+        out.report = parse_report(json.dumps(data.get("tests", {})))
+        out.finished = bool(data.get("finished"))
+        out.tampered = list(data.get("tampered") or [])
+    return out

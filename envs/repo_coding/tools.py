@@ -117,11 +117,19 @@ class RepoTools:
         return f"replaced 1 occurrence in {a['path']}"
 
     def _run_tests(self, a: dict[str, Any]) -> str:
+        """pytest's output from the same sealed runner the grader uses, so what the agent sees here is
+        what grading would see (a shadowed pytest or an early exit is reported, not trusted)."""
+        from envs.repo_coding.testrun import run_pytest
+
         paths = a.get("paths") or self.task.visible_test_files
         if isinstance(paths, str):
             paths = paths.split()
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise ValueError("paths must be a list of test file paths")
-        cmd = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q "
-               "-p no:cacheprovider --tb=short -o addopts= " + " ".join(shlex.quote(p) for p in paths))
-        return self._shell(cmd, self.test_timeout)
+        run = run_pytest(self.sb, self.task.workdir, list(paths), self.test_timeout)
+        text = run.output or "(no output)"
+        if run.timed_out:
+            text += f"\n[timed out after {self.test_timeout:g}s]"
+        elif not run.trusted:
+            text += "\n[the test run did not finish with a sealed report: grading would count no test as passed]"
+        return text
