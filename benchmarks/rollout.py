@@ -46,12 +46,16 @@ class EchoEnv(gymnasium.Env):
         return f"You wrote {len(action)} characters.", float(len(action) > 5), self.t >= 3, False, {}
 
 
-def _training_rollout(preset: str, engine: str, batches: int, overrides: list[str]) -> tuple[int, float]:
-    """Policy tokens and seconds of ``batches`` scheduled batches through the preset's runner."""
+def _training_rollout(preset: str, engine: str, batches: int, overrides: list[str]) -> dict[str, tuple[int, float]]:
+    """Policy tokens and seconds of ``batches`` scheduled batches through the preset's runner
+    (``rollout``), and of the same batches' first-turn prompts sent straight to the engine with the
+    same sampling and concurrency (``generation``: the engine alone, no env, no tree)."""
     from fr_agents.config import load_config
+    from fr_agents.policy.base import SamplingOptions
     from trainer.parts import build_rollout_side
 
     cfg = load_config(preset, [f"rollout.engine={engine}", "warm_start.examples=0", *overrides])
+    out: dict[str, tuple[int, float]] = {}
     with tempfile.TemporaryDirectory() as run_dir:
         side = build_rollout_side(cfg, run_dir)
         sem = asyncio.Semaphore(cfg.rollout.concurrency)
@@ -69,22 +73,43 @@ def _training_rollout(preset: str, engine: str, batches: int, overrides: list[st
         asyncio.run(go(range(batches, batches + 1)))  # warm-up batch (not timed): first-call costs
         t0 = time.perf_counter()
         tokens = asyncio.run(go(range(batches)))
-        secs = time.perf_counter() - t0
+        out["rollout"] = (tokens, time.perf_counter() - t0)
+
+        o = side.runner.options
+        opts = SamplingOptions(temperature=o.temperature, max_tokens=o.max_new_tokens,
+                               stop_token_ids=tuple(side.runner.stop_ids), seed=None)
+        prompts = [side.runner.encode_task(side.rl_tasks[s.task_index])
+                   for k in range(batches) for s in side.schedule.episodes(k)]
+
+        async def gen(p: list[int]) -> int:
+            async with sem:
+                return len((await side.runner.engine.generate(p, opts)).token_ids)
+
+        async def gen_all() -> int:
+            return sum(await asyncio.gather(*(gen(p) for p in prompts)))
+
+        t0 = time.perf_counter()
+        tokens = asyncio.run(gen_all())
+        out["generation"] = (tokens, time.perf_counter() - t0)
         side.close()
-    return tokens, secs
+    return out
 
 
 def compare_engines(preset: str, batches: int, overrides: list[str]) -> None:
     import os
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    results = {}
+    rate: dict[tuple[str, str], float] = {}
     for engine in ("hf", "vllm"):
-        tokens, secs = _training_rollout(preset, engine, batches, overrides)
-        results[engine] = tokens / secs
-        print(f"{engine:<5} {tokens / secs:9.1f} policy tokens/s  ({tokens} tokens, {secs:.2f}s, {batches} batches)")
+        for what, (tokens, secs) in _training_rollout(preset, engine, batches, overrides).items():
+            rate[engine, what] = tokens / secs
+            print(f"{engine:<5} {what:<11} {tokens / secs:9.1f} policy tokens/s  ({tokens} tokens, {secs:.2f}s)")
     load = os.getloadavg()
-    print(f"ratio vllm / hf   {results['vllm'] / results['hf']:6.2f}x  (goal >= 2x); load average {load[0]:.2f} {load[1]:.2f}")
+    for what in ("rollout", "generation"):
+        ratio = rate["vllm", what] / rate["hf", what]
+        goal = "  (goal >= 2x)" if what == "rollout" else ""
+        print(f"ratio vllm / hf, {what:<11} {ratio:6.2f}x{goal}")
+    print(f"preset {preset}, {batches} batches; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 def main() -> None:
