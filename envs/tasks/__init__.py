@@ -16,6 +16,8 @@ Built-in sources (see each module for its parameters):
 ``hf``                    a Hugging Face ``datasets`` dataset by ``name`` (online)
 ``math`` / ``gsm8k``      ``hf`` with the MATH / GSM8K hub datasets as defaults (online)
 ``champ``                 champ-dataset, auto-verifiable part
+``alfworld``              ALFWorld games (train / valid_seen / valid_unseen), ALFWorld-v0
+``repo-coding``           repository coding tasks of RepoCoding-v0 (held out by repo or share)
 ========================  =========================================================
 
 A user source is named ``"package.module:factory"``; the factory is called with the same keyword
@@ -31,12 +33,14 @@ import inspect
 from collections.abc import Iterable
 from typing import Any
 
+from envs.tasks.alfworld import AlfworldSource
 from envs.tasks.arithmetic import ArithmeticSource
 from envs.tasks.base import Task, TaskSource, TaskSplit, holdout, make_task
 from envs.tasks.champ import ChampSource
 from envs.tasks.hf import Gsm8kSource, HFDatasetSource, MathDatasetSource
 from envs.tasks.jsonl import JsonlSource, read_jsonl_tasks
 from envs.tasks.reasoning_gym_source import ReasoningGymSource
+from envs.tasks.repo_coding import RepoCodingSource
 from fr_agents.config import ConfigError
 
 SOURCES: dict[str, type[TaskSource]] = {
@@ -47,11 +51,14 @@ SOURCES: dict[str, type[TaskSource]] = {
     "math": MathDatasetSource,
     "gsm8k": Gsm8kSource,
     "champ": ChampSource,
+    "alfworld": AlfworldSource,
+    "repo-coding": RepoCodingSource,
 }
-"""Source name -> class. Env owners add their own sources here (e.g. ``alfworld``) when they land."""
+"""Source name -> class. Env owners add their own sources here when they land."""
 
 __all__ = [
     "SOURCES",
+    "AlfworldSource",
     "ArithmeticSource",
     "ChampSource",
     "Gsm8kSource",
@@ -60,6 +67,7 @@ __all__ = [
     "ListSource",
     "MathDatasetSource",
     "ReasoningGymSource",
+    "RepoCodingSource",
     "Task",
     "TaskSource",
     "TaskSplit",

@@ -86,6 +86,16 @@ class Bench:
             items.append(BenchItem(str(t.get("id", i)), {"task": dict(t)}))
         return cls(name=name, env_id=env_id, items=items, **kw)
 
+    def subset(self, n: int, seed: int) -> Bench:
+        """``n`` items drawn without replacement by a seeded permutation (all when ``n`` covers
+        them): a fixed, unbiased sample of a bench whose items come in a sorted order."""
+        import numpy as np
+
+        if n < 1:
+            raise ValueError(f"n: must be >= 1, got {n}")
+        order = np.random.default_rng(seed).permutation(len(self.items))[:n]
+        return Bench(**{**self.__dict__, "items": [self.items[int(i)] for i in order]})
+
     def limited(self, limit: int | None) -> Bench:
         """This bench with only its first ``limit`` items (``None``: all)."""
         if limit is None:

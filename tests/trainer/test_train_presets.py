@@ -13,11 +13,24 @@ from trainer.preflight import check_env, check_model, run_preflight
 def test_every_preset_dry_runs(preset: str, capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     rc = main(["train", preset, "--dry-run", f"run.out_dir={tmp_path}"])
     out = capsys.readouterr().out
-    assert rc == 0
+    would_start = run_preflight(load_config(preset), import_env=False).ok
+    assert rc == (0 if would_start else 2), "the dry run's exit code is the real run's verdict"
+    assert ("the real run would refuse to start" in out) == (not would_start)
+    if preset.endswith("-tiny"):
+        assert rc == 0, f"{preset}: every CPU preset must be able to start here"
     assert "# resolved config" in out and "# placement plan" in out
     assert "nothing was started" in out
     assert f"preset: {preset}" in out
     assert not any(tmp_path.iterdir()), "a dry run must not create the run directory"
+
+
+def test_dry_run_that_would_refuse_exits_nonzero(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    for override in ("model.name=/nonexistent/model", "tasks.source=no-such-source"):
+        rc = main(["train", "math-tiny", override, "--dry-run", f"run.out_dir={tmp_path}"])
+        out = capsys.readouterr().out
+        assert rc == 2, override
+        assert "UNAVAILABLE" in out and "the real run would refuse to start" in out
+    assert not any(tmp_path.iterdir())
 
 
 def test_gpu_presets_mirror_the_paper() -> None:
