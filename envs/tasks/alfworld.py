@@ -84,6 +84,12 @@ class AlfworldSource(TaskSource):
 
         alf_split = "valid_unseen" if split == "test" else split
         games = resolve_games(alf_split, self.games_dir, None, self.task_types)
+        other = set(SPLITS) - {alf_split}
+        if any(other & set(Path(g).parts) for g in games):  # a folder without this split lists them all
+            raise ConfigError(
+                f"tasks.params.games_dir: no {alf_split} games (the folder holds only other splits); "
+                f"write them with fr-agents alfworld generate"
+            )
         if self.limit is not None and len(games) > self.limit:
             # evenly spaced: the paths are sorted by task-type folder, so every type keeps its share
             step = len(games) / self.limit
