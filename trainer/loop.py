@@ -74,7 +74,11 @@ class TrainResult:
     def summary(self) -> str:
         lines = [f"run {self.run_dir}: {self.steps} steps, stopped: {self.stop_reason}, wall {self.wall_s:.0f}s (RL {self.rl_s:.0f}s)"]
         for name, ev in self.evals.items():
-            lines.append(f"  held-out success {name}: {100 * ev['success']:.1f}% ({int(ev['episodes'])} tasks)")
+            per_episode = f", {ev['turns']:.1f} turns, {ev['tool_calls']:.1f} tool calls" if "turns" in ev else ""
+            lines.append(
+                f"  held-out success {name}: {100 * ev['success']:.1f}% ({int(ev['episodes'])} tasks, "
+                f"reward {ev['reward']:.3f}{per_episode})"
+            )
         if self.last_checkpoint:
             lines.append(f"  last checkpoint: {self.last_checkpoint}")
         return "\n".join(lines)
@@ -242,12 +246,17 @@ class Trainer:
         self.model, self.tokenizer = load_policy(str(self.model_dir), cfg.model.dtype, cfg.trainer.device)
         self.model.train()
         self.learner = Learner.from_config(self.model, cfg)
-        self.periodic = None  # avg@k every trainer.eval_every steps when trainer.eval_k > 0
-        if cfg.trainer.eval_k > 0 and cfg.trainer.eval_every > 0:
+        # One held-out bench for both evaluators: greedy figures (before/after, every eval_every
+        # steps) when eval_episodes > 0, and avg@k every eval_every steps when eval_k > 0.
+        self.held_out = self.periodic = None
+        t = cfg.trainer
+        if t.eval_episodes > 0 or (t.eval_k > 0 and t.eval_every > 0):
             from fr_agents.eval.periodic import PeriodicEval
+            from trainer.evaluate import HeldOutEval
 
-            bench_for = load_object(cfg.trainer.eval_bench_provider, key="trainer.eval_bench_provider")
-            self.periodic = PeriodicEval.from_config(cfg, self.run_dir, bench_for(cfg))
+            bench = load_object(t.eval_bench_provider, key="trainer.eval_bench_provider")(cfg)
+            self.held_out = HeldOutEval.from_config(cfg, self.run_dir, bench)
+            self.periodic = PeriodicEval.from_config(cfg, self.run_dir, bench)
         # on Ray the rollout workers hold the engines; the learner's side only encodes and records
         side = build_rollout_side(
             cfg, self.run_dir, tokenizer=self.tokenizer, engine_model=self.model, with_engine=cfg.trainer.backend == "local"
@@ -261,26 +270,17 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, name: str, step: int) -> dict[str, float] | None:
-        if self.cfg.trainer.eval_episodes <= 0 or self.cfg.env.max_turns != 1:
+        """Greedy held-out figures now (see :mod:`trainer.evaluate`), logged as an ``eval`` event;
+        None when ``trainer.eval_episodes`` is 0."""
+        if self.held_out is None:
             return None
-        from trainer.evaluate import evaluate_single_turn
-
-        n = min(self.cfg.trainer.eval_episodes, len(self.test_tasks))
-        res = evaluate_single_turn(
-            self.model,
-            self.tokenizer,
-            self.test_tasks.shuffled(self.cfg.tasks.seed)[:n],  # a fixed, unbiased subset
-            make_env=self.make_env,
-            encode=self.runner.encode_observation,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-            eos_ids=self.runner.stop_ids,
+        res = self.held_out.run(name, step, self.model, self.tokenizer)
+        self.metrics.event("eval", **res, name=name, step=step)
+        log.info(
+            "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",
+            name, step, 100 * res["success"], res["reward"], res["turns"], res["tool_calls"], res["episodes"], res["seconds"],
         )
-        row = {**res.as_dict(), "name": name, "step": step}
-        self.metrics.event("eval", **row)
-        log.info("held-out success %s (step %d): %.1f%% (%d tasks, %.1fs)", name, step, 100 * res.success, res.episodes, res.seconds)
-        for obs, text, reward in res.samples[:3]:
-            log.info("  %r -> %r (reward %s)", obs, text, reward)
-        return res.as_dict()
+        return res
 
     def _warm_start(self, state: TrainerState) -> None:
         from trainer.warm_start import build_demos, warm_start

@@ -275,9 +275,10 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     return lines
 
 
-def dry_run_report(cfg: TrainConfig) -> str:
-    """The text ``--dry-run`` prints: resolved config, preflight findings, placement plan."""
-    pf = run_preflight(cfg, import_env=False)
+def dry_run_report(cfg: TrainConfig, pf: Preflight | None = None) -> str:
+    """The text ``--dry-run`` prints: resolved config (each value with its help), preflight
+    findings (``pf``, default: run them without importing the env module), placement plan."""
+    pf = pf if pf is not None else run_preflight(cfg, import_env=False)
     out = ["# resolved config (each value with its help)", annotated_yaml(cfg), "", "# checks"]
     for c in pf.checks:
         out.append(f"{'ok         ' if c.ok else 'UNAVAILABLE'}  {c.what:<15} {c.detail}")

@@ -4,7 +4,8 @@ Order of business, so that a mistake costs seconds, not a warm start:
 
 1. load the preset or YAML and apply the ``key=value`` overrides (an invalid key is a
    :class:`~fr_agents.config.ConfigError` naming it);
-2. ``--dry-run``: print the resolved config and the placement plan and return;
+2. ``--dry-run``: print the resolved config, the checks and the placement plan and return; the exit
+   code is the real run's verdict (0: it would start, 2: a check fails, as a real run's config error);
 3. preflight: the model, the env id (registered and importable), the task source, the device;
 4. create the run directory (or reopen it with ``--resume``) and run :func:`trainer.loop.run_training`.
 """
@@ -72,8 +73,9 @@ def main_train(
     from trainer.preflight import dry_run_report, run_preflight
 
     if dry_run:
-        print(dry_run_report(cfg))
-        return 0
+        pf = run_preflight(cfg, import_env=False)
+        print(dry_run_report(cfg, pf))
+        return 0 if pf.ok else 2
     run_preflight(cfg).raise_if_failed()
     if resume:
         out = Path(resume)

@@ -5,11 +5,30 @@ A ``game.tw-pddl`` file (JSON: ``pddl_domain``, ``grammar``, ``pddl_problem``, `
 lists the applicable ones) wrapped by ``AlfredDemangler`` (``apple_bar_7_bar_1`` -> ``apple 1``) and
 ``AlfredInfos`` from ``alfworld.agents.environment.alfred_tw_env``. Nothing here re-implements game
 logic: this module only builds that stack and exposes the planner and the fact list.
+
+Threads. The engine is not thread-safe, and the training loop, ``fr-agents rollout`` and
+``fr-agents eval`` all run ALFWorld episodes concurrently (``reset``/``step`` in worker threads).
+Three things inside it are shared by every env of a process:
+
+* ``textworld.envs.pddl.logic._PARSER``, one TatSu parser object for the game grammar, used by
+  ``load()``;
+* ``textworld.envs.pddl.textgen._PARSER``, one TatSu parser used by ``ContextSensitiveGrammar.derive``,
+  i.e. by every ``reset()`` and ``step()`` (the intro, each feedback line and every admissible
+  command are derived); a TatSu parser keeps its parse state (rule and position stacks) on the object,
+  so two parses at once pop each other's stacks (``IndexError: pop from empty list``);
+* ``fast_downward.pddl2sas``, run by every ``load()`` and ``reset()``, rewrites ``sys.argv`` and the
+  translator's module-level ``options`` (two settings per call) before translating.
+
+(The Fast Downward library itself is per env: ``fast_downward.load_lib`` loads a private copy.)
+:class:`TextWorldEngine` therefore runs every call into the stack under one process-wide lock. An
+engine call takes milliseconds while a policy's reply takes far longer, so episodes still overlap
+where it matters; processes (``fr-agents alfworld generate --workers``) are unaffected.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +43,11 @@ def data_files() -> tuple[str, str]:
     return (root / "alfred.pddl").read_text(), (root / "alfred.twl2").read_text()
 
 
-def make_textworld_env(facts: bool = False) -> Any:
-    """PddlEnv + AlfredDemangler + AlfredInfos, requesting admissible commands and ``won``."""
+ENGINE_LOCK = threading.RLock()
+"""Held by every call into TextWorld's PDDL engine in this process (see the module docstring)."""
+
+
+def _build_stack(facts: bool) -> Any:
     try:
         import fast_downward  # noqa: F401
         import textworld
@@ -43,6 +65,48 @@ def make_textworld_env(facts: bool = False) -> Any:
     return AlfredInfos(env)
 
 
+class TextWorldEngine:
+    """PddlEnv + AlfredDemangler + AlfredInfos (admissible commands and ``won`` requested), with
+    every call made under :data:`ENGINE_LOCK`. ``load``/``reset``/``step`` behave as TextWorld's;
+    :meth:`plan` is Fast Downward's plan from the current state."""
+
+    def __init__(self, facts: bool = False) -> None:
+        with ENGINE_LOCK:
+            self._env = _build_stack(facts)
+
+    def load(self, game: str | dict) -> None:
+        with ENGINE_LOCK:
+            self._env.load(game)
+
+    def reset(self) -> Any:
+        with ENGINE_LOCK:
+            return self._env.reset()
+
+    def step(self, command: str) -> tuple[Any, float, bool]:
+        with ENGINE_LOCK:
+            return self._env.step(command)
+
+    def plan(self) -> list[str]:
+        """Fast Downward's plan from the current state, as game commands ([] when none exists).
+
+        This is what ``PddlEnv`` computes for ``EnvInfos(policy_commands=True)`` (and what ALFWorld's
+        ``AlfredExpert(expert_type="planner")`` returns); calling it on demand avoids re-planning after
+        every step.
+        """
+        with ENGINE_LOCK:
+            inner = pddl_env(self._env)
+            return list(inner._pddl_state.replan(inner._entity_infos))
+
+    def close(self) -> None:
+        with ENGINE_LOCK:
+            self._env.close()
+
+
+def make_textworld_env(facts: bool = False) -> TextWorldEngine:
+    """A fresh :class:`TextWorldEngine` (one game at a time; ``load`` then ``reset``)."""
+    return TextWorldEngine(facts)
+
+
 def pddl_env(tw_env: Any) -> Any:
     """The innermost ``PddlEnv`` of a wrapper stack."""
     env = tw_env
@@ -51,15 +115,9 @@ def pddl_env(tw_env: Any) -> Any:
     return env
 
 
-def plan(tw_env: Any) -> list[str]:
-    """Fast Downward's plan from the current state, as game commands ([] when none exists).
-
-    This is what ``PddlEnv`` computes for ``EnvInfos(policy_commands=True)`` (and what ALFWorld's
-    ``AlfredExpert(expert_type="planner")`` returns); calling it on demand avoids re-planning after
-    every step.
-    """
-    inner = pddl_env(tw_env)
-    return list(inner._pddl_state.replan(inner._entity_infos))
+def plan(engine: TextWorldEngine) -> list[str]:
+    """:meth:`TextWorldEngine.plan` (kept as a function for the expert and the generator)."""
+    return engine.plan()
 
 
 def read_game(path: str | Path) -> dict:

@@ -19,7 +19,8 @@ One episode::
   in ``<action>...</action>`` (``--agent expert`` in play, rollout and eval plays these replies).
 
 Games come from :mod:`envs.alfworld.sources` (official data via ``ALFWORLD_DATA``, a ``games_dir``,
-or a small generated set). ``reset(options={"game": path_or_index})`` picks a game.
+or a small generated set). ``reset(options={"game": path_or_index})`` picks a game, as does
+``reset(options={"task": task})`` with a task of the ``alfworld`` task source (its ``metadata.game``).
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         options = options or {}
         game = options.get("game")
+        if game is None and isinstance(options.get("task"), dict):  # a task-source Task (training)
+            game = options["task"].get("metadata", {}).get("game")
+            if game is None:
+                raise ValueError("options['task']: an ALFWorld task needs metadata.game (a game.tw-pddl path)")
         if game is None:
             game = self.games[int(self.np_random.integers(len(self.games)))]
         elif isinstance(game, int):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 from envs.alfworld.generate import find_games, generate
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CACHE = Path(os.environ.get("FR_AGENTS_CACHE", Path.home() / ".cache" / "fr_agents")) / "alfworld"
 _DEFAULT_PER_SPLIT = 6  # one game of each task type
+_WRITING = threading.Lock()  # concurrent first resets of a split write its default set once
 
 
 def official_root() -> Path | None:
@@ -33,11 +35,12 @@ def official_root() -> Path | None:
 def default_generated_root(split: str) -> Path:
     """The small default generated set of ``split`` (written on first call)."""
     root = DEFAULT_CACHE / f"default-{split}"
-    if not (root / "manifest.json").exists():
-        log.info(
-            "writing a small default ALFWorld game set to %s (fr-agents alfworld generate for more)", root
-        )
-        generate(root, {split: _DEFAULT_PER_SPLIT}, seed=0, workers=1)
+    with _WRITING:
+        if not (root / "manifest.json").exists():
+            log.info(
+                "writing a small default ALFWorld game set to %s (fr-agents alfworld generate for more)", root
+            )
+            generate(root, {split: _DEFAULT_PER_SPLIT}, seed=0, workers=1)
     return root
 
 

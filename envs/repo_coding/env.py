@@ -111,6 +111,8 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
 
     def _pick(self, options: dict[str, Any] | None) -> RepoTask:
         options = options or {}
+        if isinstance(options.get("task"), dict):  # a task-source Task (training): its id is the instance_id
+            options = {"task_id": options["task"]["id"]}
         if "task_id" in options:
             for t in self.tasks:
                 if t.instance_id == options["task_id"]:

@@ -17,6 +17,8 @@ Built-in sources (see each module for its parameters):
 ``math`` / ``gsm8k``      ``hf`` with the MATH / GSM8K hub datasets as defaults (online)
 ``champ``                 champ-dataset, auto-verifiable part
 ``env-reset``             no list: each task is a reset seed; the env's own reset picks it
+``alfworld``              ALFWorld games (train / valid_seen / valid_unseen), ALFWorld-v0
+``repo-coding``           repository coding tasks of RepoCoding-v0 (held out by repo or share)
 ========================  =========================================================
 
 A user source is named ``"package.module:factory"``; the factory is called with the same keyword
@@ -32,6 +34,7 @@ import inspect
 from collections.abc import Iterable
 from typing import Any
 
+from envs.tasks.alfworld import AlfworldSource
 from envs.tasks.arithmetic import ArithmeticSource
 from envs.tasks.base import Task, TaskSource, TaskSplit, holdout, make_task
 from envs.tasks.champ import ChampSource
@@ -39,6 +42,7 @@ from envs.tasks.env_reset import EnvResetSource
 from envs.tasks.hf import Gsm8kSource, HFDatasetSource, MathDatasetSource
 from envs.tasks.jsonl import JsonlSource, read_jsonl_tasks
 from envs.tasks.reasoning_gym_source import ReasoningGymSource
+from envs.tasks.repo_coding import RepoCodingSource
 from fr_agents.config import ConfigError
 
 SOURCES: dict[str, type[TaskSource]] = {
@@ -50,11 +54,14 @@ SOURCES: dict[str, type[TaskSource]] = {
     "gsm8k": Gsm8kSource,
     "champ": ChampSource,
     "env-reset": EnvResetSource,
+    "alfworld": AlfworldSource,
+    "repo-coding": RepoCodingSource,
 }
-"""Source name -> class. Env owners add their own sources here (e.g. ``alfworld``) when they land."""
+"""Source name -> class. Env owners add their own sources here when they land."""
 
 __all__ = [
     "SOURCES",
+    "AlfworldSource",
     "ArithmeticSource",
     "ChampSource",
     "EnvResetSource",
@@ -64,6 +71,7 @@ __all__ = [
     "ListSource",
     "MathDatasetSource",
     "ReasoningGymSource",
+    "RepoCodingSource",
     "Task",
     "TaskSource",
     "TaskSplit",

@@ -20,10 +20,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BenchItem:
-    """One problem: a stable ``id`` and the ``reset`` options that select it."""
+    """One problem: a stable ``id`` and the ``reset`` options that select it; ``seed``, when set,
+    is the reset seed that selects it instead (envs that pick their own task from the seed)."""
 
     id: str
     options: dict[str, Any] | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -78,13 +80,28 @@ class Bench:
     @classmethod
     def from_tasks(cls, name: str, env_id: str, tasks: list[dict[str, Any]], **kw: Any) -> Bench:
         """A bench over task dicts (``{"id", "prompt", "answer", ...}``), each passed as
-        ``reset(options={"task": task})``."""
+        ``reset(options={"task": task})``; a task whose metadata holds ``reset_seed`` is reset
+        with that seed and no options."""
         items = []
         for i, t in enumerate(tasks):
             if not isinstance(t, dict):
                 raise ValueError(f"bench {name!r}: task {i} is a {type(t).__name__}, expected a dict")
-            items.append(BenchItem(str(t.get("id", i)), {"task": dict(t)}))
+            reset_seed = (t.get("metadata") or {}).get("reset_seed")
+            if reset_seed is not None:  # the env-reset source: the env's own reset picks the task
+                items.append(BenchItem(str(t.get("id", i)), None, int(reset_seed)))
+            else:
+                items.append(BenchItem(str(t.get("id", i)), {"task": dict(t)}))
         return cls(name=name, env_id=env_id, items=items, **kw)
+
+    def subset(self, n: int, seed: int) -> Bench:
+        """``n`` items drawn without replacement by a seeded permutation (all when ``n`` covers
+        them): a fixed, unbiased sample of a bench whose items come in a sorted order."""
+        import numpy as np
+
+        if n < 1:
+            raise ValueError(f"n: must be >= 1, got {n}")
+        order = np.random.default_rng(seed).permutation(len(self.items))[:n]
+        return Bench(**{**self.__dict__, "items": [self.items[int(i)] for i in order]})
 
     def limited(self, limit: int | None) -> Bench:
         """This bench with only its first ``limit`` items (``None``: all)."""

@@ -29,9 +29,28 @@ from typing import Any
 
 from fr_agents.config import TrainConfig
 from fr_agents.eval.bench import Bench
-from fr_agents.eval.runner import EvalSettings, run_bench
+from fr_agents.eval.runner import BenchResult, EvalSettings, run_bench
 
 log = logging.getLogger(__name__)
+
+
+def evaluate_live(
+    model: Any, tokenizer: Any, bench: Bench, settings: EvalSettings, *, label: str, out_dir: str | Path
+) -> BenchResult:
+    """:func:`~fr_agents.eval.runner.run_bench` with the current weights of ``model`` (an
+    :class:`~fr_agents.policy.hf.HFEngine` over the live model, not a copy), in eval mode; the
+    model's training mode is restored after. Training's held-out and periodic evaluations both
+    come through here, so they mean what ``fr-agents eval`` means."""
+    from fr_agents.policy.hf import HFEngine
+
+    was_training = model.training
+    model.eval()
+    engine = HFEngine(model, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed)
+    try:
+        return run_bench(engine, tokenizer, bench, settings, label=label, out_dir=out_dir)
+    finally:
+        engine.close_sync()
+        model.train(was_training)
 
 
 class PeriodicEval:
@@ -79,17 +98,9 @@ class PeriodicEval:
 
     def run(self, step: int, model: Any, tokenizer: Any) -> dict[str, Any]:
         """Evaluate ``model`` now; returns (and appends to ``during_training.jsonl``) the summary row."""
-        from fr_agents.policy.hf import HFEngine
-
-        was_training = model.training
-        engine = HFEngine(model, tokenizer, max_batch_size=self.settings.concurrency, seed=self.settings.seed)
-        try:
-            res = run_bench(
-                engine, tokenizer, self.bench, self.settings, label=f"step_{step:06d}", out_dir=self.out_dir
-            )
-        finally:
-            engine.close_sync()
-            model.train(was_training)
+        res = evaluate_live(
+            model, tokenizer, self.bench, self.settings, label=f"step_{step:06d}", out_dir=self.out_dir
+        )
         row = {
             "step": step,
             "bench": self.bench.name,

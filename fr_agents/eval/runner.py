@@ -9,8 +9,9 @@
 Each sample is one episode of ``bench.env_id`` driven by :func:`fr_agents.rollout.run_episode`
 (the same token-truthful runner, chat template and env class as training), so a number here means
 what the training reward means. Results are appended to
-``OUT/samples/<label>/<bench>.jsonl`` as each episode ends (reward, success, the replies, and
-the env's last ``info``, e.g. HumanEval's failure reason).
+``OUT/samples/<label>/<bench>.jsonl`` as each episode ends (reward, success, turns, tool calls, the
+replies, and the env's last ``info``, e.g. HumanEval's failure reason); ``extra["per_episode"]`` of
+the result holds the mean turns and tool calls per episode.
 
 Resuming. Rows already in that file are skipped: a run that was killed picks up where it stopped,
 and a second run with a larger ``k`` only samples the new indices (seeds do not depend on ``k``,
@@ -150,6 +151,17 @@ def summarize_rows(rows_by_task: dict[str, list[dict[str, Any]]], k: int) -> dic
     return metrics
 
 
+def episode_means(rows_by_task: dict[str, list[dict[str, Any]]], k: int) -> dict[str, float]:
+    """Mean turns and tool calls per episode over each task's first ``k`` rows (a row without
+    ``tool_calls`` counts none: the env reported no tool use)."""
+    chosen = [r for rows in rows_by_task.values() for r in rows[:k]]
+    n = max(1, len(chosen))
+    return {
+        "turns": sum(int(r.get("turns", 0)) for r in chosen) / n,
+        "tool_calls": sum(int(r.get("tool_calls", 0)) for r in chosen) / n,
+    }
+
+
 # =========================================================================== the results file
 
 
@@ -257,6 +269,11 @@ def fingerprint(bench: Bench, settings: EvalSettings) -> dict[str, Any]:
     }
 
 
+def _count(value: Any) -> int:
+    """An env's count (``info["tool_calls"]``) as an int; 0 when it reported none."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
 def _json_safe(value: Any, max_chars: int = 2000) -> Any:
     """``value`` if it is JSON-serialisable (long strings cut to ``max_chars``), else its repr."""
     if isinstance(value, str):
@@ -311,7 +328,7 @@ async def run_bench_async(
 
     async def one(item: Any, s: int) -> None:
         seed = sample_seed(settings.seed, bench.name, item.id, s)
-        env_seed = item_seed(settings.seed, bench.name, item.id)
+        env_seed = item.seed if item.seed is not None else item_seed(settings.seed, bench.name, item.id)
         actions: list[str] = []
 
         def on_event(kind: str, ev: dict[str, Any]) -> None:
@@ -347,6 +364,7 @@ async def run_bench_async(
             "status": leaf.status,
             "partial_score": leaf.partial_score,
             "turns": leaf.turns,
+            "tool_calls": _count(leaf.info.get("tool_calls")),
             "policy_tokens": leaf.policy_tokens,
             "actions": actions,
             "info": _json_safe(leaf.info),
@@ -377,6 +395,7 @@ async def run_bench_async(
         new_samples=len(todo),
         samples_file=str(logfile.path),
         description=bench.description,
+        extra={"per_episode": episode_means(by_task, settings.k)},
     )
 
 

@@ -52,7 +52,7 @@ SMALL = [
     "rollout.concurrency=4",
     "rollout.max_new_tokens=4",
     "rollout.max_context=128",
-    "trainer.eval_episodes=0",
+    "trainer.eval_episodes=4",  # held-out episodes are reset by seed too (the env refuses options["task"])
 ]
 
 
@@ -74,6 +74,8 @@ def test_train_on_a_user_env_from_one_command(tmp_path: Path) -> None:
     assert "id: guessmod:me/Guess-v0" in cfg and "source: env-reset" in cfg and "max_turns: 4" in cfg
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "step"] == [1, 2]
+    evals = {r["name"]: r for r in rows if r["kind"] == "eval"}
+    assert set(evals) == {"before", "after_rl"} and evals["before"]["episodes"] == 4
     from fr_agents.tree import TrajectoryTree
 
     tree = TrajectoryTree.open(run / "store.sqlite")

@@ -1,0 +1,97 @@
+"""ALFWorld games as tasks (``tasks.source: alfworld``), for training on ``fr_agents/ALFWorld-v0``.
+
+Each task is one game: ``id`` is the game's last two folders (machine independent), ``prompt`` the
+goal ("put a clean apple in fridge"), ``answer`` the game's stored expert walkthrough (one command
+a line; the env, not this answer, scores episodes) and ``metadata`` carries ``game`` (the
+``game.tw-pddl`` path the env loads when reset with ``options={"task": task}``), ``task_type`` and
+``split``.
+
+Splits follow ALFWorld's own: ``train`` games are the training split; ``valid_seen`` (the training
+scenes, other games) and ``valid_unseen`` (scenes never seen in training) are the held-out ones, and
+``test`` is ``valid_unseen``. Games come from :func:`envs.alfworld.sources.resolve_games`: a
+``games_dir`` (e.g. one written by ``fr-agents alfworld generate``), else the official data under
+``$ALFWORLD_DATA``, else a small generated set (six games a split, one per task type) cached on
+first use.
+
+Parameters: ``games_dir``, ``task_types`` (a list of the six type names; default all), ``limit``
+(at most this many games a split, spread over the list; default all).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from envs.tasks.base import Task, TaskSource, make_task
+from fr_agents.config import ConfigError
+
+SPLITS = ("train", "valid_seen", "valid_unseen")
+
+
+def game_id(path: str | Path) -> str:
+    """A machine-independent id of a game: its last two folders (``<task folder>/trial_...``)."""
+    parts = Path(path).parts
+    return "/".join(parts[-3:-1]) if len(parts) >= 3 else str(path)
+
+
+def game_task(path: str | Path, split: str) -> Task:
+    """The :class:`Task` of one ``game.tw-pddl`` (reads it and its ``traj_data.json``)."""
+    path = Path(path)
+    game = json.loads(path.read_text())
+    traj = json.loads((path.parent / "traj_data.json").read_text())
+    anns = traj.get("turk_annotations", {}).get("anns") or [{}]
+    goal = anns[0].get("task_desc", "") or traj["task_type"]
+    return make_task(
+        game_id(path),
+        goal,
+        "\n".join(game.get("walkthrough") or []),
+        game=str(path),
+        task_type=traj["task_type"],
+        split=split,
+    )
+
+
+class AlfworldSource(TaskSource):
+    """ALFWorld games by split (see the module docstring)."""
+
+    name = "alfworld"
+    split_names = ("train", "test", *SPLITS[1:])
+
+    def __init__(
+        self,
+        seed: int = 0,
+        games_dir: str | None = None,
+        task_types: list[str] | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(seed)
+        if games_dir is not None and not Path(games_dir).is_dir():
+            raise ConfigError(f"tasks.params.games_dir: no such folder {games_dir}")
+        if limit is not None and limit < 1:
+            raise ConfigError(f"tasks.params.limit: must be >= 1, got {limit}")
+        self.games_dir, self.task_types, self.limit = games_dir, task_types, limit
+        if task_types is not None:
+            from envs.alfworld.sampling import TASK_TYPES
+
+            unknown = sorted(set(task_types) - set(TASK_TYPES))
+            if unknown:
+                raise ConfigError(
+                    f"tasks.params.task_types: unknown {', '.join(unknown)}; choose from {', '.join(TASK_TYPES)}"
+                )
+
+    def _load_split(self, split: str) -> list[Task]:
+        from envs.alfworld.sources import resolve_games
+
+        alf_split = "valid_unseen" if split == "test" else split
+        games = resolve_games(alf_split, self.games_dir, None, self.task_types)
+        other = set(SPLITS) - {alf_split}
+        if any(other & set(Path(g).parts) for g in games):  # a folder without this split lists them all
+            raise ConfigError(
+                f"tasks.params.games_dir: no {alf_split} games (the folder holds only other splits); "
+                f"write them with fr-agents alfworld generate"
+            )
+        if self.limit is not None and len(games) > self.limit:
+            # evenly spaced: the paths are sorted by task-type folder, so every type keeps its share
+            step = len(games) / self.limit
+            games = [games[int(i * step)] for i in range(self.limit)]
+        return [game_task(g, alf_split) for g in games]
