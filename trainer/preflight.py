@@ -107,11 +107,11 @@ def check_env(cfg: TrainConfig, *, import_module: bool = True) -> Check:
     if module:
         if importlib.util.find_spec(module.split(".")[0]) is None:
             return Check("env.id", False, f"module {module!r} of {env_id!r} is not importable")
-        if import_module:
-            try:
-                importlib.import_module(module)
-            except Exception as e:  # noqa: BLE001
-                return Check("env.id", False, f"importing {module!r} failed: {e}")
+        try:  # the id's own registration module (module:Id): imported even by dry runs, as
+            # gymnasium.make would, since the id is registered only once it has run
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001
+            return Check("env.id", False, f"importing {module!r} failed: {e}")
     if name not in gymnasium.registry:
         import difflib
 
