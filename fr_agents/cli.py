@@ -898,7 +898,7 @@ def _cmd_play(a: argparse.Namespace) -> int:
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config and placement plan; start nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config (each value with its help), the checks and the placement plan; start nothing; exit 2 when the real run would refuse")
     p.add_argument("--run-dir", help="write the run here (default run.out_dir/<preset>-<time>)")
     p.add_argument(
         "--env",

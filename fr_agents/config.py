@@ -202,9 +202,11 @@ class TrainerConfig:
     packed: str = _opt("auto", help="tree-packed forward: auto (when leaves share a prefix), always or never",
                        choices=("auto", "always", "never"))
     checkpoint_every: int = _opt(25, help="steps between checkpoints (0: only at the start and the end)", rule=_at_least(0))
-    eval_every: int = _opt(0, help="steps between periodic held-out evaluations (0: before and after only)", rule=_at_least(0))
-    eval_episodes: int = _opt(200, help="held-out tasks per evaluation (0: no held-out evaluation)", rule=_at_least(0))
-    eval_k: int = _opt(0, help="> 0: periodic evaluations also report avg@k of k sampled replies", rule=_at_least(0))
+    eval_every: int = _opt(0, help="also evaluate every N steps (greedy figures, and avg@k when eval_k > 0); 0: before and after only",
+                           rule=_at_least(0))
+    eval_episodes: int = _opt(200, help="held-out problems per evaluation, one greedy reply per turn, any env (0: no held-out evaluation)",
+                              rule=_at_least(0))
+    eval_k: int = _opt(0, help="> 0: every eval_every steps also avg@k of k sampled replies per problem", rule=_at_least(0))
     eval_bench: str = _opt("", help="bench of the eval_k evaluation (fr-agents eval --list); empty: this config's test split")
     eval_temperature: float = _opt(1.0, help="sampling temperature of the eval_k replies", rule=_positive)
     eval_bench_provider: str = _opt("envs.benches:eval_bench_for", help="module:attr of (cfg) -> Bench for the eval_k evaluation")

@@ -143,6 +143,8 @@ _TINY_RUNS = {
     "python-tool-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox, ["trainer.eval_episodes=4"]),
     "repo-coding-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox, ["trainer.eval_episodes=2"]),
     "alfworld-tiny": ((pytest.mark.alfworld,), _needs_alfworld, ["trainer.eval_episodes=3"]),
+    # the preset behind `train --env` (its env.id placeholder is a built-in env that picks its own tasks)
+    "env-tiny": ((), None, ["trainer.batch_size=4", "rollout.concurrency=4", "trainer.eval_episodes=2"]),
 }
 
 
