@@ -263,8 +263,15 @@ def list_benches() -> list[tuple[str, str]]:
     return rows
 
 
-def resolve_bench(name: str, limit: int | None = None) -> Bench:
-    """The :class:`Bench` called ``name`` (see the module docstring), cut to its first ``limit`` items."""
+LIMIT_SEED = 0
+"""The seed of ``--limit``'s sample (training's held-out sample uses ``tasks.seed``, 0 by default)."""
+
+
+def resolve_bench(name: str, limit: int | None = None, limit_seed: int = LIMIT_SEED) -> Bench:
+    """The :class:`Bench` called ``name`` (see the module docstring); ``limit``: a seeded, unbiased
+    sample of that many items (:meth:`Bench.subset`), never the first ones in stored order (which
+    are often sorted, e.g. by operand). Training's held-out evaluation of a preset draws the same
+    sample (same items, same seed)."""
     if not isinstance(name, str) or not name.strip():
         raise ConfigError("--bench: a bench name is required")
     name = name.strip()
@@ -284,7 +291,7 @@ def resolve_bench(name: str, limit: int | None = None) -> Bench:
             hint = f" Did you mean: {', '.join(close)}?" if close else ""
             forms = ", ".join([*NAMED, *(f"{p}:…" for p in PREFIXED), "ENV_ID:SPLIT"])
             raise ConfigError(f"--bench: unknown bench {name!r}.{hint} Known: {forms}")
-    return bench.limited(limit)
+    return bench.subset(limit, limit_seed) if limit is not None else bench
 
 
 def eval_bench_for(cfg: TrainConfig) -> Bench:

@@ -155,7 +155,10 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (k must be 1)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "openai"])
     p.add_argument("--out", help="output folder (samples/, results.json, results.md, results.png)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N problems of each bench")
+    p.add_argument("--limit", type=int, default=None,
+                   help="a seeded sample of N problems of each bench (not the first N: stored order is often sorted); "
+                   "the same sample fr-agents train evaluates on with tasks.seed = --limit-seed")
+    p.add_argument("--limit-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: the bench's)")
     p.add_argument("--max-turns", type=int, default=None)
@@ -241,7 +244,7 @@ def _cmd_eval(a: argparse.Namespace) -> int:
             system_prompt=a.system_prompt,
             concurrency=a.concurrency,
         )
-        benches = [resolve_bench(name, a.limit) for name in a.bench]
+        benches = [resolve_bench(name, a.limit, a.limit_seed) for name in a.bench]
     except (ValueError, BenchUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

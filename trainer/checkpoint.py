@@ -143,7 +143,9 @@ def save_checkpoint(
 
 
 def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
+    """Keep the ``keep`` newest complete checkpoints, and always ``step_000000`` (the start of RL,
+    after any warm start), so that "before RL" can be evaluated later."""
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists() and p.name != "step_000000")
     for old in done[: max(0, len(done) - max(1, keep))]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -83,7 +83,7 @@ class PeriodicEval:
             return None
         limit = t.eval_episodes if t.eval_episodes > 0 else None
         return cls(
-            bench.limited(limit),
+            bench.subset(limit, cfg.tasks.seed) if limit else bench,
             Path(run_dir) / "evals",
             every=t.eval_every,
             k=t.eval_k,

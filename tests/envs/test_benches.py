@@ -20,7 +20,21 @@ def test_arithmetic_is_the_math_tiny_preset_test_split() -> None:
     assert bench.env_id == cfg.env.id and bench.env_kwargs == cfg.env.kwargs
     assert bench.max_new_tokens == cfg.rollout.max_new_tokens and bench.primary == "mean@k"
     assert bench.items[0].options == {"task": dict(test[0])}
-    assert [it.id for it in resolve_bench("arithmetic", 5).items] == [t["id"] for t in test[:5]]
+    # --limit: a seeded sample, not the first N in stored order (which is sorted by operand)
+    limited = [it.id for it in resolve_bench("arithmetic", 5).items]
+    assert len(set(limited)) == 5 and set(limited) <= {t["id"] for t in test}
+    assert limited != [t["id"] for t in test[:5]] and limited == [it.id for it in resolve_bench("arithmetic", 5).items]
+    assert limited == [it.id for it in bench.subset(5, 0).items]
+
+
+def test_training_held_out_sample_is_the_eval_limit_sample(tmp_path: Path) -> None:
+    """`fr-agents eval --bench arithmetic --limit N` and math-tiny's held-out evaluation (N tasks)
+    evaluate the same problems, in the same order."""
+    from trainer.evaluate import HeldOutEval
+
+    cfg = load_config("math-tiny", ["trainer.eval_episodes=50"])
+    held = HeldOutEval.from_config(cfg, tmp_path, eval_bench_for(cfg))
+    assert [it.id for it in held.bench.items] == [it.id for it in resolve_bench("arithmetic", 50).items]
 
 
 def test_named_and_prefixed_benches() -> None:

@@ -195,7 +195,7 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
 
 
 def test_run_level_keys_take_effect(tmp_path: Path) -> None:
-    """steps, checkpoint_every, keep_checkpoints, plot_every, rollout.reward and the lag, in one run."""
+    """steps, checkpoint_every, keep_checkpoints, plot_every and the lag, in one run."""
     from trainer.loop import run_training
 
     torch.set_num_threads(1)
@@ -216,7 +216,7 @@ def test_run_level_keys_take_effect(tmp_path: Path) -> None:
     res = run_training(cfg, tmp_path, console=False)
     assert res.ok and res.steps == 4
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
-    assert ckpts == ["step_000004"], ckpts
+    assert ckpts == ["step_000000", "step_000004"], ckpts  # the start of RL is kept whatever keep says
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4] and all(r["lag_max"] == 0 for r in steps)
