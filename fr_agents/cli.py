@@ -795,18 +795,20 @@ def _play_human(env: object, seed: int, max_turns: int) -> int:
 
 
 def _play_expert(env: object, seed: int, max_turns: int) -> int:
-    """Play with the env's own expert (``env.unwrapped.expert_action()``, e.g. ALFWorld's walkthrough)."""
-    inner = getattr(env, "unwrapped", env)
-    if not hasattr(inner, "expert_action"):
+    """Play with the env's own expert (:func:`fr_agents.rollout.expert_actor`: its reply in the
+    env's action format, e.g. ALFWorld's ``<action>cmd</action>``)."""
+    from fr_agents.rollout import expert_actor, has_expert
+
+    if not has_expert(env):
         print(f"error: {env} has no expert (expert_action())", file=sys.stderr)
         return 2
     obs, _ = env.reset(seed=seed)
     print(f"[observation]\n{obs}")
     info: dict = {}
     for turn in range(max_turns):
-        action = inner.expert_action()
-        obs, reward, terminated, truncated, info = env.step(f"<action>{action}</action>")
-        print(f"[expert turn {turn}] {action}\n[reward] {float(reward)}")
+        reply = expert_actor(env)
+        obs, reward, terminated, truncated, info = env.step(reply)
+        print(f"[expert turn {turn}] {reply}\n[reward] {float(reward)}")
         if terminated or truncated:
             break
         print(f"[observation]\n{obs}")

@@ -183,10 +183,10 @@ def expert_actor(env: Any) -> str:
     e.g. ALFWorld's ``<action>cmd</action>``), else ``env.unwrapped.expert_action()`` verbatim.
     """
     inner = getattr(env, "unwrapped", env)
-    for name in ("expert_reply", "expert_action"):
-        fn = getattr(inner, name, None)
-        if callable(fn):
-            return str(fn())
+    if callable(getattr(inner, "expert_reply", None)):
+        return str(inner.expert_reply())
+    if callable(getattr(inner, "expert_action", None)):
+        return str(inner.expert_action())
     raise NoExpertError(
         f"env {_env_name(env)} has no expert: --agent expert needs env.unwrapped.expert_action() "
         "(fr_agents/ALFWorld-v0 has one)"

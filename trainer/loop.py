@@ -126,9 +126,6 @@ class WeightBoard:
 # =========================================================================== the rollout side
 
 
-EpisodeFn = Callable[[EpisodeSpec, dict[str, Any]], "asyncio.Future[Any]"]
-
-
 class RolloutThread(threading.Thread):
     """Runs batches of scheduled episodes on its own asyncio loop, never ahead of the lag bound."""
 
@@ -156,8 +153,6 @@ class RolloutThread(threading.Thread):
         self.concurrency = max(1, concurrency)
         self.on_batch_done = on_batch_done
         self.error: BaseException | None = None
-        self.generated_tokens = 0
-        self.busy_s = 0.0
         self._loop_version: int | None = None
 
     def run(self) -> None:
@@ -182,7 +177,6 @@ class RolloutThread(threading.Thread):
             specs = self.schedule.episodes(k)
             done = self.ledger.leaves(s.episode for s in specs)
             todo = [s for s in specs if s.episode not in done]
-            started = time.perf_counter()
 
             async def one(spec: EpisodeSpec) -> None:
                 async with sem:
@@ -190,7 +184,6 @@ class RolloutThread(threading.Thread):
                         raise TrainingStopped()
                     out = await self.run_episode(spec)
                     self.ledger.record(spec.episode, spec.batch, out.leaf_id, out.reward, out.policy_tokens, spec.version)
-                    self.generated_tokens += out.policy_tokens
 
             tasks = [asyncio.create_task(one(s)) for s in todo]
             try:
@@ -200,7 +193,6 @@ class RolloutThread(threading.Thread):
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-            self.busy_s += time.perf_counter() - started
             self.next_batch = k + 1
             self.on_batch_done(k)
 

@@ -327,7 +327,6 @@ class PoolStats:
     reprefill_tokens: int = 0
     moves_to_train: int = 0
     moves_to_rollout: int = 0
-    weight_loads: int = 0
 
 
 class ElasticPool(Engine):
@@ -411,7 +410,6 @@ class ElasticPool(Engine):
         for d in serving:
             assert d.engine is not None
             d.engine.set_weights(state_dict, version)
-            self.stats.weight_loads += 1
 
     # ------------------------------------------------------------------ moves
 
@@ -439,7 +437,6 @@ class ElasticPool(Engine):
         assert d.engine is not None
         if weights is not None:
             d.engine.set_weights(*weights)
-            self.stats.weight_loads += 1
         with self._lock:
             if self._weights is not None and self._weights is not weights:
                 d.engine.set_weights(*self._weights)  # a newer version was published meanwhile

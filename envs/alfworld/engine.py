@@ -9,11 +9,8 @@ logic: this module only builds that stack and exposes the planner and the fact l
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
-
-from envs.alfworld.scenes import constants
 
 
 def data_files() -> tuple[str, str]:
@@ -62,16 +59,8 @@ def plan(tw_env: Any) -> list[str]:
     return list(inner._pddl_state.replan(inner._entity_infos))
 
 
-def read_game(path: str | Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 def task_types() -> tuple[str, ...]:
     from envs.alfworld.sampling import TASK_TYPES
 
     return TASK_TYPES
 
-
-def openable_types() -> set[str]:
-    return {t.lower() for t in constants().OPENABLE_CLASS_SET}

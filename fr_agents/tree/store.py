@@ -354,7 +354,6 @@ class TrajectoryTree:
         max_per_root: int = 5,
         max_lag: int | None = None,
         current_version: int | None = None,
-        reward: str = "env",
         *,
         prune: bool = True,
         consume: bool = True,
@@ -369,14 +368,11 @@ class TrajectoryTree:
         first (:mod:`fr_agents.tree.prune`). Returns None when fewer than ``B`` leaves qualify
         (or that smaller list when ``allow_partial``; None when there are none). With
         ``consume`` (default) the leaves are durably marked consumed in the same transaction.
-        ``reward`` is validated for symmetry with the exports; selection does not depend on it.
         """
         if not isinstance(B, int) or B < 1:
             raise ValueError(f"B: must be a positive int, got {B!r}")
         if not isinstance(max_per_root, int) or max_per_root < 1:
             raise ValueError(f"max_per_root: must be a positive int, got {max_per_root!r}")
-        if reward not in REWARD_MODES:
-            raise ValueError(f"reward: must be one of {REWARD_MODES}, got {reward!r}")
         if max_lag is not None:
             if max_lag < 0:
                 raise ValueError(f"max_lag: must be >= 0, got {max_lag}")
