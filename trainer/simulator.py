@@ -323,6 +323,8 @@ class SimResult:
     moves: int
     migrations: int
     finished_in_place: int
+    turns: int  # turns generated: the work simulated (equal for every policy under one seed)
+    tokens: float  # tokens generated and observed in all batches (likewise)
     pool_trace: list[tuple[float, int, int]]  # (time, rollout devices, train devices)
 
     def summary(self) -> dict[str, Any]:
@@ -361,6 +363,7 @@ class _Sim:
         self.next_batch = 0
         self.remaining: dict[int, int] = {}  # batch -> unfinished episodes
         self.batch_tokens: dict[int, float] = {}
+        self.turns_run = 0
         self.version = 0
         self.learner_busy_until: float | None = None
         self.learner_devs: list[int] = []
@@ -547,6 +550,7 @@ class _Sim:
             _, idx = heapq.heappop(d.gen)
             e = self.eps[idx]
             tokens, latency = e.turns[e.turn]
+            self.turns_run += 1
             e.prefix += tokens
             d.kv += tokens
             self.batch_tokens[e.batch] += tokens
@@ -782,6 +786,8 @@ class _Sim:
             moves=self.moves,
             migrations=self.migrations,
             finished_in_place=self.in_place,
+            turns=self.turns_run,
+            tokens=sum(self.batch_tokens.values()),
             pool_trace=self.trace,
         )
 
