@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from fr_agents.config import OptimConfig, TrainConfig
+from fr_agents.tree.batch import token_logprobs
 from trainer.objective import (
     centered_advantages,
     compute_dtype,
@@ -84,12 +85,6 @@ def make_scheduler(
 
 def _is_packed(batch: Any) -> bool:
     return hasattr(batch, "flat") and hasattr(batch, "prev_index")
-
-
-def _token_log_probs(scaled: Tensor, targets: Tensor) -> Tensor:
-    """``log_softmax(scaled)[..., targets]`` without materialising the full log-softmax."""
-    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(scaled, dim=-1)
 
 
 def _entropy(scaled: Tensor) -> Tensor:
@@ -440,7 +435,7 @@ class Learner:
         logits = out.logits[:, :-1]
         scaled = logits.to(compute_dtype(logits)) / self.temperature
         lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device)
-        lp = torch.cat([lp[:, :1], _token_log_probs(scaled, ids[:, 1:])], dim=1)
+        lp = torch.cat([lp[:, :1], token_logprobs(scaled, ids[:, 1:])], dim=1)
         entropies = None
         if self._filtering:
             entropies = torch.cat([torch.zeros_like(lp[:, :1]), _entropy(scaled)], dim=1).detach()
@@ -475,10 +470,8 @@ class Learner:
         )
         logits = out.logits[0]
         scaled = logits.to(compute_dtype(logits)) / self.temperature  # [N, V]
-        lse = torch.logsumexp(scaled, dim=-1)  # [N]
         prev = batch.prev_index.to(device)
-        targets = flat.token_ids.to(device)
-        lp = scaled[prev, targets] - lse[prev]  # [B, T]
+        lp = token_logprobs(scaled, flat.token_ids.to(device), prev)  # [B, T]
         entropies = _entropy(scaled)[prev] if self._filtering else None
         action_mask = flat.action_mask.to(device)
         self._check_current(lp, action_mask)
