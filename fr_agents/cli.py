@@ -129,7 +129,7 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 
 
 def _add_simulate_elastic(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", default="xlong", help="xlong, tool or alfworld (trainer/simulator.py documents each)")
+    p.add_argument("--workload", default="xlong", help="xlong, tool or alfworld (trainer/elastic/simulator.py documents each)")
     p.add_argument("--gpus", type=int, default=16, help="devices in the cluster")
     p.add_argument("--json", action="store_true", help="print one JSON object (speedup_vs_colocated, speedup_vs_static_async, ...)")
     p.add_argument("--plot", metavar="PNG", help="write the elastic run's pool sizes over time")
@@ -140,7 +140,7 @@ def _add_simulate_elastic(p: argparse.ArgumentParser) -> None:
 @command("simulate-elastic", "simulate colocated-sync vs best static async vs elastic pools on a workload")
 @args(_add_simulate_elastic)
 def _cmd_simulate_elastic(a: argparse.Namespace) -> int:
-    from trainer.simulator import main_simulate
+    from trainer.elastic.simulator import main_simulate
 
     return main_simulate(a.workload, a.gpus, as_json=a.json, plot=a.plot, seed=a.seed, steps=a.steps)
 

@@ -61,7 +61,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("envs/alfworld/generate.py", "walkthrough_len"): "manifest field of generated games",
     ("trainer/schedule.py", "member"): "EpisodeSpec field, written to the ledger/metrics",
     ("tools_sandbox/result.py", "duration_s"): "part of the sandbox result record",
-    ("trainer/simulator.py", "learner_busy_frac"): "simulator report field (benchmarks read it from summary())",
+    ("trainer/elastic/simulator.py", "learner_busy_frac"): "simulator report field (benchmarks read it from summary())",
     # public API kept on purpose (documented, exercised by hand)
     ("tools_sandbox/session.py", "restart"): "public session API",
     ("tools_sandbox/pool.py", "handed_out"): "pool statistic shown in repr/debugging",

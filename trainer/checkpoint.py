@@ -182,3 +182,48 @@ def load_checkpoint(
         restore_rng(blob["rng"])
     known = {f.name for f in fields(TrainerState)}  # checkpoints of older versions carried unused fields
     return TrainerState(**{k: v for k, v in blob["trainer"].items() if k in known})
+
+
+# =========================================================================== a run's checkpoints
+
+
+def checkpoint_run(run_dir: str | Path, side: Any, state: TrainerState, *, tree: Any, lag: int, lag_histogram: dict[str, int], keep: int) -> Path:
+    """Save the learner side ``side`` (:class:`trainer.parts.LearnerSide`) at ``state``: its
+    version, the store cursor of ``tree``, the lag histogram, and the weight versions the next
+    ``lag`` batches still sample with (from ``side.board``)."""
+    state.version = side.learner.version
+    state.extra["store_cursor"] = tree.cursor()
+    state.extra["lag_histogram"] = lag_histogram
+    needed = range(max(0, state.step - lag), state.step)
+    older = {v: w for v in needed if (w := side.board.get(v)) is not None}
+    return save_checkpoint(
+        run_dir,
+        model=side.model,
+        tokenizer=side.tokenizer,
+        optimizer=side.learner.optimizer,
+        scheduler=side.learner.scheduler,
+        state=state,
+        rollout_weights=older,
+        keep=keep,
+    )
+
+
+def resume_run(run_dir: str | Path, side: Any, *, tree: Any) -> tuple[TrainerState, Path]:
+    """Restore ``run_dir``'s latest checkpoint into the learner side ``side``: weights, optimizer,
+    scheduler, RNGs, the learner's version, the weight board; rewind ``tree`` to the saved cursor
+    and cut the metrics back to the saved step. Returns the state and the checkpoint's path."""
+    from fr_agents.config import ConfigError
+    from trainer.metrics import truncate_metrics
+
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ConfigError(f"--resume: {run_dir} has no complete checkpoint")
+    learner = side.learner
+    state = load_checkpoint(ckpt, model=side.model, optimizer=learner.optimizer, scheduler=learner.scheduler)
+    learner.version = state.version
+    tree.rewind(int(state.extra.get("store_cursor", state.step)))
+    truncate_metrics(run_dir, state.step)
+    side.metrics.reopen()
+    for v, w in load_rollout_weights(ckpt).items():
+        side.board.publish(v, w)
+    return state, ckpt

@@ -91,6 +91,8 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
 class EpisodeRunner:
     """Runs scheduled episodes for the loop (see the module docstring).
 
+    ``engine``: the engine to sample with, built by the caller (the elastic runtime's pool);
+    else :func:`make_engine` builds the one ``rollout.engine`` names.
     ``model``: for the hf engine, a model whose copy the engine samples with (else it loads one).
     ``with_engine=False``: no engine at all (a Ray learner encodes prompts and demos but never
     samples: its rollout workers hold the engines).
@@ -105,6 +107,7 @@ class EpisodeRunner:
         make_env: Any,
         tasks: list[dict[str, Any]],
         *,
+        engine: Any = None,
         model: Any = None,
         with_engine: bool = True,
     ) -> None:
@@ -113,7 +116,9 @@ class EpisodeRunner:
         self.tree = tree
         self.make_env = make_env
         self.tasks = tasks
-        self.engine = make_engine(cfg, model_dir, tokenizer, model=model) if with_engine else None
+        if engine is None and with_engine:
+            engine = make_engine(cfg, model_dir, tokenizer, model=model)
+        self.engine = engine
         from fr_agents.rollout import RolloutOptions, default_stop_ids
 
         r = cfg.rollout

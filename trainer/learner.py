@@ -112,6 +112,8 @@ class Learner:
         packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
         scheduler: an LR scheduler stepped after every optimizer step.
         version: the policy version of the current weights; +1 per step.
+        before_micro_batch: a hook called before every flat micro-batch of a step (the elastic
+            runtime hands a step the train slots that joined while it ran); None: nothing.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class Learner:
         packed: str = "auto",
         scheduler: Any = None,
         version: int = 0,
+        before_micro_batch: Callable[[], None] | None = None,
     ) -> None:
         if algo not in ALGOS:
             raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
@@ -163,13 +166,16 @@ class Learner:
         self.grad_clip = grad_clip
         self.packed = packed
         self.version = version
-        # called before every micro-batch: an elastic train pool that grew during the step hands
-        # the step its new devices here (trainer.elastic); None: nothing to do
-        self.before_micro_batch: Callable[[], None] | None = None
+        self.before_micro_batch = before_micro_batch
 
     @classmethod
     def from_config(
-        cls, model: torch.nn.Module, cfg: TrainConfig, optimizer: torch.optim.Optimizer | None = None
+        cls,
+        model: torch.nn.Module,
+        cfg: TrainConfig,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        before_micro_batch: Callable[[], None] | None = None,
     ) -> Learner:
         """A learner with every switch taken from ``cfg`` (objective, optim, rollout temperature)."""
         o, opt = cfg.objective, cfg.optim
@@ -190,6 +196,7 @@ class Learner:
             betas=(float(opt.betas[0]), float(opt.betas[1])),
             weight_decay=opt.weight_decay,
             packed=cfg.trainer.packed,
+            before_micro_batch=before_micro_batch,
         )
         if opt.scheduler != "constant" or opt.warmup_steps:
             learner.scheduler = make_scheduler(learner.optimizer, opt, cfg.trainer.steps)
