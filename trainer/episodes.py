@@ -142,17 +142,12 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ encoding
 
-    def _messages(self, obs: str) -> list[dict[str, str]]:
-        msgs = []
-        if self.cfg.env.system_prompt:
-            msgs.append({"role": "system", "content": self.cfg.env.system_prompt})
-        msgs.append({"role": "user", "content": obs})
-        return msgs
-
     def encode_observation(self, obs: str) -> list[int]:
-        """The prompt tokens for a first observation (chat template with generation prompt)."""
-        text = self.tokenizer.apply_chat_template(self._messages(obs), tokenize=False, add_generation_prompt=True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """The prompt tokens for a first observation, exactly as an episode encodes them
+        (:func:`fr_agents.rollout.encode_prompt`: chat template, round-trip check)."""
+        from fr_agents.rollout import encode_prompt
+
+        return encode_prompt(self.tokenizer, obs, self.cfg.env.system_prompt)[1]
 
     def encode_task(self, task: dict[str, Any]) -> list[int]:
         env = self.make_env()
