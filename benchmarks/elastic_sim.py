@@ -6,7 +6,7 @@ static async split; goals 2.0 and 1.9), the critical-path upper bound that no de
 beat (how much room reallocation has at all), the colocated-async reference (the whole cluster
 handed to every training step and back: what reallocation without drain costs would reach), and
 writes a plot of the elastic run's pool sizes.
-The workload and hardware constants are documented in trainer/simulator.py (WORKLOADS).
+The workload and hardware constants are documented in trainer/elastic/simulator.py (WORKLOADS).
 
 ``--sensitivity`` also prints, for variants of the workload (staleness bound, training cost, tail
 weight), how far the colocated-async reference and the bound get above the best static split
@@ -21,7 +21,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from trainer.simulator import best_static, compare, critical_path_bound, get_workload, plot_pools, simulate
+from trainer.elastic.simulator import (
+    best_static,
+    compare,
+    critical_path_bound,
+    get_workload,
+    plot_pools,
+    simulate,
+)
 
 # workload variants for --sensitivity: (label, overrides)
 VARIANTS = (
@@ -60,7 +67,7 @@ def main() -> None:
         v = res[key]
         verdict = "GOAL" if v >= goal else "PASS" if v >= need else "MISS"
         print(f"  {key:<24} {v:.2f}x  (need >= {need}, goal {goal}): {verdict}")
-    print(f"  upper bound for any device policy (critical path, trainer.simulator.critical_path_bound): "
+    print(f"  upper bound for any device policy (critical path, trainer.elastic.simulator.critical_path_bound): "
           f"{res['bound_throughput']:.3f} traj/s = {res['bound_vs_colocated']:.2f}x colocated, "
           f"{res['bound_vs_static_async']:.2f}x best static async")
     print(f"  reference, colocated-async (every device to every step and back at the colocated switch cost): "

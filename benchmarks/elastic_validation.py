@@ -16,7 +16,7 @@
    engines' batching threads minus the learner's steps, per episode (env creation, reward check,
    tree and ledger SQLite writes, the event loop, batch export) -- ``host_episode_s`` -- and the
    learner's CPU seconds per step (its work, free of contention).
-3. Feed the measured costs into :mod:`trainer.simulator` and predict both runs' throughput
+3. Feed the measured costs into :mod:`trainer.elastic.simulator` and predict both runs' throughput
    (trajectories per second). Print measured, predicted and the relative error (goal: within 20%).
    Two predictions are printed: the bare model (every slot its own hardware, no host work,
    batches overlapping: what a GPU cluster looks like) and the model of this runtime on this
@@ -148,7 +148,7 @@ def fit_host_episode_s(w, slots: int, rollout: int, batch_wall_s: float) -> floa
     """The serial host work per episode with which the simulator's rollout-alone batch (no
     learner, no weight sync) takes the measured ``batch_wall_s`` (bisection; 0 if decode alone
     already takes longer)."""
-    from trainer.simulator import simulate
+    from trainer.elastic.simulator import simulate
 
     alone = dataclasses.replace(w, steps=1, max_policy_lag=0, train_fixed_s=0.0, train_tokens_per_s=1e12, weight_sync_s=0.0)
 
@@ -166,7 +166,7 @@ def fit_host_episode_s(w, slots: int, rollout: int, batch_wall_s: float) -> floa
 
 def run(cfg, slots: int, rollout: int, elastic: bool, tick_s: float):
     from trainer.elastic import ElasticTrainer
-    from trainer.pools import ControllerConfig
+    from trainer.elastic.controller import ControllerConfig
 
     t = ElasticTrainer(
         cfg, tempfile.mkdtemp(prefix="fr-elastic-"), devices=slots, rollout=rollout, elastic=elastic,
@@ -189,9 +189,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     from fr_agents.config import load_config
     from fr_agents.models import load_policy, tiny_dir
+    from trainer.elastic.controller import ControllerConfig
+    from trainer.elastic.simulator import Workload, simulate
     from trainer.ledger import EpisodeLedger
-    from trainer.pools import ControllerConfig
-    from trainer.simulator import Workload, simulate
 
     overrides = [
         "model.tiny_size=micro", "tasks.params={digits: 2}", f"trainer.batch_size={a.batch}",

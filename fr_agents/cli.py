@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from fr_agents import defaults
 from fr_agents.config import ConfigError
 
 log = logging.getLogger("fr_agents.cli")
@@ -129,7 +130,7 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 
 
 def _add_simulate_elastic(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", default="xlong", help="xlong, tool or alfworld (trainer/simulator.py documents each)")
+    p.add_argument("--workload", default="xlong", help="xlong, tool or alfworld (trainer/elastic/simulator.py documents each)")
     p.add_argument("--gpus", type=int, default=16, help="devices in the cluster")
     p.add_argument("--json", action="store_true", help="print one JSON object (speedup_vs_colocated, speedup_vs_static_async, ...)")
     p.add_argument("--plot", metavar="PNG", help="write the elastic run's pool sizes over time")
@@ -140,7 +141,7 @@ def _add_simulate_elastic(p: argparse.ArgumentParser) -> None:
 @command("simulate-elastic", "simulate colocated-sync vs best static async vs elastic pools on a workload")
 @args(_add_simulate_elastic)
 def _cmd_simulate_elastic(a: argparse.Namespace) -> int:
-    from trainer.simulator import main_simulate
+    from trainer.elastic.simulator import main_simulate
 
     return main_simulate(a.workload, a.gpus, as_json=a.json, plot=a.plot, seed=a.seed, steps=a.steps)
 
@@ -152,7 +153,7 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT", help="tiny, a model/checkpoint dir, a run dir (its latest checkpoint) or a hub id")
     p.add_argument("--bench", action="append", default=[], help="bench name (repeatable); --list shows them")
     p.add_argument("-k", type=int, default=1, help="samples per problem (pass@1..k, mean@k)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (k must be 1)")
+    p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE, help="0 = greedy (k must be 1)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "openai"])
     p.add_argument("--out", help="output folder (samples/, results.json, results.md, results.png)")
     p.add_argument("--limit", type=int, default=None,
@@ -662,10 +663,10 @@ def _add_rollout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="trajectory store file (SQLite) to write")
     p.add_argument("--branch", type=int, default=1, help="branch factor K at each --branch-at turn")
     p.add_argument("--branch-at", default="0", help="comma-separated turn boundaries to branch at (0 = prompt)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-context", type=int, default=1024)
-    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE)
+    p.add_argument("--max-new-tokens", type=int, default=defaults.MAX_NEW_TOKENS)
+    p.add_argument("--max-context", type=int, default=defaults.MAX_CONTEXT)
+    p.add_argument("--max-turns", type=int, default=defaults.MAX_TURNS)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--seed", type=int, default=0, help="episode i is reset with seed+i")
     p.add_argument("--system-prompt", default=None)
@@ -759,73 +760,21 @@ def _add_play(p: argparse.ArgumentParser) -> None:
     who.add_argument("--model", default=None, help="play with this model (default: tiny)")
     who.add_argument("--human", action="store_true", help="you type the actions (stdin, pipes work)")
     who.add_argument("--agent", choices=["expert"], default=None, help="expert: the env's expert_action() plays")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE)
+    p.add_argument("--max-new-tokens", type=int, default=defaults.MAX_NEW_TOKENS)
+    p.add_argument("--max-context", type=int, default=defaults.MAX_CONTEXT)
+    p.add_argument("--max-turns", type=int, default=defaults.MAX_TURNS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make")
 
 
-def _play_human(env: object, seed: int, max_turns: int) -> int:
-    obs, _ = env.reset(seed=seed)
-    if not isinstance(obs, str):
-        print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
-        return 2
-    total, interactive = 0.0, sys.stdin.isatty()
-    print(f"[observation]\n{obs}")
-    for turn in range(max_turns):
-        if interactive:
-            print("> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line:
-            print("stdin ended before the episode did", file=sys.stderr)
-            return 1
-        action = line.rstrip("\n")
-        obs, reward, terminated, truncated, info = env.step(action)
-        total += float(reward)
-        print(f"[action {turn}] {action}\n[reward] {float(reward)}")
-        if not isinstance(obs, str):
-            print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
-            return 2
-        if terminated or truncated:
-            status = "finished" if terminated else "truncated"
-            print(f"[result] {status}, total reward {total}, partial_score {info.get('partial_score')}")
-            return 0
-        print(f"[observation]\n{obs}")
-    print(f"[result] truncated after {max_turns} turns, total reward {total}")
-    return 0
-
-
-def _play_expert(env: object, seed: int, max_turns: int) -> int:
-    """Play with the env's own expert (``env.unwrapped.expert_action()``, e.g. ALFWorld's walkthrough)."""
-    inner = getattr(env, "unwrapped", env)
-    if not hasattr(inner, "expert_action"):
-        print(f"error: {env} has no expert (expert_action())", file=sys.stderr)
-        return 2
-    obs, _ = env.reset(seed=seed)
-    print(f"[observation]\n{obs}")
-    info: dict = {}
-    for turn in range(max_turns):
-        action = inner.expert_action()
-        obs, reward, terminated, truncated, info = env.step(f"<action>{action}</action>")
-        print(f"[expert turn {turn}] {action}\n[reward] {float(reward)}")
-        if terminated or truncated:
-            break
-        print(f"[observation]\n{obs}")
-    print(f"[result] won={info.get('won')}, partial_score {info.get('partial_score')}")
-    return 0
-
-
 @command("play", "play one episode in the terminal, as a model or as a human (--human)")
 @args(_add_play)
 def _cmd_play(a: argparse.Namespace) -> int:
-    import asyncio
-
+    from fr_agents import play
     from fr_agents.models import ModelNotFoundError, load_policy
-    from fr_agents.policy.hf import HFEngine
-    from fr_agents.rollout import ObservationTypeError, RolloutOptions, run_episode
-    from fr_agents.tree import TrajectoryTree
+    from fr_agents.rollout import RolloutOptions
 
     try:
         make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
@@ -833,21 +782,16 @@ def _cmd_play(a: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     env = make_env()
-    if a.human:
+    if a.human or a.agent == "expert":
         try:
-            return _play_human(env, a.seed, a.max_turns)
-        finally:
-            env.close()
-    if a.agent == "expert":
-        try:
-            return _play_expert(env, a.seed, a.max_turns)
+            return (play.play_human if a.human else play.play_expert)(env, a.seed, a.max_turns)
         finally:
             env.close()
     try:
         opts = RolloutOptions(
             temperature=a.temperature,
             max_new_tokens=a.max_new_tokens,
-            max_context=max(2048, a.max_new_tokens * 2),
+            max_context=a.max_context,
             max_turns=a.max_turns,
             system_prompt=a.system_prompt,
         )
@@ -855,45 +799,7 @@ def _cmd_play(a: argparse.Namespace) -> int:
     except (ValueError, ModelNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-    stream: dict = {"turn": 0, "ids": [], "shown": ""}
-
-    def on_token(token_id: int) -> None:
-        """Stream the model's turn as it is sampled (called from the engine thread)."""
-        if not stream["ids"]:
-            print(f"[model turn {stream['turn']}] ", end="", flush=True)
-        stream["ids"].append(token_id)
-        text = tokenizer.decode(stream["ids"], skip_special_tokens=True)
-        if text.startswith(stream["shown"]) and not text.endswith("\ufffd"):  # whole characters only
-            print(text[len(stream["shown"]) :], end="", flush=True)
-            stream["shown"] = text
-
-    def show(kind: str, ev: dict) -> None:
-        if kind == "prompt":
-            print(f"[observation]\n{ev['observation']}", flush=True)
-        elif kind == "action":
-            final = tokenizer.decode(stream["ids"], skip_special_tokens=True)
-            if stream["ids"] and final.startswith(stream["shown"]):
-                print(final[len(stream["shown"]) :], flush=True)  # streamed already: finish the line
-            else:
-                print(("\n" if stream["ids"] else "") + f"[model turn {ev['turn']}] {ev['text']}", flush=True)
-            stream.update(turn=ev["turn"] + 1, ids=[], shown="")
-        elif kind == "observation":
-            print(f"[reward] {ev['reward']}", flush=True)
-            if not ev["done"]:
-                print(f"[observation]\n{ev['text']}", flush=True)
-        elif kind == "finish":
-            print(f"[result] {ev['status']}, reward {ev['reward']}, partial_score {ev['partial_score']}", flush=True)
-
-    engine = HFEngine(model, tokenizer, on_token=on_token)
-    try:
-        asyncio.run(run_episode(env, engine, tokenizer, TrajectoryTree(), opts, seed=a.seed, make_env=make_env, on_event=show))
-    except ObservationTypeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        engine.close_sync()
-    return 0
+    return play.play_model(env, make_env, model, tokenizer, opts, a.seed)
 
 
 # =========================================================================== train

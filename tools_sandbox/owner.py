@@ -66,7 +66,3 @@ def parse_bwrap_label(label: str) -> tuple[int, str] | None:
         return None
     return int(parts[0]), parts[1]
 
-
-def bwrap_label_alive(label: str) -> bool:
-    parsed = parse_bwrap_label(label)
-    return parsed is not None and proc_start_time(parsed[0]) == parsed[1]

@@ -5,8 +5,9 @@ A checkpoint is one directory ``RUN_DIR/checkpoints/step_000025/`` holding
 * the policy in Hugging Face format (``config.json``, ``model.safetensors``, tokenizer files), so
   ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads it directly;
 * ``trainer_state.pt``: optimizer and scheduler state, the Python/NumPy/torch RNG states, the step,
-  the policy version, the store cursor (which batches the learner has consumed) and the episode
-  counter of the rollout schedule;
+  the policy version, the RL seconds so far and, in ``extra``, the store cursor (which batches the
+  learner has consumed) -- the rollout schedule is a pure function of the step, so no episode
+  counter is needed;
 * ``rollout_weights/v<N>.safetensors``: the older policy versions that episodes still in flight
   were (or will be) sampled with. Bounded-staleness training samples batch ``k`` with version
   ``k - max_policy_lag``, so resuming exactly needs those few older versions too.
@@ -22,7 +23,7 @@ import logging
 import os
 import random
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,7 @@ class TrainerState:
 
     step: int = 0  # optimizer steps taken
     version: int = 0  # policy version (== step: one version per optimizer step)
-    consumed_batches: int = 0  # store cursor: batches 0..consumed_batches-1 were trained on
-    next_episode: int = 0  # episodes 0..next_episode-1 have been scheduled
-    elapsed_s: float = 0.0
-    rl_elapsed_s: float = 0.0
+    rl_elapsed_s: float = 0.0  # seconds of RL so far (resumed runs included): trainer.max_minutes
     warm_start: dict[str, Any] = field(default_factory=dict)
     baseline_reward: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -184,4 +182,50 @@ def load_checkpoint(
         scheduler.load_state_dict(blob["scheduler"])
     if restore_rngs:
         restore_rng(blob["rng"])
-    return TrainerState(**blob["trainer"])
+    known = {f.name for f in fields(TrainerState)}  # checkpoints of older versions carried unused fields
+    return TrainerState(**{k: v for k, v in blob["trainer"].items() if k in known})
+
+
+# =========================================================================== a run's checkpoints
+
+
+def checkpoint_run(run_dir: str | Path, side: Any, state: TrainerState, *, tree: Any, lag: int, lag_histogram: dict[str, int], keep: int) -> Path:
+    """Save the learner side ``side`` (:class:`trainer.parts.LearnerSide`) at ``state``: its
+    version, the store cursor of ``tree``, the lag histogram, and the weight versions the next
+    ``lag`` batches still sample with (from ``side.board``)."""
+    state.version = side.learner.version
+    state.extra["store_cursor"] = tree.cursor()
+    state.extra["lag_histogram"] = lag_histogram
+    needed = range(max(0, state.step - lag), state.step)
+    older = {v: w for v in needed if (w := side.board.get(v)) is not None}
+    return save_checkpoint(
+        run_dir,
+        model=side.model,
+        tokenizer=side.tokenizer,
+        optimizer=side.learner.optimizer,
+        scheduler=side.learner.scheduler,
+        state=state,
+        rollout_weights=older,
+        keep=keep,
+    )
+
+
+def resume_run(run_dir: str | Path, side: Any, *, tree: Any) -> tuple[TrainerState, Path]:
+    """Restore ``run_dir``'s latest checkpoint into the learner side ``side``: weights, optimizer,
+    scheduler, RNGs, the learner's version, the weight board; rewind ``tree`` to the saved cursor
+    and cut the metrics back to the saved step. Returns the state and the checkpoint's path."""
+    from fr_agents.config import ConfigError
+    from trainer.metrics import truncate_metrics
+
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ConfigError(f"--resume: {run_dir} has no complete checkpoint")
+    learner = side.learner
+    state = load_checkpoint(ckpt, model=side.model, optimizer=learner.optimizer, scheduler=learner.scheduler)
+    learner.version = state.version
+    tree.rewind(int(state.extra.get("store_cursor", state.step)))
+    truncate_metrics(run_dir, state.step)
+    side.metrics.reopen()
+    for v, w in load_rollout_weights(ckpt).items():
+        side.board.publish(v, w)
+    return state, ckpt

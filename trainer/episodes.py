@@ -91,6 +91,8 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
 class EpisodeRunner:
     """Runs scheduled episodes for the loop (see the module docstring).
 
+    ``engine``: the engine to sample with, built by the caller (the elastic runtime's pool);
+    else :func:`make_engine` builds the one ``rollout.engine`` names.
     ``model``: for the hf engine, a model whose copy the engine samples with (else it loads one).
     ``with_engine=False``: no engine at all (a Ray learner encodes prompts and demos but never
     samples: its rollout workers hold the engines).
@@ -105,6 +107,7 @@ class EpisodeRunner:
         make_env: Any,
         tasks: list[dict[str, Any]],
         *,
+        engine: Any = None,
         model: Any = None,
         with_engine: bool = True,
     ) -> None:
@@ -113,7 +116,9 @@ class EpisodeRunner:
         self.tree = tree
         self.make_env = make_env
         self.tasks = tasks
-        self.engine = make_engine(cfg, model_dir, tokenizer, model=model) if with_engine else None
+        if engine is None and with_engine:
+            engine = make_engine(cfg, model_dir, tokenizer, model=model)
+        self.engine = engine
         from fr_agents.rollout import RolloutOptions, default_stop_ids
 
         r = cfg.rollout
@@ -137,17 +142,12 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ encoding
 
-    def _messages(self, obs: str) -> list[dict[str, str]]:
-        msgs = []
-        if self.cfg.env.system_prompt:
-            msgs.append({"role": "system", "content": self.cfg.env.system_prompt})
-        msgs.append({"role": "user", "content": obs})
-        return msgs
-
     def encode_observation(self, obs: str) -> list[int]:
-        """The prompt tokens for a first observation (chat template with generation prompt)."""
-        text = self.tokenizer.apply_chat_template(self._messages(obs), tokenize=False, add_generation_prompt=True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """The prompt tokens for a first observation, exactly as an episode encodes them
+        (:func:`fr_agents.rollout.encode_prompt`: chat template, round-trip check)."""
+        from fr_agents.rollout import encode_prompt
+
+        return encode_prompt(self.tokenizer, obs, self.cfg.env.system_prompt)[1]
 
     def encode_task(self, task: dict[str, Any]) -> list[int]:
         env = self.make_env()

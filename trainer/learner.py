@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from fr_agents.config import OptimConfig, TrainConfig
+from fr_agents.tree.batch import token_logprobs
 from trainer.objective import (
     centered_advantages,
     compute_dtype,
@@ -86,12 +87,6 @@ def _is_packed(batch: Any) -> bool:
     return hasattr(batch, "flat") and hasattr(batch, "prev_index")
 
 
-def _token_log_probs(scaled: Tensor, targets: Tensor) -> Tensor:
-    """``log_softmax(scaled)[..., targets]`` without materialising the full log-softmax."""
-    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(scaled, dim=-1)
-
-
 def _entropy(scaled: Tensor) -> Tensor:
     """Entropy of ``softmax(scaled)`` along the last axis (no gradient)."""
     with torch.no_grad():
@@ -117,6 +112,8 @@ class Learner:
         packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
         scheduler: an LR scheduler stepped after every optimizer step.
         version: the policy version of the current weights; +1 per step.
+        before_micro_batch: a hook called before every flat micro-batch of a step (the elastic
+            runtime hands a step the train slots that joined while it ran); None: nothing.
     """
 
     def __init__(
@@ -140,6 +137,7 @@ class Learner:
         packed: str = "auto",
         scheduler: Any = None,
         version: int = 0,
+        before_micro_batch: Callable[[], None] | None = None,
     ) -> None:
         if algo not in ALGOS:
             raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
@@ -168,13 +166,16 @@ class Learner:
         self.grad_clip = grad_clip
         self.packed = packed
         self.version = version
-        # called before every micro-batch: an elastic train pool that grew during the step hands
-        # the step its new devices here (trainer.elastic); None: nothing to do
-        self.before_micro_batch: Callable[[], None] | None = None
+        self.before_micro_batch = before_micro_batch
 
     @classmethod
     def from_config(
-        cls, model: torch.nn.Module, cfg: TrainConfig, optimizer: torch.optim.Optimizer | None = None
+        cls,
+        model: torch.nn.Module,
+        cfg: TrainConfig,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        before_micro_batch: Callable[[], None] | None = None,
     ) -> Learner:
         """A learner with every switch taken from ``cfg`` (objective, optim, rollout temperature)."""
         o, opt = cfg.objective, cfg.optim
@@ -195,6 +196,7 @@ class Learner:
             betas=(float(opt.betas[0]), float(opt.betas[1])),
             weight_decay=opt.weight_decay,
             packed=cfg.trainer.packed,
+            before_micro_batch=before_micro_batch,
         )
         if opt.scheduler != "constant" or opt.warmup_steps:
             learner.scheduler = make_scheduler(learner.optimizer, opt, cfg.trainer.steps)
@@ -440,7 +442,7 @@ class Learner:
         logits = out.logits[:, :-1]
         scaled = logits.to(compute_dtype(logits)) / self.temperature
         lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device)
-        lp = torch.cat([lp[:, :1], _token_log_probs(scaled, ids[:, 1:])], dim=1)
+        lp = torch.cat([lp[:, :1], token_logprobs(scaled, ids[:, 1:])], dim=1)
         entropies = None
         if self._filtering:
             entropies = torch.cat([torch.zeros_like(lp[:, :1]), _entropy(scaled)], dim=1).detach()
@@ -475,10 +477,8 @@ class Learner:
         )
         logits = out.logits[0]
         scaled = logits.to(compute_dtype(logits)) / self.temperature  # [N, V]
-        lse = torch.logsumexp(scaled, dim=-1)  # [N]
         prev = batch.prev_index.to(device)
-        targets = flat.token_ids.to(device)
-        lp = scaled[prev, targets] - lse[prev]  # [B, T]
+        lp = token_logprobs(scaled, flat.token_ids.to(device), prev)  # [B, T]
         entropies = _entropy(scaled)[prev] if self._filtering else None
         action_mask = flat.action_mask.to(device)
         self._check_current(lp, action_mask)

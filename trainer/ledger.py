@@ -69,10 +69,6 @@ class EpisodeLedger:
                 )
             ]
 
-    def count_batch(self, batch: int) -> int:
-        with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM episodes WHERE batch = ?", (batch,)).fetchone()[0])
-
     def close(self) -> None:
         with self._lock:
             self._conn.close()

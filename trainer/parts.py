@@ -1,19 +1,22 @@
-"""The rollout side of a run, built on its own: what a rollout process needs and nothing more.
+"""The two sides of a run, each from its own builder.
 
 A run has two sides (data flows env -> rollout -> tree -> learner -> weights back)::
 
-    rollout side (this module)                     learner side (trainer.loop.Trainer)
-    ──────────────────────────                     ──────────────────────────────────
-    tokenizer, task splits, env factory,           the policy model, the Learner (optimizer),
-    trajectory tree, episode ledger, schedule,     weight board, metrics, evaluations,
-    EpisodeRunner (its engine: ONE policy copy)    warm start, checkpoints
+    rollout side (build_rollout_side)              learner side (build_learner_side)
+    ─────────────────────────────────              ─────────────────────────────────
+    tokenizer, task splits, env factory,           the policy model, the Learner (optimizer,
+    trajectory tree, episode ledger, schedule,     scheduler), the weight board, the metrics
+    EpisodeRunner (its engine: ONE policy copy)    sink, the periodic avg@k evaluator
 
-The embedded loop builds both sides in one process. A Ray rollout worker builds only this one:
-one policy copy inside its engine, no optimizer, no learner model.
+The embedded loop (:class:`trainer.loop.Trainer`) builds both in one process and drives them;
+checkpoints (:mod:`trainer.checkpoint`) save the learner side plus the store cursor. A Ray
+rollout worker builds only the rollout side: one policy copy inside its engine, no optimizer, no
+learner model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +89,13 @@ class RolloutSide:
 
 
 def build_rollout_side(
-    cfg: TrainConfig, run_dir: str | Path, *, tokenizer: Any = None, engine_model: Any = None, with_engine: bool = True
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    tokenizer: Any = None,
+    engine_model: Any = None,
+    with_engine: bool = True,
+    engine: Callable[[Any, Any], Any] | None = None,
 ) -> RolloutSide:
     """Build the rollout side of ``cfg`` in ``run_dir``.
 
@@ -94,10 +103,12 @@ def build_rollout_side(
     ``engine_model``: for ``rollout.engine=hf``, a model whose *copy* the engine samples with
     (saves a load from disk); else the engine loads its own copy.
     ``with_engine=False``: the runner gets no engine (a Ray learner: its workers sample).
+    ``engine``: ``(base engine, tokenizer) -> engine`` the runner samples with instead (a hook:
+    :meth:`trainer.hooks.TrainerHooks.engine`, e.g. the elastic runtime's pool of slot engines).
     """
     from fr_agents.plugins import load_object
     from fr_agents.tree import TrajectoryTree
-    from trainer.episodes import EpisodeRunner
+    from trainer.episodes import EpisodeRunner, make_engine
     from trainer.ledger import EpisodeLedger
     from trainer.schedule import EpisodeSchedule
 
@@ -121,5 +132,68 @@ def build_rollout_side(
     tree = TrajectoryTree.open(run_dir / STORE_FILE)
     ledger = EpisodeLedger(run_dir / LEDGER_FILE)
     make_env = env_factory(cfg)
-    runner = EpisodeRunner(cfg, where, tok, tree, make_env, rl, model=engine_model, with_engine=with_engine)
+    chosen = None
+    if with_engine and engine is not None:
+        chosen = engine(make_engine(cfg, where, tok, model=engine_model), tok)
+    runner = EpisodeRunner(cfg, where, tok, tree, make_env, rl, engine=chosen, model=engine_model, with_engine=with_engine)
     return RolloutSide(where, tok, make_env, train_tasks, test_tasks, demos, rl, tree, ledger, schedule, runner)
+
+
+@dataclass
+class LearnerSide:
+    """The parts that learn: one policy model and everything that changes it or reports on it."""
+
+    model_dir: Path | str
+    model: Any
+    tokenizer: Any
+    learner: Any
+    board: Any
+    metrics: Any
+    held_out: Any  # HeldOutEval or None (trainer.eval_episodes == 0)
+    periodic: Any  # PeriodicEval or None
+
+
+def build_learner_side(
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    console: bool = True,
+    before_micro_batch: Callable[[], None] | None = None,
+) -> LearnerSide:
+    """Build the learner side of ``cfg`` in ``run_dir``: seeds torch and sets its thread count
+    (``trainer.threads``), loads the policy on ``trainer.device``, the Learner (``before_micro_batch``:
+    its hook), an empty weight board, the metrics sink, the held-out evaluator (``eval_episodes``)
+    and the periodic avg@k evaluator (``eval_k``), both on one bench."""
+    import logging
+    import os
+
+    import torch
+
+    from fr_agents.models import load_policy
+    from fr_agents.plugins import load_object
+    from trainer.learner import Learner
+    from trainer.metrics import MetricsSink
+    from trainer.weights import WeightBoard
+
+    run_dir = Path(run_dir)
+    torch.set_num_threads(cfg.trainer.threads or max(1, (os.cpu_count() or 2) // 2))
+    torch.manual_seed(cfg.trainer.seed)
+    where = model_dir(cfg)
+    model, tokenizer = load_policy(str(where), cfg.model.dtype, cfg.trainer.device)
+    model.train()
+    learner = Learner.from_config(model, cfg, before_micro_batch=before_micro_batch)
+    # One held-out bench for both evaluators: greedy figures (before/after, every eval_every
+    # steps) when eval_episodes > 0, and avg@k every eval_every steps when eval_k > 0.
+    held_out = periodic = None
+    t = cfg.trainer
+    if t.eval_episodes > 0 or (t.eval_k > 0 and t.eval_every > 0):
+        from fr_agents.eval.periodic import PeriodicEval
+        from trainer.evaluate import HeldOutEval
+
+        bench = load_object(t.eval_bench_provider, key="trainer.eval_bench_provider")(cfg)
+        held_out = HeldOutEval.from_config(cfg, run_dir, bench)
+        periodic = PeriodicEval.from_config(cfg, run_dir, bench)
+    if console:  # the progress line carries the learner's per-step figures
+        logging.getLogger("trainer.learner").setLevel(logging.WARNING)
+    metrics = MetricsSink(run_dir, plot_every=cfg.trainer.plot_every, log_every=cfg.trainer.log_every, console=console)
+    return LearnerSide(where, model, tokenizer, learner, WeightBoard(), metrics, held_out, periodic)

@@ -106,3 +106,23 @@ def warm_start(
         break
     model.eval()
     return WarmStartResult(len(demos), steps, loss_value, time.perf_counter() - started)
+
+
+def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], metrics: Any, state: Any) -> None:
+    """The run's warm start (``warm_start.*``): SFT on ``demo_tasks`` (prompts as the rollout
+    encodes them, gold answers), recorded in ``state.warm_start`` and as a ``warm_start`` event."""
+    ws = cfg.warm_start
+    demos = build_demos(demo_tasks, encode_prompt=runner.encode_task, encode_answer=runner.encode_answer)
+    res = warm_start(
+        model,
+        demos,
+        epochs=ws.epochs,
+        lr=ws.lr,
+        batch_size=ws.batch_size,
+        pad_id=runner.pad_id,
+        seed=cfg.trainer.seed,
+        max_minutes=ws.max_minutes,
+    )
+    model.train()
+    state.warm_start["result"] = {"examples": res.examples, "steps": res.steps, "loss": res.final_loss, "seconds": res.seconds}
+    metrics.event("warm_start", examples=res.examples, steps=res.steps, loss=res.final_loss, seconds=res.seconds)

@@ -27,12 +27,9 @@ where it matters; processes (``fr-agents alfworld generate --workers``) are unaf
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Any
-
-from envs.alfworld.scenes import constants
 
 
 def data_files() -> tuple[str, str]:
@@ -120,16 +117,8 @@ def plan(engine: TextWorldEngine) -> list[str]:
     return engine.plan()
 
 
-def read_game(path: str | Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 def task_types() -> tuple[str, ...]:
     from envs.alfworld.sampling import TASK_TYPES
 
     return TASK_TYPES
 
-
-def openable_types() -> set[str]:
-    return {t.lower() for t in constants().OPENABLE_CLASS_SET}

@@ -19,17 +19,15 @@ from typing import Any
 
 
 class ExpertAgent:
-    """Replies ``<action>CMD</action>`` with the expert's next command for ``env``."""
+    """Replies with the expert's next command for ``env`` in the env's action format
+    (:func:`fr_agents.rollout.expert_actor`: ``<action>CMD</action>`` on ALFWorld)."""
 
     name = "expert"
 
     def act(self, env: Any, observation: str | None = None) -> str:  # noqa: ARG002 - same shape as other agents
-        inner = getattr(env, "unwrapped", env)
-        if not hasattr(inner, "expert_action"):
-            raise TypeError(
-                f"the expert agent needs an env with expert_action(); {type(inner).__name__} has none"
-            )
-        return f"<action>{inner.expert_action()}</action>"
+        from fr_agents.rollout import expert_actor
+
+        return expert_actor(env)
 
 
 def walkthrough(env: Any) -> list[str]:

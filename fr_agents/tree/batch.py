@@ -26,7 +26,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fr_agents.tree.store import Trajectory
+from fr_agents.tree.trajectory import Trajectory
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, rows: Tensor | None = None) -> Tensor:
+    """``log_softmax(logits)`` at ``targets``, without materialising the full log-softmax.
+
+    The one log-prob gather of the project (both batch forms and the learner use it).
+    ``rows=None``: ``logits[..., V]`` predicts ``targets[...]`` position by position. With
+    ``rows`` (the packed form): ``logits`` is ``[N, V]`` and ``logits[rows[i, t]]`` predicts
+    ``targets[i, t]``, so each row's log-sum-exp is computed once however many targets share it.
+    """
+    lse = torch.logsumexp(logits, dim=-1)
+    if rows is None:
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    return logits[rows, targets] - lse[rows]
 
 
 @dataclass
@@ -65,10 +79,9 @@ class FlatBatch:
         b, t = self.token_ids.shape
         if logits.shape[:2] != (b, t):
             raise ValueError(f"logits: expected shape [{b}, {t}, V], got {tuple(logits.shape)}")
-        lse = torch.logsumexp(logits[:, :-1], dim=-1)
-        picked = logits[:, :-1].gather(-1, self.token_ids[:, 1:, None].to(logits.device)).squeeze(-1)
+        picked = token_logprobs(logits[:, :-1], self.token_ids[:, 1:].to(logits.device))
         out = torch.zeros(b, t, dtype=logits.dtype, device=logits.device)
-        out[:, 1:] = (picked - lse) * self.attention_mask[:, 1:].to(logits.device)
+        out[:, 1:] = picked * self.attention_mask[:, 1:].to(logits.device)
         return out
 
 
@@ -122,11 +135,7 @@ class PackedBatch:
         if logits.dim() != 3 or logits.shape[:2] != (1, self.num_tokens):
             raise ValueError(f"logits: expected shape [1, {self.num_tokens}, V], got {tuple(logits.shape)}")
         dev = logits.device
-        lg = logits[0]
-        lse = torch.logsumexp(lg, dim=-1)  # [N]
-        prev = self.prev_index.to(dev)
-        tok = self.flat.token_ids.to(dev)
-        picked = lg[prev, tok] - lse[prev]  # [B, T]
+        picked = token_logprobs(logits[0], self.flat.token_ids.to(dev), self.prev_index.to(dev))  # [B, T]
         valid = self.flat.attention_mask.to(dev).clone()
         valid[:, 0] = False
         return picked * valid

@@ -1,7 +1,8 @@
 """``TrajectoryTree``: the durable, prefix-sharing radix tree of token segments.
 
 Rollout workers write into it (``add_root`` → ``append``… → ``finish``), the learner reads from
-it (``take_batch`` → ``export_flat`` / ``export_packed``). A root is a prompt (identical prompts
+it (``export_flat`` / ``export_packed`` of the leaves its batch names, then ``mark_consumed``).
+A root is a prompt (identical prompts
 share one root); a node is a token segment; a *leaf* is a finished node, and its root-to-leaf
 path is one trajectory with one reward. Leaf ids are node ids.
 
@@ -18,10 +19,18 @@ Storage is SQLite (see :mod:`fr_agents.tree.db`): a private in-memory database f
 transaction, so concurrent rollout threads/processes and a learner thread/process may share a
 file; bad input raises ``ValueError`` naming the field before anything is written.
 
-Consumption (the learner's cursor). ``take_batch`` marks the leaves it returns as consumed in
-the same durable transaction (pass ``consume=False`` to only peek, then ``mark_consumed``), and
-tags them with a batch number. ``cursor()`` is the last batch number: store it in a checkpoint;
-``rewind(cursor)`` after a resume makes leaves taken after that checkpoint available again.
+Consumption (the learner's cursor). ``mark_consumed`` durably marks a batch's leaves consumed
+and tags them with a batch number. ``cursor()`` is the last batch number: store it in a
+checkpoint; ``rewind(cursor)`` after a resume makes leaves consumed after that checkpoint
+available again.
+
+Two batch paths, one of them the trainer's (docs/DESIGN.md "The batch path"): the training loop
+decides *which* leaves form batch ``k`` outside the tree (``EpisodeSchedule`` + ``EpisodeLedger``,
+so batches do not depend on thread timing) and only exports and marks them here. The *store
+tools* ``take_batch`` (next ``B`` unconsumed leaves, staleness filter, redundancy pruning),
+``prune``, ``compact``, ``unconsumed_count`` and ``oldest_unconsumed_version`` serve consumers
+without a schedule (benchmarks, tools reading a store a rollout wrote); the trainer does not call
+them.
 """
 
 from __future__ import annotations
@@ -31,9 +40,9 @@ import json
 import logging
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -48,16 +57,33 @@ from fr_agents.tree.prune import (
     prune_redundant,
 )
 from fr_agents.tree.segment import Segment, check_reward, common_prefix, make_segment, prompt_tokens
+from fr_agents.tree.trajectory import REWARD_MODES, STATUSES, Trajectory
 
 if TYPE_CHECKING:
     from fr_agents.tree.batch import FlatBatch, PackedBatch
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("finished", "truncated", "aborted")
-REWARD_MODES = ("env", "partial")
-
 _NODE_COLS = "id, parent, root, offset, n, tokens, logprobs, mask, version, created"
+
+
+class NodeRow(NamedTuple):
+    """One ``nodes`` row as :data:`_NODE_COLS` selects it (blobs undecoded)."""
+
+    id: int
+    parent: int | None
+    root: int
+    offset: int
+    n: int
+    tokens: bytes
+    logprobs: bytes | None
+    mask: bytes
+    version: int
+    created: int
+
+    @property
+    def segment(self) -> Segment:
+        return Segment.from_blobs(self.tokens, self.logprobs, self.mask, self.version)
 
 
 class DuplicateLeafError(ValueError):
@@ -82,39 +108,6 @@ class NodeView:
     @property
     def token_ids(self) -> list[int]:
         return self.segment.tokens.tolist()
-
-
-@dataclass
-class Trajectory:
-    """One root-to-leaf path: per-token columns plus the leaf's outcome."""
-
-    leaf_id: int
-    root_id: int
-    token_ids: list[int]
-    logprobs: list[float]
-    policy_mask: list[bool]
-    versions: list[int]
-    reward: float
-    partial_score: float | None
-    status: str
-    info: dict[str, Any]
-    prompt_len: int
-    path: list[int] = field(default_factory=list)  # node ids, root first
-    offsets: list[int] = field(default_factory=list)  # start of each path node on the path
-
-    def learner_reward(self, mode: str = "env") -> float:
-        """The reward the learner sees: the env reward, or (``"partial"``) the partial score of an
-        unfinished (truncated/aborted) leaf when it has one."""
-        if mode not in REWARD_MODES:
-            raise ValueError(f"reward: must be one of {REWARD_MODES}, got {mode!r}")
-        if mode == "partial" and self.status != "finished" and self.partial_score is not None:
-            return float(self.partial_score)
-        return float(self.reward)
-
-    @property
-    def failed(self) -> bool:
-        """A failure: the episode did not finish normally, or its env reward is <= 0."""
-        return self.status != "finished" or self.reward <= 0
 
 
 class TrajectoryTree:
@@ -200,7 +193,8 @@ class TrajectoryTree:
             ).fetchone()
             if prow is None:
                 raise ValueError(f"parent: unknown node id {parent}")
-            tip, created = _descend(c, parent, int(prow[0]), int(prow[1]) + int(prow[2]), seg)
+            p_root, p_offset, p_len = prow
+            tip, created = _descend(c, parent, int(p_root), int(p_offset) + int(p_len), seg)
             if not created:  # an existing node: open unless it is already a finished leaf
                 c.execute(
                     "UPDATE nodes SET tip = 1 WHERE id = ? AND NOT EXISTS (SELECT 1 FROM leaves WHERE id = ?)",
@@ -235,7 +229,7 @@ class TrajectoryTree:
                 raise ValueError(f"node: {node} is a root; append a response before finishing")
             if c.execute("SELECT 1 FROM leaves WHERE id = ?", (node,)).fetchone():
                 raise DuplicateLeafError(node)
-            segs = [_segment(r) for r in rows]
+            segs = [r.segment for r in rows]
             mask = np.concatenate([s.mask for s in segs])
             tokens = np.concatenate([s.tokens for s in segs])
             pol_versions = [s.version for s in segs if s.mask.any()]
@@ -246,9 +240,9 @@ class TrajectoryTree:
                 (
                     node,
                     bump(c, "seq"),
-                    int(rows[0][0]),
+                    rows[0].root,
                     int(tokens.shape[0]),
-                    int(rows[1][9]),
+                    rows[1].created,  # the episode's start: its first response node
                     min(pol_versions, default=-1),
                     max(pol_versions, default=-1),
                     reward,
@@ -297,12 +291,11 @@ class TrajectoryTree:
         """One node's segment and position."""
         node = _node_id(node, "node")
         with self._db.read() as c:
-            r = c.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE id = ?", (node,)).fetchone()
-        if r is None:
+            found = c.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE id = ?", (node,)).fetchone()
+        if found is None:
             raise ValueError(f"node: unknown node id {node}")
-        return NodeView(
-            int(r[0]), None if r[1] is None else int(r[1]), int(r[2]), int(r[3]), _segment(r), int(r[9])
-        )
+        r = NodeRow(*found)
+        return NodeView(r.id, r.parent, r.root, r.offset, r.segment, r.created)
 
     def root_meta(self, root: int) -> dict[str, Any] | None:
         """The ``meta`` given to :meth:`add_root` for this root."""
@@ -347,14 +340,13 @@ class TrajectoryTree:
         out["sharing_ratio"] = out["logical_tokens"] / out["stored_tokens"] if out["stored_tokens"] else 0.0
         return out
 
-    # ================================================================== the learner's side
+    # ================================================================== store tools (not the trainer's path)
     def take_batch(
         self,
         B: int,
         max_per_root: int = 5,
         max_lag: int | None = None,
         current_version: int | None = None,
-        reward: str = "env",
         *,
         prune: bool = True,
         consume: bool = True,
@@ -369,14 +361,11 @@ class TrajectoryTree:
         first (:mod:`fr_agents.tree.prune`). Returns None when fewer than ``B`` leaves qualify
         (or that smaller list when ``allow_partial``; None when there are none). With
         ``consume`` (default) the leaves are durably marked consumed in the same transaction.
-        ``reward`` is validated for symmetry with the exports; selection does not depend on it.
         """
         if not isinstance(B, int) or B < 1:
             raise ValueError(f"B: must be a positive int, got {B!r}")
         if not isinstance(max_per_root, int) or max_per_root < 1:
             raise ValueError(f"max_per_root: must be a positive int, got {max_per_root!r}")
-        if reward not in REWARD_MODES:
-            raise ValueError(f"reward: must be one of {REWARD_MODES}, got {reward!r}")
         if max_lag is not None:
             if max_lag < 0:
                 raise ValueError(f"max_lag: must be >= 0, got {max_lag}")
@@ -410,6 +399,7 @@ class TrajectoryTree:
                 _consume(c, picked)
             return picked
 
+    # ================================================================== the learner's cursor
     def mark_consumed(self, leaf_ids: Sequence[int]) -> int:
         """Durably mark leaves consumed as one batch; returns the new cursor.
 
@@ -443,6 +433,7 @@ class TrajectoryTree:
             c.execute("UPDATE counters SET value = ? WHERE name = 'cursor'", (cursor,))
             return int(n)
 
+    # ================================================================== more store tools
     def unconsumed_count(self) -> int:
         """Finished leaves still available to ``take_batch`` (not consumed, stale or pruned)."""
         with self._db.read() as c:
@@ -530,10 +521,6 @@ def _prompt_key(blob: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little", signed=True)
 
 
-def _segment(r: Sequence[Any]) -> Segment:
-    return Segment.from_blobs(r[5], r[6], r[7], r[8])
-
-
 def _insert(
     c: sqlite3.Connection,
     parent: int | None,
@@ -575,19 +562,20 @@ def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Se
     Returns the end node and whether it is a new (open-tip) node holding the unshared rest."""
     while True:
         match, lcp = None, 0
-        for r in c.execute(
+        for found in c.execute(
             f"SELECT {_NODE_COLS} FROM nodes WHERE parent = ? AND first_tok = ?", (parent, int(seg.tokens[0]))
         ).fetchall():
-            child = _segment(r)
+            r = NodeRow(*found)
+            child = r.segment
             k = common_prefix(seg, child)
             if k > 0:  # siblings never share a first sample, so at most one child matches
                 match, lcp, child_seg = r, k, child
                 break
         if match is None:
             return _insert(c, parent, root, offset, seg, bump(c, "seq"), tip=1), True
-        child_id, child_n = int(match[0]), int(match[4])
+        child_id, child_n = match.id, match.n
         if lcp < child_n:  # split: a new node takes the shared head; the child keeps its id
-            head = _insert(c, parent, root, offset, child_seg.slice(0, lcp), int(match[9]))
+            head = _insert(c, parent, root, offset, child_seg.slice(0, lcp), match.created)
             tail = child_seg.slice(lcp)
             t_tokens, t_lp, t_mask = tail.to_blobs()
             c.execute(
@@ -611,20 +599,19 @@ def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Se
         parent, offset, seg = child_id, offset + lcp, seg.slice(lcp)
 
 
-def _path_rows(c: sqlite3.Connection, node: int) -> list[tuple[Any, ...]]:
-    """Rows ``(root, id, offset, n, tokens, logprobs, mask, version, parent, created)`` root first."""
+def _path_rows(c: sqlite3.Connection, node: int) -> list[NodeRow]:
+    """The rows of ``node``'s path, root first (empty when ``node`` is unknown)."""
     rows = c.execute(
-        """
+        f"""
         WITH RECURSIVE up(id) AS (
             SELECT ? UNION ALL SELECT nodes.parent FROM nodes JOIN up ON nodes.id = up.id
             WHERE nodes.parent IS NOT NULL
         )
-        SELECT root, id, offset, n, NULL, tokens, logprobs, mask, version, created FROM nodes
-        WHERE id IN (SELECT id FROM up) ORDER BY offset
+        SELECT {_NODE_COLS} FROM nodes WHERE id IN (SELECT id FROM up) ORDER BY offset
         """,
         (node,),
     ).fetchall()
-    return rows
+    return [NodeRow(*r) for r in rows]
 
 
 def _trajectory(c: sqlite3.Connection, leaf: int) -> Trajectory:
@@ -633,23 +620,24 @@ def _trajectory(c: sqlite3.Connection, leaf: int) -> Trajectory:
     ).fetchone()
     if row is None:
         raise ValueError(f"leaf: {leaf} is not a finished leaf")
+    root, reward, partial_score, status, info = row
     rows = _path_rows(c, leaf)
-    segs = [_segment(r) for r in rows]
+    segs = [r.segment for r in rows]
     mask = np.concatenate([s.mask for s in segs])
     return Trajectory(
         leaf_id=leaf,
-        root_id=int(row[0]),
+        root_id=int(root),
         token_ids=np.concatenate([s.tokens for s in segs]).tolist(),
         logprobs=np.concatenate([s.logprobs for s in segs]).astype(np.float64).tolist(),
         policy_mask=mask.tolist(),
         versions=np.concatenate([s.versions for s in segs]).tolist(),
-        reward=float(row[1]),
-        partial_score=None if row[2] is None else float(row[2]),
-        status=str(row[3]),
-        info=json.loads(row[4]) if row[4] else {},
+        reward=float(reward),
+        partial_score=None if partial_score is None else float(partial_score),
+        status=str(status),
+        info=json.loads(info) if info else {},
         prompt_len=len(segs[0]),
-        path=[int(r[1]) for r in rows],
-        offsets=[int(r[2]) for r in rows],
+        path=[r.id for r in rows],
+        offsets=[r.offset for r in rows],
     )
 
 
@@ -670,4 +658,4 @@ def _consume(c: sqlite3.Connection, ids: list[int]) -> int:
     return batch
 
 
-__all__ = ["DuplicateLeafError", "NodeView", "Trajectory", "TrajectoryTree", "STATE_PRUNED"]
+__all__ = ["DuplicateLeafError", "NodeRow", "NodeView", "REWARD_MODES", "STATUSES", "Trajectory", "TrajectoryTree", "STATE_PRUNED"]

@@ -8,7 +8,7 @@ A run directory (written by ``fr-agents train``) holds::
     episodes.sqlite    the episode ledger: which scheduled episode and batch each leaf served
     checkpoints/       step_NNNNNN/ folders (HF weights + tokenizer + trainer state), LATEST
 
-The trainer owns these names (``trainer.loop``, ``trainer.metrics``, ``trainer.checkpoint``);
+The trainer owns these names (``trainer.parts``, ``trainer.metrics``, ``trainer.checkpoint``);
 ``fr_agents`` may not import ``trainer``, so they are repeated here and a test checks that both
 sides agree.
 """

@@ -84,13 +84,41 @@ def test_token_truth_temperature(tiny):
     assert _recompute(path, tree, ids, temperature=0.7) <= 1e-4
 
 
+class _Recording:
+    """A wrapper around an engine that keeps every Generation it returns (what was sampled)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.generations = []
+
+    async def generate(self, ids, options):
+        gen = await self.engine.generate(ids, options)
+        self.generations.append(gen)
+        return gen
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def _runs(mask):
+    """``(start, stop, is_policy)`` of the maximal runs of equal mask values."""
+    out, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((start, i, bool(mask[start])))
+            start = i
+    return out
+
+
 def test_held_tokens_equal_what_was_sampled(tiny):
-    """The stored path is exactly prompt + sampled ids + templated observation ids, turn by turn."""
+    """The stored path is exactly prompt ids + sampled ids + templated observation ids, turn by turn:
+    each policy run holds the very ids (and log-probs) the engine sampled, each other run the
+    tokenizer's ids of the chat-template text around the observation."""
     _, model, tok = tiny
-    engine = HFEngine(model, tok, seed=3)
+    engine = _Recording(HFEngine(model, tok, seed=3))
     tree = TrajectoryTree()
     events = []
-    opts = RolloutOptions(max_new_tokens=8, max_context=300, max_turns=2)
+    opts = RolloutOptions(max_new_tokens=8, max_context=300, max_turns=3)
     res = asyncio.run(
         run_episode(
             gymnasium.make("fr_agents_test/Count-v0"),
@@ -102,15 +130,35 @@ def test_held_tokens_equal_what_was_sampled(tiny):
             on_event=lambda k, e: events.append((k, e)),
         )
     )
-    engine.close_sync()
+    engine.engine.close_sync()
     tr = tree.trajectory(res.leaves[0].leaf_id)
-    text = tok.decode(tr.token_ids, skip_special_tokens=False)
+    gens = engine.generations
+    assert len(gens) == res.leaves[0].turns >= 2
+    runs = _runs(tr.policy_mask)
+    policy = [(a, b) for a, b, pol in runs if pol]
+    other = [(a, b) for a, b, pol in runs if not pol]
+    # every sampled token is held, in order, with its behaviour log-prob
+    assert [tr.token_ids[a:b] for a, b in policy] == [list(g.token_ids) for g in gens]
+    held_lp = [x for a, b in policy for x in tr.logprobs[a:b]]
+    assert held_lp == pytest.approx([float(x) for g in gens for x in g.logprobs], abs=1e-6)
+    # the prompt is the tokenizer's ids of the rendered prompt; observations the ids of their template text
+    prompt = next(e for k, e in events if k == "prompt")
+    assert runs[0][2] is False and tr.token_ids[: runs[0][1]] == tok.encode(prompt["text"], add_special_tokens=False)
+    assert prompt["text"].startswith("<|im_start|>user\nWrite exactly")
+    # the held text up to the last turn is the chat template of the conversation, and each
+    # observation run holds the tokenizer's own ids of its text
     actions = [e["text"] for k, e in events if k == "action"]
     obs = [e["text"] for k, e in events if k == "observation"]
-    assert text.startswith("<|im_start|>user\nWrite exactly")
-    assert (
-        f"{actions[0]}" in text and f"<|im_start|>user\n{obs[0]}<|im_end|>\n<|im_start|>assistant\n" in text
-    )
+    messages = [{"role": "user", "content": prompt["observation"]}]
+    for action, o in zip(actions[:-1], obs, strict=False):
+        messages += [{"role": "assistant", "content": action}, {"role": "user", "content": o}]
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(tr.token_ids[: policy[-1][0]], skip_special_tokens=False) == rendered
+    for a, b in other[1:]:
+        text = tok.decode(tr.token_ids[a:b], skip_special_tokens=False)
+        assert tr.token_ids[a:b] == tok.encode(text, add_special_tokens=False)
+    assert len(other) == len(gens)  # the prompt, then one observation between consecutive turns
+    assert len(tr.token_ids) == runs[-1][1]
 
 
 DRIFT_TEMPLATE = (

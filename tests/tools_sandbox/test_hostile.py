@@ -271,7 +271,15 @@ def test_hostile_program(sandbox, host_canaries, prog: Hostile) -> None:
 
 
 def test_at_least_25_hostile_programs() -> None:
-    assert len(HOSTILE) >= 25
+    """``test_hostile_program`` runs every program of HOSTILE, and they are 25+ different programs
+    (distinct names and distinct code), each checked against the outcomes it may have."""
+    marks = [m for m in getattr(test_hostile_program, "pytestmark", []) if m.name == "parametrize"]
+    assert len(marks) == 1 and marks[0].args[0] == "prog"
+    run = list(marks[0].args[1])
+    assert run == HOSTILE
+    assert len({p.name for p in run}) == len(run) >= 25
+    assert len({p.code for p in run}) == len(run)
+    assert all(p.statuses and p.statuses <= {"ok", "error", *KILLED} for p in run)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -15,8 +15,8 @@ import torch
 from fr_agents.config import ConfigError, load_config
 from fr_agents.tree import TrajectoryTree
 from trainer.elastic import ElasticTrainer
+from trainer.elastic.controller import Move, Telemetry
 from trainer.ledger import EpisodeLedger
-from trainer.pools import Move, Telemetry
 
 BASE = [
     "model.tiny_size=nano",

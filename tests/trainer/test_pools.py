@@ -21,16 +21,15 @@ from fr_agents.policy.hf import HFEngine
 from fr_agents.rollout import RolloutOptions, run_episodes
 from fr_agents.spaces import AnyText
 from fr_agents.tree import TrajectoryTree
-from trainer.pools import (
+from trainer.elastic.controller import (
     ControllerConfig,
-    DeviceState,
     ElasticController,
-    ElasticPool,
     MigrationPolicy,
     Telemetry,
     TelemetryWindow,
     spare_fraction,
 )
+from trainer.elastic.pools import DeviceState, ElasticPool
 
 torch.set_num_threads(1)
 TURNS = 4

@@ -8,7 +8,7 @@ import pytest
 
 from fr_agents.cli import main as cli_main
 from fr_agents.config import ConfigError
-from trainer.simulator import WORKLOADS, compare, get_workload, make_episodes, simulate
+from trainer.elastic.simulator import WORKLOADS, compare, get_workload, make_episodes, simulate
 
 SMALL = get_workload("tool").with_overrides(steps=4, batch_size=32)
 
@@ -19,8 +19,25 @@ def test_deterministic():
     assert a == b
     c = simulate(SMALL, 4, "elastic", rollout_devices=2, seed=4)
     assert c.makespan_s != a.makespan_s
-    # common random numbers: the same episodes for every policy
-    assert [e.turns for e in make_episodes(SMALL, 1, 0)] == [e.turns for e in make_episodes(SMALL, 1, 0)]
+
+
+
+def test_common_random_numbers_every_policy_simulates_the_same_episodes():
+    """One seed, one set of episodes: every policy generates the same turns and tokens (only
+    their timing differs); another seed draws other episodes."""
+    runs = [
+        simulate(SMALL, 4, "colocated", seed=3),
+        simulate(SMALL, 4, "colocated_async", seed=3),
+        simulate(SMALL, 4, "static", rollout_devices=2, seed=3),
+        simulate(SMALL, 4, "elastic", rollout_devices=2, seed=3),
+    ]
+    episodes = [e for k in range(SMALL.steps) for e in make_episodes(SMALL, k, 3)]
+    turns = sum(len(e.turns) for e in episodes)
+    tokens = sum(t for e in episodes for t, _ in e.turns) + (turns - len(episodes)) * SMALL.obs_tokens
+    assert {(r.turns, r.tokens) for r in runs} == {(turns, tokens)}
+    assert len({r.makespan_s for r in runs}) > 1  # the policies really differ in timing
+    other = simulate(SMALL, 4, "elastic", rollout_devices=2, seed=4)
+    assert (other.turns, other.tokens) != (turns, tokens)
 
 
 def test_cli_json_keys(capsys):
@@ -40,7 +57,7 @@ def test_cli_rejects_bad_input(capsys):
     assert cli_main(["simulate-elastic", "--workload", "tool", "--gpus", "1"]) != 0
     assert "--gpus" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--steps"):
-        from trainer.simulator import main_simulate
+        from trainer.elastic.simulator import main_simulate
 
         main_simulate("tool", 4, steps=0)
 
@@ -61,7 +78,7 @@ def test_policy_sanity(tmp_path):
     assert simulate(roll, 4, "static", rollout_devices=3).throughput > simulate(roll, 4, "static", rollout_devices=1).throughput
     train = SMALL.with_overrides(train_tokens_per_s=20.0)
     assert simulate(train, 4, "static", rollout_devices=1).throughput > simulate(train, 4, "static", rollout_devices=3).throughput
-    from trainer.simulator import plot_pools
+    from trainer.elastic.simulator import plot_pools
 
     plot_pools(res, str(tmp_path / "pools.png"))
     assert (tmp_path / "pools.png").stat().st_size > 1000
@@ -75,7 +92,7 @@ def test_workloads_document_sources():
 
 
 def test_critical_path_bound_bounds_every_policy():
-    from trainer.simulator import critical_path_bound
+    from trainer.elastic.simulator import critical_path_bound
 
     res = compare(SMALL, 4)
     tp = res["throughput"]
@@ -126,15 +143,15 @@ class _Scripted:
 
 
 def _run(w, n, rollout, controller):
-    from trainer.pools import MigrationPolicy
-    from trainer.simulator import _Sim
+    from trainer.elastic.controller import MigrationPolicy
+    from trainer.elastic.simulator import _Sim
 
     return _Sim(w, n, "elastic", rollout, 0, controller, MigrationPolicy(w.prefill_speedup)).run()
 
 
 def test_a_running_step_grows_onto_a_lent_device():
     """A device that joins the train pool mid-step takes micro-batches from then on."""
-    from trainer.pools import Move
+    from trainer.elastic.controller import Move
 
     heavy = SMALL.with_overrides(train_tokens_per_s=40.0, steps=2, realloc_s=1.0, weight_sync_s=0.0)
 
@@ -157,7 +174,7 @@ def test_kv_cache_budget_limits_admission():
 
 def test_draining_a_full_pool_requeues_its_episodes_without_dropping_any():
     """Leaving a full rollout pool: live episodes wait for a free slot, then re-prefill; none is lost."""
-    from trainer.pools import Move
+    from trainer.elastic.controller import Move
 
     full = SMALL.with_overrides(max_live=4, prefill_speedup=1e6)  # re-prefill is nearly free: always migrate
     res = _run(full, 4, 3, _Scripted(Move("train", 1, "test"), lambda t: t.queue_depth > 0 and t.time_s > 0))
@@ -166,7 +183,7 @@ def test_draining_a_full_pool_requeues_its_episodes_without_dropping_any():
 
 
 def test_bound_counts_the_work_of_slot_bound_rollout():
-    from trainer.simulator import critical_path_bound
+    from trainer.elastic.simulator import critical_path_bound
 
     few = SMALL.with_overrides(max_live=2)
     assert critical_path_bound(few, 4) < critical_path_bound(SMALL, 4)
@@ -176,7 +193,7 @@ def test_bound_counts_the_work_of_slot_bound_rollout():
 
 def test_colocated_async_reference():
     """The reference policy: every device trains each step and generation pauses meanwhile."""
-    from trainer.simulator import critical_path_bound
+    from trainer.elastic.simulator import critical_path_bound
 
     ref = simulate(SMALL, 4, "colocated_async")
     assert ref.trajectories == SMALL.steps * SMALL.batch_size

@@ -35,10 +35,10 @@ def _root_ids(page: dict) -> list[int]:
 
 
 def test_run_layout_names_agree_with_the_trainer() -> None:
-    from trainer import checkpoint, loop, metrics
+    from trainer import checkpoint, metrics, parts
 
-    assert layout.STORE_FILE == loop.STORE_FILE
-    assert layout.LEDGER_FILE == loop.LEDGER_FILE
+    assert layout.STORE_FILE == parts.STORE_FILE
+    assert layout.LEDGER_FILE == parts.LEDGER_FILE
     assert layout.METRICS_FILE == metrics.METRICS_FILE
     assert layout.STATE_FILE == checkpoint.STATE_FILE
 

@@ -1,10 +1,11 @@
 """The embedded training loop on elastic device pools (CPU slots here, GPUs alike).
 
-:class:`ElasticTrainer` is :class:`trainer.loop.Trainer` with its rollout engine replaced by an
-:class:`~trainer.pools.ElasticPool` of ``devices`` slots, each with its own engine (its own model
-copy and batching thread). The learner runs on the train pool: each step uses
+:class:`ElasticTrainer` is :class:`trainer.loop.Trainer` extended through its hooks
+(:mod:`trainer.hooks`): the engine hook hands the episode runner an
+:class:`~trainer.elastic.pools.ElasticPool` of ``devices`` slots, each with its own engine (its own
+model copy and batching thread). The learner runs on the train pool: each step uses
 ``torch.set_num_threads(train slots)`` (on CPU one slot = one core's worth of threads), and a
-controller thread feeds telemetry to an :class:`~trainer.pools.ElasticController` every
+controller thread feeds telemetry to an :class:`~trainer.elastic.controller.ElasticController` every
 ``tick_s`` and applies its moves -- a slot leaving rollout drains without dropping an episode; a
 slot joining rollout loads the current weights first, and only between two learner steps; a slot
 joining the train pool during a step is used from the step's next micro-batch on (the learner's
@@ -27,22 +28,17 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fr_agents.config import TrainConfig
+from trainer.elastic.controller import ControllerConfig, ElasticController, Telemetry, TelemetryWindow
+from trainer.elastic.pools import DeviceState, ElasticPool
+from trainer.hooks import TrainerHooks
 from trainer.loop import Trainer
-from trainer.pools import (
-    ControllerConfig,
-    DeviceState,
-    ElasticController,
-    ElasticPool,
-    Telemetry,
-    TelemetryWindow,
-)
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +59,12 @@ def thread_cpu_seconds(native_ids: Iterable[int]) -> dict[int, float]:
     return out
 
 
-class ElasticTrainer(Trainer):
-    """See the module docstring; ``pool_trace`` records ``(t, rollout, train)`` after every change."""
+class ElasticTrainer(Trainer, TrainerHooks):
+    """See the module docstring; ``pool_trace`` records ``(t, rollout, train)`` after every change.
+
+    The embedded :class:`~trainer.loop.Trainer`, extended through its hooks
+    (:class:`~trainer.hooks.TrainerHooks`, which this class implements and hands to itself):
+    the engine hook swaps in the pool, the step hooks size the learner to the train pool."""
 
     def __init__(
         self,
@@ -79,7 +79,7 @@ class ElasticTrainer(Trainer):
         per_device_live: int | None = None,
         console: bool = False,
     ) -> None:
-        super().__init__(cfg, run_dir, console=console)
+        super().__init__(cfg, run_dir, console=console, hooks=self)
         if not 1 <= rollout < devices:
             raise ValueError(f"rollout: must lie in [1, {devices - 1}], got {rollout}")
         self.n_devices, self.n_rollout, self.elastic = devices, rollout, elastic
@@ -102,18 +102,19 @@ class ElasticTrainer(Trainer):
         self.cpu_seconds: dict[str, float] = {}
         self._stop = threading.Event()
 
-    # ------------------------------------------------------------------ parts
+    # ------------------------------------------------------------------ hooks (trainer.hooks)
 
-    def _build(self) -> None:
-        super()._build()
+    def engine(self, base: Any, tokenizer: Any) -> Any:
+        """The runner samples with an :class:`ElasticPool` of ``devices`` slot engines: ``base``
+        and ``devices - 1`` copies of its model, the first ``rollout`` slots serving."""
         from fr_agents.policy.hf import HFEngine
 
-        base = self.runner.engine
         engines: dict[str, Any] = {"cpu0": base}
         for i in range(1, self.n_devices):
             engines[f"cpu{i}"] = HFEngine(
-                copy.deepcopy(base.model), self.tokenizer, max_batch_size=base.max_batch_size, seed=self.cfg.trainer.seed + i
+                copy.deepcopy(base.model), tokenizer, max_batch_size=base.max_batch_size, seed=self.cfg.trainer.seed + i
             )
+        self.t0 = time.perf_counter()
         self.pool = ElasticPool(
             engines,
             rollout=[f"cpu{i}" for i in range(self.n_rollout)],
@@ -121,40 +122,45 @@ class ElasticTrainer(Trainer):
             saturation=base.max_batch_size,
             on_moved=lambda *_: self._record(),
         )
-        self.runner.engine = self.pool
-        run = self.runner.run
+        return self.pool
 
-        async def counted(spec: Any) -> Any:
-            out = await run(spec)
-            self.finished += 1
-            return out
-
-        self.runner.run = counted
-        learner_step = self.learner.step
-
-        self.learner.before_micro_batch = self._grow_step
-
-        def step(batch: Any) -> Any:
-            with self.step_lock:  # moves to rollout wait for the step's end: a step's pool only grows
-                n = len(self.pool.in_state(DeviceState.TRAIN))
-                self.step_slots = [n]
-                torch.set_num_threads(self.learner_threads(n))
-                t, c = time.perf_counter(), time.thread_time()
-                out = learner_step(batch)
-                if len(self.step_slots) > 1:
-                    self.grown_steps += 1
-                self.step_seconds.append((n, time.perf_counter() - t))
-                self.step_cpu_seconds.append((n, time.thread_time() - c))
-                self.consumed += self.cfg.trainer.batch_size
-                self._cpu_mark()
-                return out
-
-        self.learner.step = step  # type: ignore[method-assign]
+    def run_started(self, trainer: Any) -> None:
+        """The parts exist: start the CPU clocks and the controller thread."""
         self.t0 = time.perf_counter()
         self._cpu0 = (time.process_time(), thread_cpu_seconds(self._engine_threads()), time.thread_time())
         self._record()
         self._controller = threading.Thread(target=self._control_loop, name="elastic-controller", daemon=True)
         self._controller.start()
+
+    def rollout_started(self, thread: Any) -> None:
+        self.rollout_thread = thread
+
+    def waiting(self, waiting: bool) -> None:
+        self.learner_waiting = waiting
+
+    def episode_done(self, outcome: Any) -> None:
+        self.finished += 1
+
+    def around_step(self, step: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """One learner step on the train pool: one torch thread per train slot (see
+        :meth:`learner_threads`); moves to rollout wait for the step's end, so a step's pool only
+        grows (:meth:`before_micro_batch`)."""
+        with self.step_lock:
+            n = len(self.pool.in_state(DeviceState.TRAIN))
+            self.step_slots = [n]
+            torch.set_num_threads(self.learner_threads(n))
+            t, c = time.perf_counter(), time.thread_time()
+            out = step()
+            if len(self.step_slots) > 1:
+                self.grown_steps += 1
+            self.step_seconds.append((n, time.perf_counter() - t))
+            self.step_cpu_seconds.append((n, time.thread_time() - c))
+            self.consumed += self.cfg.trainer.batch_size
+            self._cpu_mark()
+            return out
+
+    def before_micro_batch(self) -> None:
+        self._grow_step()
 
     def _grow_step(self) -> None:
         """Before each micro-batch of a step: slots that joined the train pool since the step began
@@ -163,6 +169,15 @@ class ElasticTrainer(Trainer):
         if self.step_slots and n > self.step_slots[-1]:
             self.step_slots.append(n)
             torch.set_num_threads(self.learner_threads(n))
+
+    def run_ended(self) -> None:
+        self._stop.set()
+        if getattr(self, "_controller", None) is not None:
+            self._controller.join(timeout=10)
+        if getattr(self, "pool", None) is not None:
+            self._record()
+
+    # ------------------------------------------------------------------ accounting
 
     def _engine_threads(self) -> list[int]:
         """Native ids of the slots' engine batching threads (started lazily, on first request)."""
@@ -202,14 +217,6 @@ class ElasticTrainer(Trainer):
         self.pool_trace.append((time.perf_counter() - self.t0, r, k))
 
     # ------------------------------------------------------------------ telemetry + control
-
-    def _wait_batch(self, k: int, rollout: Any, deadline: float) -> bool:
-        self.rollout_thread = rollout
-        self.learner_waiting = True
-        try:
-            return super()._wait_batch(k, rollout, deadline)
-        finally:
-            self.learner_waiting = False
 
     def telemetry(self) -> Telemetry:
         p = self.pool
@@ -254,13 +261,4 @@ class ElasticTrainer(Trainer):
                     for name in self.pool.in_state(DeviceState.TRAIN)[: move.count]:
                         self.pool.move_to_rollout(name)
             self.window.reset()
-            self._record()
-
-    def run(self, *, resume: bool = False) -> Any:
-        try:
-            return super().run(resume=resume)
-        finally:
-            self._stop.set()
-            if getattr(self, "_controller", None) is not None:
-                self._controller.join(timeout=10)
             self._record()

@@ -1,7 +1,7 @@
 """A discrete-event model of RL training on a cluster: colocated-sync, static async, elastic.
 
 What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer.loop` and
-:mod:`trainer.pools`):
+:mod:`trainer.elastic.pools`):
 
 * **Episodes.** Batch ``k`` is a fixed list of ``batch_size`` episodes (as
   :class:`~trainer.schedule.EpisodeSchedule`). An episode is a list of turns; a turn is a
@@ -32,11 +32,11 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   That is an elastic policy that hands the whole cluster to every step and back, with no drain,
   at the colocated switch cost -- a yardstick for what reallocation gains on a workload (not
   an upper bound: see :func:`critical_path_bound`), and not a policy the runtime offers.
-* **Moves (elastic).** The :class:`~trainer.pools.ElasticController` reads the same telemetry as
+* **Moves (elastic).** The :class:`~trainer.elastic.controller.ElasticController` reads the same telemetry as
   in the runtime every ``tick_s``. A device leaving rollout stops admitting; each live episode, at
   its next turn, either re-prefills its whole prefix on another device -- waiting, ahead of new
   episodes, for the first free slot when none has room -- or finishes in place
-  (:class:`~trainer.pools.MigrationPolicy`); then the device pays ``realloc_s`` and joins the
+  (:class:`~trainer.elastic.controller.MigrationPolicy`); then the device pays ``realloc_s`` and joins the
   train pool. A device joining rollout leaves after the learner step that uses it, pays
   ``realloc_s`` (loading the current weights), then admits episodes.
 
@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.pools import (
+from trainer.elastic.controller import (
     ControllerConfig,
     ElasticController,
     MigrationPolicy,
@@ -323,6 +323,8 @@ class SimResult:
     moves: int
     migrations: int
     finished_in_place: int
+    turns: int  # turns generated: the work simulated (equal for every policy under one seed)
+    tokens: float  # tokens generated and observed in all batches (likewise)
     pool_trace: list[tuple[float, int, int]]  # (time, rollout devices, train devices)
 
     def summary(self) -> dict[str, Any]:
@@ -361,6 +363,7 @@ class _Sim:
         self.next_batch = 0
         self.remaining: dict[int, int] = {}  # batch -> unfinished episodes
         self.batch_tokens: dict[int, float] = {}
+        self.turns_run = 0
         self.version = 0
         self.learner_busy_until: float | None = None
         self.learner_devs: list[int] = []
@@ -547,6 +550,7 @@ class _Sim:
             _, idx = heapq.heappop(d.gen)
             e = self.eps[idx]
             tokens, latency = e.turns[e.turn]
+            self.turns_run += 1
             e.prefix += tokens
             d.kv += tokens
             self.batch_tokens[e.batch] += tokens
@@ -782,6 +786,8 @@ class _Sim:
             moves=self.moves,
             migrations=self.migrations,
             finished_in_place=self.in_place,
+            turns=self.turns_run,
+            tokens=sum(self.batch_tokens.values()),
             pool_trace=self.trace,
         )
 
@@ -817,7 +823,7 @@ def default_controller(w: Workload) -> ControllerConfig:
 
     One move takes a device out of both pools for about ``realloc_s`` (drain + engine start or
     joining the training group) plus one weight load; the controller's hysteresis and gain check
-    scale with that cost (see :class:`~trainer.pools.ElasticController`).
+    scale with that cost (see :class:`~trainer.elastic.controller.ElasticController`).
     """
     return ControllerConfig(move_cost_s=w.realloc_s + w.weight_sync_s)
 

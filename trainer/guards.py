@@ -1,0 +1,58 @@
+"""The run's guards: the staleness bound checked on every batch, and the collapse guard.
+
+* **Lag.** Every trajectory's lag (the learner's version at the step minus the oldest policy
+  version on its path) must stay within ``rollout.max_policy_lag``; a larger one is a bug in the
+  admission rule, so it raises. The lags go into a histogram (metrics, checkpoints).
+* **Collapse.** The mean reward of the first five batches is the baseline; when the mean of the
+  last ten falls below half of it (and the baseline is at least 0.05), the run stops with the
+  last good checkpoint kept (``trainer.collapse_guard``).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+COLLAPSE_BASELINE_BATCHES = 5
+COLLAPSE_WINDOW = 10
+
+
+class Guards:
+    """Lag bookkeeping and the collapse guard of one run (see the module docstring)."""
+
+    def __init__(self, max_policy_lag: int, collapse_guard: bool) -> None:
+        self.lag = max_policy_lag
+        self.collapse_guard = collapse_guard
+        self.lag_histogram: collections.Counter[int] = collections.Counter()
+        self.recent: collections.deque[float] = collections.deque(maxlen=COLLAPSE_WINDOW)
+        self.first_rewards: list[float] = []
+
+    def lags(self, flat: Any, k: int) -> list[int]:
+        """Per-trajectory lag at step ``k``; raises RuntimeError past ``max_policy_lag``."""
+        v = flat.versions.masked_fill(~flat.action_mask, 1 << 40)
+        oldest = v.min(dim=1).values.tolist()
+        lags = [int(k - o) for o in oldest]
+        self.lag_histogram.update(lags)
+        if max(lags, default=0) > self.lag:
+            raise RuntimeError(f"step {k}: a trajectory lags {max(lags)} versions > max_policy_lag={self.lag}")
+        return lags
+
+    def collapsed(self, reward: float, state: Any) -> bool:
+        """Record batch ``reward`` (setting ``state.baseline_reward`` after the first batches);
+        True when the recent rewards fell below half the baseline."""
+        self.recent.append(reward)
+        if len(self.first_rewards) < COLLAPSE_BASELINE_BATCHES and state.baseline_reward is None:
+            self.first_rewards.append(reward)
+            if len(self.first_rewards) == COLLAPSE_BASELINE_BATCHES:
+                state.baseline_reward = sum(self.first_rewards) / COLLAPSE_BASELINE_BATCHES
+        base = state.baseline_reward
+        if not self.collapse_guard or base is None or base < 0.05 or len(self.recent) < COLLAPSE_WINDOW:
+            return False
+        return sum(self.recent) / len(self.recent) < 0.5 * base
+
+    def histogram(self) -> dict[str, int]:
+        """The lag histogram with string keys (JSON, checkpoints)."""
+        return {str(k): v for k, v in self.lag_histogram.items()}
+
+    def restore(self, histogram: dict[str, int]) -> None:
+        self.lag_histogram.update({int(k): v for k, v in histogram.items()})

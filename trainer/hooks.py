@@ -1,0 +1,56 @@
+"""Hooks: how a run is extended without touching its parts' methods.
+
+A :class:`~trainer.loop.Trainer` takes one :class:`TrainerHooks` object and calls it at fixed
+points; every hook does nothing by default, so a subclass overrides only what it needs. The
+elastic runtime (:mod:`trainer.elastic.runtime`) is the example: it hands the episode runner an
+:class:`~trainer.elastic.pools.ElasticPool` instead of the plain engine (:meth:`engine`), counts
+finished episodes (:meth:`episode_done`), sizes each learner step to its train pool
+(:meth:`around_step`, :meth:`before_micro_batch`) and watches the learner wait
+(:meth:`waiting`). Nobody reassigns a method of another object.
+
+When each hook runs::
+
+    build:   engine(base, tokenizer)            once, when the rollout side is built
+    start:   run_started(trainer)               the parts exist, before the warm start
+             rollout_started(thread)            the rollout thread runs
+    loop:    waiting(True) ... waiting(False)   the learner waits for batch k
+             around_step(step)                  wraps one learner step (call step() once)
+             before_micro_batch()               inside the step, before each micro-batch
+             episode_done(outcome)              rollout thread, each finished episode
+    end:     run_ended()                        always, also after an error
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class TrainerHooks:
+    """Every hook of a run, each a no-op (see the module docstring)."""
+
+    def engine(self, base: Any, tokenizer: Any) -> Any:
+        """The engine the episode runner samples with, given the one ``rollout.engine`` built."""
+        return base
+
+    def run_started(self, trainer: Any) -> None:
+        """The run's parts are built (``trainer.runner``, ``trainer.learner``, ``trainer.board``...)."""
+
+    def rollout_started(self, thread: Any) -> None:
+        """The rollout thread started (``thread.next_batch``: the batch it works on)."""
+
+    def waiting(self, waiting: bool) -> None:
+        """The learner starts (True) or stops (False) waiting for its next batch."""
+
+    def around_step(self, step: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """One learner step: call ``step()`` exactly once and return its stats."""
+        return step()
+
+    def before_micro_batch(self) -> None:
+        """Inside a learner step, before each micro-batch (the Learner calls it)."""
+
+    def episode_done(self, outcome: Any) -> None:
+        """The rollout thread finished and recorded one episode (its ``EpisodeOutcome``)."""
+
+    def run_ended(self) -> None:
+        """The run is over (also after an error): stop what the hooks started."""

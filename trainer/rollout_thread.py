@@ -1,0 +1,99 @@
+"""The embedded loop's rollout thread: scheduled batches on an asyncio loop, within the lag bound.
+
+Batch ``k`` starts once version ``schedule.sampling_version(k)`` is on the :class:`WeightBoard`
+(the admission rule); its episodes run concurrently (at most ``concurrency`` at once) and each
+finished one is recorded in the ledger. Episodes the ledger already holds (a resumed run) are not
+run again. ``on_batch_done(k)`` tells the learner thread that batch ``k`` is whole
+(``-1``: the thread failed, see ``error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainer.ledger import EpisodeLedger
+from trainer.schedule import EpisodeSchedule, EpisodeSpec
+from trainer.weights import TrainingStopped, WeightBoard
+
+log = logging.getLogger(__name__)
+
+
+class RolloutThread(threading.Thread):
+    """Runs batches of scheduled episodes on its own asyncio loop, never ahead of the lag bound."""
+
+    def __init__(
+        self,
+        *,
+        schedule: EpisodeSchedule,
+        first_batch: int,
+        last_batch: int,
+        board: WeightBoard,
+        ledger: EpisodeLedger,
+        set_weights: Callable[[dict[str, torch.Tensor], int], None],
+        run_episode: Callable[[EpisodeSpec], Any],
+        concurrency: int,
+        on_batch_done: Callable[[int], None],
+        on_episode_done: Callable[[Any], None] | None = None,
+    ) -> None:
+        super().__init__(name="rollout", daemon=True)
+        self.schedule = schedule
+        self.next_batch = first_batch
+        self.last_batch = last_batch
+        self.board = board
+        self.ledger = ledger
+        self.set_weights = set_weights
+        self.run_episode = run_episode
+        self.concurrency = max(1, concurrency)
+        self.on_batch_done = on_batch_done
+        self.on_episode_done = on_episode_done  # a hook: each finished episode's outcome
+        self.error: BaseException | None = None
+        self._loop_version: int | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except TrainingStopped:
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the learner thread
+            self.error = e
+            log.exception("rollout thread failed")
+            self.on_batch_done(-1)
+
+    async def _main(self) -> None:
+        sem = asyncio.Semaphore(self.concurrency)
+        while self.next_batch < self.last_batch and not self.board.stopped:
+            k = self.next_batch
+            version = self.schedule.sampling_version(k)
+            weights = await asyncio.to_thread(self.board.wait_for, version)
+            if self._loop_version != version:
+                self.set_weights(weights, version)
+                self._loop_version = version
+            specs = self.schedule.episodes(k)
+            done = self.ledger.leaves(s.episode for s in specs)
+            todo = [s for s in specs if s.episode not in done]
+
+            async def one(spec: EpisodeSpec) -> None:
+                async with sem:
+                    if self.board.stopped:
+                        raise TrainingStopped()
+                    out = await self.run_episode(spec)
+                    self.ledger.record(spec.episode, spec.batch, out.leaf_id, out.reward, out.policy_tokens, spec.version)
+                    if self.on_episode_done is not None:
+                        self.on_episode_done(out)
+
+            tasks = [asyncio.create_task(one(s)) for s in todo]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            self.next_batch = k + 1
+            self.on_batch_done(k)
