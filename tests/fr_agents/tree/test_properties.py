@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fr_agents.tree import DuplicateLeafError, TrajectoryTree
@@ -30,7 +30,9 @@ def _identity(tok: int, lp: float, pol: bool, ver: int) -> tuple[int, float, boo
 
 def _run(tree: TrajectoryTree, ops: list[tuple]) -> None:
     path_of: dict[int, tuple] = {}  # node id -> expected tuple of token identities (root first)
-    id_of: dict[tuple, int] = {}  # the reverse: equal paths must be one node
+    # the reverse: equal paths under one root must be one node (a root is one prompt: a prompt [1, 1]
+    # and a prompt [1] followed by a token 1 are two trajectories, told apart by their prompt length)
+    id_of: dict[tuple, int] = {}
     prompt_len: dict[int, int] = {}
     root_of: dict[int, int] = {}
     roots: list[int] = []
@@ -54,8 +56,8 @@ def _run(tree: TrajectoryTree, ops: list[tuple]) -> None:
             node = tree.append(parent, [t[0] for t in toks], [t[1] for t in toks], [t[2] for t in toks], ver)
             expect = path_of[parent] + tuple(_identity(t[0], t[1], t[2], ver) for t in toks)
             assert path_of.setdefault(node, expect) == expect, "one node id, two different paths"
-            assert id_of.setdefault(expect, node) == node, "one path, two node ids"
             root_of[node] = root_of[parent]
+            assert id_of.setdefault((root_of[node], expect), node) == node, "one path, two node ids"
         elif o[0] == "finish":
             cands = sorted(n for n in path_of if n not in roots)
             if not cands:
@@ -87,9 +89,11 @@ def _run(tree: TrajectoryTree, ops: list[tuple]) -> None:
         )
         assert got == path_of[leaf]
         assert t.prompt_len == prompt_len[t.root_id] and t.root_id == root_of[leaf]
-    # stats invariants: stored tokens = distinct prompts + distinct response-token prefixes
+    # stats invariants: stored tokens = distinct prompts + distinct response-token prefixes per root
     s = tree.stats()
-    distinct = {p[:k] for n, p in path_of.items() for k in range(prompt_len[root_of[n]] + 1, len(p) + 1)}
+    distinct = {
+        (root_of[n], p[:k]) for n, p in path_of.items() for k in range(prompt_len[root_of[n]] + 1, len(p) + 1)
+    }
     assert s["stored_tokens"] == sum(prompt_len[r] for r in roots) + len(distinct)
     assert s["logical_tokens"] == sum(len(path_of[x]) for x in finished)
     assert s["leaves"] == len(finished) and s["roots"] == len(roots)
@@ -100,6 +104,11 @@ def _run(tree: TrajectoryTree, ops: list[tuple]) -> None:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=1, max_size=60))
+@example(
+    [("finish", 0, 0), ("root", [1, 1]), ("append", 0, [(0, -0.25, False, 0)], 0), ("root", [1]),
+     ("append", 1, [(2, -0.25, False, 0), (0, -0.25, False, 0)], 0),
+     ("append", 3, [(1, -0.25, False, 0), (2, -0.25, False, 0)], 0)]
+)  # a prompt [1, 1] beside a prompt [1] followed by a token 1
 def test_random_workloads_in_memory(ops):
     tree = TrajectoryTree()
     try:
