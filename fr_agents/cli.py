@@ -193,34 +193,13 @@ def _eval_checkpoint(arg: str, engine: str) -> str:
     return arg
 
 
-def _eval_labels(checkpoints: list[str], given: list[str]) -> list[str]:
-    from pathlib import Path
-
-    if given and len(given) != len(checkpoints):
-        raise ConfigError(f"--label: given {len(given)} times for {len(checkpoints)} checkpoints")
-    labels = list(given) or [
-        "/".join(Path(c).parts[-3::2]) if Path(c).name.startswith("step_") else (Path(c).name or c) for c in checkpoints
-    ]
-    seen: dict[str, int] = {}
-    out = []
-    for label in labels:
-        seen[label] = seen.get(label, 0) + 1
-        out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
-    return out
-
-
 @command("eval", "evaluate checkpoints on benches: pass@k, mean@k, a comparison table and plot")
 @args(_add_eval)
 def _cmd_eval(a: argparse.Namespace) -> int:
-    import asyncio
-
-    from rich.progress import Progress
-
     from envs.benches import BenchUnavailable, list_benches, resolve_bench
-    from fr_agents.eval.engines import open_engine
-    from fr_agents.eval.report import render_markdown, write_report
-    from fr_agents.eval.runner import EvalSettings, EvalSettingsMismatch, run_bench_async
-    from fr_agents.models import ModelNotFoundError
+    from fr_agents.eval import suite
+    from fr_agents.eval.runner import EvalSettings, EvalSettingsMismatch
+    from fr_agents.models import ModelNotFoundError, load_tokenizer
 
     if a.list:
         for name, doc in list_benches():
@@ -236,103 +215,25 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         raise ConfigError("--out: the output folder is required")
     try:
         settings = EvalSettings(
-            k=a.k,
-            temperature=a.temperature,
-            seed=a.seed,
-            max_new_tokens=a.max_new_tokens,
-            max_turns=a.max_turns,
-            max_context=a.max_context,
-            system_prompt=a.system_prompt,
-            concurrency=a.concurrency,
+            k=a.k, temperature=a.temperature, seed=a.seed, max_new_tokens=a.max_new_tokens, max_turns=a.max_turns,
+            max_context=a.max_context, system_prompt=a.system_prompt, concurrency=a.concurrency,
         )
         benches = [resolve_bench(name, a.limit, a.limit_seed) for name in a.bench]
-    except (ValueError, BenchUnavailable) as e:
+        if a.agent == "expert":
+            results = suite.evaluate_expert(benches, settings, out_dir=a.out, tokenizer=load_tokenizer(a.tokenizer or "tiny"))
+        else:
+            results = suite.evaluate_checkpoints(
+                [_eval_checkpoint(c, a.engine) for c in a.checkpoints], suite.eval_labels(a.checkpoints, a.label),
+                benches, settings, out_dir=a.out, engine=a.engine, dtype=a.dtype, device=a.device,
+                base_url=a.base_url, api_key=a.api_key, tokenizer=a.tokenizer,
+            )
+    except ConfigError:
+        raise
+    except (ValueError, BenchUnavailable, ModelNotFoundError, EvalSettingsMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if a.agent == "expert":
-        return _eval_expert(a, benches, settings)
-    checkpoints = [_eval_checkpoint(c, a.engine) for c in a.checkpoints]
-    labels = _eval_labels(a.checkpoints, a.label)
-    results = []
-    for ckpt, label in zip(checkpoints, labels, strict=True):
-        try:
-            opened = open_engine(
-                a.engine,
-                ckpt,
-                dtype=a.dtype,
-                device=a.device,
-                max_batch_size=a.concurrency,
-                seed=a.seed,
-                base_url=a.base_url,
-                api_key=a.api_key,
-                tokenizer=a.tokenizer,
-            )
-        except (ValueError, ModelNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        try:
-            for bench in benches:
-                with Progress(transient=True) as bar:
-                    task = bar.add_task(f"{label} · {bench.name}", total=len(bench.items) * settings.k)
-                    try:
-                        res = asyncio.run(
-                            run_bench_async(
-                                opened.engine,
-                                opened.tokenizer,
-                                bench,
-                                settings,
-                                label=label,
-                                out_dir=a.out,
-                                on_sample=lambda row, t=task: bar.advance(t),
-                            )
-                        )
-                    except EvalSettingsMismatch as e:
-                        print(f"error: {e}", file=sys.stderr)
-                        return 2
-                results.append(res)
-                log.info("%s on %s: %s", label, bench.name, {m: round(v, 4) for m, v in res.metrics.items()})
-        finally:
-            opened.close()
-    paths = write_report(results, a.out)
-    print(render_markdown(results))
-    print(f"report: {paths['markdown']}  {paths['json']}  {paths['plot']}")
+    print(suite.report(results, a.out))
     return 0
-
-
-def _eval_expert(a: argparse.Namespace, benches: list, settings: object) -> int:
-    """``eval --agent expert``: each bench played by its env's expert, reported as checkpoint 'expert'."""
-    import asyncio
-
-    import gymnasium
-
-    from fr_agents.eval.report import render_markdown, write_report
-    from fr_agents.eval.runner import EvalSettingsMismatch, run_bench_async
-    from fr_agents.models import ModelNotFoundError
-    from fr_agents.rollout import expert_actor
-
-    try:
-        tokenizer = _tokenizer_only(a.tokenizer or "tiny")
-    except ModelNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    results = []
-    for bench in benches:
-        _require_expert(lambda b=bench: gymnasium.make(b.env_id, **b.env_kwargs), bench.env_id)
-        try:
-            res = asyncio.run(
-                run_bench_async(None, tokenizer, bench, settings, label="expert", out_dir=a.out, actor=expert_actor)
-            )
-        except EvalSettingsMismatch as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        results.append(res)
-        log.info("expert on %s: %s", bench.name, {m: round(v, 4) for m, v in res.metrics.items()})
-    paths = write_report(results, a.out)
-    print(render_markdown(results))
-    print(f"report: {paths['markdown']}  {paths['json']}  {paths['plot']}")
-    return 0
-
-
 
 
 # =========================================================================== repo-tasks
@@ -590,33 +491,6 @@ def _cmd_model(a: argparse.Namespace) -> int:
 # =========================================================================== rollout
 
 
-def _tokenizer_only(name: str) -> object:
-    """The tokenizer of model ``name`` (``--agent expert`` tokenizes the expert's replies with it)."""
-    from transformers import AutoTokenizer
-
-    from fr_agents.models import ModelNotFoundError, resolve_model
-
-    try:
-        return AutoTokenizer.from_pretrained(resolve_model(name))
-    except OSError as e:
-        raise ModelNotFoundError(f"could not load the tokenizer of {name!r} ({e})") from e
-
-
-def _require_expert(make_env: Callable[[], object], env_id: str) -> None:
-    """Raise :class:`ConfigError` naming ``env_id`` when its env has no ``expert_action()``."""
-    from fr_agents.rollout import has_expert
-
-    env = make_env()
-    try:
-        if not has_expert(env):
-            raise ConfigError(
-                f"--agent expert: env {env_id} has no expert (its env.unwrapped has no expert_action(); "
-                "fr_agents/ALFWorld-v0 has one)"
-            )
-    finally:
-        env.close()
-
-
 class _EnvIdError(ValueError):
     """An env id gymnasium cannot make; the message lists the closest registered ids."""
 
@@ -677,15 +551,10 @@ def _add_rollout(p: argparse.ArgumentParser) -> None:
 @command("rollout", "run N episodes with a model and store them in a durable trajectory tree")
 @args(_add_rollout)
 def _cmd_rollout(a: argparse.Namespace) -> int:
-    import asyncio
-    import time
-
-    from rich.progress import Progress
-
-    from fr_agents.models import ModelNotFoundError, load_policy
+    from fr_agents.collect import collect
+    from fr_agents.models import ModelNotFoundError, load_policy, load_tokenizer
     from fr_agents.policy.hf import HFEngine
-    from fr_agents.rollout import RolloutOptions, expert_actor, run_episodes
-    from fr_agents.tree import TrajectoryTree
+    from fr_agents.rollout import RolloutOptions, expert_actor, require_expert
 
     if a.episodes < 1:
         raise ConfigError(f"--episodes: must be >= 1, got {a.episodes}")
@@ -693,61 +562,34 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
         branch_at = tuple(int(x) for x in a.branch_at.split(",") if x.strip())
     except ValueError as e:
         raise ConfigError(f"--branch-at: expected comma-separated integers, got {a.branch_at!r}") from e
+    if a.agent == "expert" and a.branch > 1:
+        raise ConfigError("--branch: the expert is deterministic; branching would store one path K times")
     try:
         opts = RolloutOptions(
-            temperature=a.temperature,
-            max_new_tokens=a.max_new_tokens,
-            max_context=a.max_context,
-            max_turns=a.max_turns,
-            system_prompt=a.system_prompt,
-            branch_factor=a.branch,
-            branch_at=branch_at,
+            temperature=a.temperature, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
+            max_turns=a.max_turns, system_prompt=a.system_prompt, branch_factor=a.branch, branch_at=branch_at,
         )
         make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
         if a.agent == "expert":
-            if a.branch > 1:
-                raise ConfigError("--branch: the expert is deterministic; branching would store one path K times")
-            _require_expert(make_env, a.env_id)
-            engine, tokenizer = None, _tokenizer_only(a.model)
+            require_expert(make_env, a.env_id)
+            engine, tokenizer = None, load_tokenizer(a.model)
         else:
             model, tokenizer = load_policy(a.model, a.dtype)
             engine = HFEngine(model, tokenizer)
+    except ConfigError:
+        raise
     except (ValueError, ModelNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    t0 = time.monotonic()
-    with TrajectoryTree.open(a.out) as tree, Progress(transient=True) as bar:
-        task = bar.add_task("episodes", total=a.episodes)
-        results = asyncio.run(
-            run_episodes(
-                make_env,
-                engine,
-                tokenizer,
-                tree,
-                a.episodes,
-                opts,
-                concurrency=a.concurrency,
-                seeds=[a.seed + i for i in range(a.episodes)],
-                on_done=lambda r: bar.advance(task),
-                actor=expert_actor if a.agent == "expert" else None,
-            )
+    try:
+        lines = collect(
+            make_env, engine, tokenizer, a.out, a.episodes, opts, concurrency=a.concurrency, seed=a.seed,
+            actor=expert_actor if a.agent == "expert" else None,
         )
-        stats = tree.stats()
-    if engine is not None:
-        engine.close_sync()
-    elapsed = time.monotonic() - t0
-    leaves = [leaf for r in results for leaf in r.leaves]
-    tokens = sum(leaf.policy_tokens for leaf in leaves)
-    print(f"episodes     {len(results)}")
-    print(f"leaves       {len(leaves)}")
-    print(f"mean reward  {sum(leaf.reward for leaf in leaves) / len(leaves):.4f}")
-    if a.agent == "expert":
-        demo = sum(e - s for leaf in leaves for s, e in leaf.info.get("demo_spans", []))
-        won = sum(bool(leaf.info.get("won")) for leaf in leaves)
-        print(f"expert       won {won}/{len(leaves)}, {demo} demo tokens (policy_mask=False) in {elapsed:.1f}s")
-    else:
-        print(f"tokens/s     {tokens / elapsed:.1f}  ({tokens} policy tokens in {elapsed:.1f}s)")
-    print(f"store        {a.out}  (leaves {stats['leaves']}, sharing_ratio {stats['sharing_ratio']:.2f})")
+    finally:
+        if engine is not None:
+            engine.close_sync()
+    print("\n".join(lines))
     return 0
 
 

@@ -199,6 +199,21 @@ def has_expert(env: Any) -> bool:
     return callable(getattr(getattr(env, "unwrapped", env), "expert_action", None))
 
 
+def require_expert(make_env: Callable[[], Any], env_id: str) -> None:
+    """Raise :class:`~fr_agents.config.ConfigError` naming ``env_id`` when its env has no expert."""
+    from fr_agents.config import ConfigError
+
+    env = make_env()
+    try:
+        if not has_expert(env):
+            raise ConfigError(
+                f"--agent expert: env {env_id} has no expert (its env.unwrapped has no expert_action(); "
+                "fr_agents/ALFWorld-v0 has one)"
+            )
+    finally:
+        env.close()
+
+
 def default_stop_ids(tokenizer: Any) -> tuple[int, ...]:
     """End-of-turn ids of a chat tokenizer: its eos plus the usual ChatML/Llama turn ends."""
     ids: set[int] = set()

@@ -156,3 +156,16 @@ def load_policy(name: str, dtype: str = "float32", device: str | None = None) ->
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer alone of ``name`` (any accepted form); pad token defaulted to EOS."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(name))
+    except OSError as e:
+        raise ModelNotFoundError(f"could not load the tokenizer of {name!r} ({e})") from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
