@@ -99,9 +99,12 @@ def _missing(why: str) -> None:
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Headless Debian chromium through Playwright (skips, saying why, when either is missing)."""
+    """Headless Debian chromium through Playwright (skips, saying why, when either is missing).
+
+    Module-scoped: Playwright's sync API keeps an asyncio loop running in the main thread until it
+    stops, and later tests of the session call ``asyncio.run`` there."""
     if not Path(CHROMIUM).exists():
         _missing(f"chromium not found at {CHROMIUM}: bash scripts/setup.sh --viewer installs it")
     try:
