@@ -44,7 +44,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("fr_agents/view/server.py", "daemon_threads"): "socketserver reads it",
     ("fr_agents/eval/engines.py", "pad_token"): "transformers tokenizer setting",
     ("fr_agents/models/resolve.py", "pad_token"): "transformers tokenizer setting",
-    ("trainer/parts.py", "pad_token"): "transformers tokenizer setting",
     ("fr_agents/models/resolve.py", "hf_quantizer"): "transformers model setting",
     ("fr_agents/models/resolve.py", "is_quantized"): "transformers model setting",
     ("fr_agents/models/tiny.py", "pre_tokenizer"): "tokenizers setting",

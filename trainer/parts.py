@@ -39,16 +39,6 @@ def model_dir(cfg: TrainConfig) -> Path | str:
     return resolve_model(name)
 
 
-def load_tokenizer(where: Path | str) -> Any:
-    """The policy's tokenizer (pad token defaulted to EOS, as :func:`fr_agents.models.load_policy` does)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(where)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
 def env_factory(cfg: TrainConfig) -> Any:
     """``() -> env`` for ``env.id`` with ``env.kwargs``."""
     import gymnasium
@@ -106,6 +96,7 @@ def build_rollout_side(
     ``engine``: ``(base engine, tokenizer) -> engine`` the runner samples with instead (a hook:
     :meth:`trainer.hooks.TrainerHooks.engine`, e.g. the elastic runtime's pool of slot engines).
     """
+    from fr_agents.models import load_tokenizer
     from fr_agents.plugins import load_object
     from fr_agents.tree import TrajectoryTree
     from trainer.episodes import EpisodeRunner, make_engine
@@ -114,7 +105,7 @@ def build_rollout_side(
 
     run_dir = Path(run_dir)
     where = model_dir(cfg)
-    tok = tokenizer if tokenizer is not None else load_tokenizer(where)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(str(where))
     get_task_source = load_object(cfg.tasks.provider, key="tasks.provider")
     source = get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
     train_tasks = source.split(cfg.tasks.train_split)
