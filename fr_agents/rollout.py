@@ -569,6 +569,18 @@ class _Runner:
         return env
 
 
+def reset_args(task: dict[str, Any], seed: int | None) -> tuple[int | None, dict[str, Any] | None]:
+    """How to reset for ``task``: ``(seed, options["task"])``.
+
+    A task whose metadata holds ``reset_seed`` (the ``env-reset`` source) is the env's own choice:
+    ``reset(seed=reset_seed)`` with no task option. Any other task is handed over whole, with ``seed``.
+    """
+    meta = task.get("metadata") or {}
+    if "reset_seed" in meta:
+        return int(meta["reset_seed"]), None
+    return seed, dict(task)
+
+
 async def run_episode(
     env: Any,
     engine: Engine | None,

@@ -23,21 +23,10 @@ import torch
 from fr_agents.config import ConfigError, TrainConfig
 from fr_agents.policy.base import SamplingOptions
 from fr_agents.policy.seeded import SeededEngine
+from fr_agents.rollout import reset_args
 from trainer.schedule import EpisodeSpec, derive_seed
 
 log = logging.getLogger(__name__)
-
-
-def reset_args(task: dict[str, Any], seed: int) -> tuple[int, dict[str, Any] | None]:
-    """How to reset for ``task``: ``(seed, options["task"])``.
-
-    A task whose metadata holds ``reset_seed`` (the ``env-reset`` source) is the env's own choice:
-    ``reset(seed=reset_seed)`` with no task option. Any other task is handed over whole.
-    """
-    meta = task.get("metadata") or {}
-    if "reset_seed" in meta:
-        return int(meta["reset_seed"]), None
-    return seed, dict(task)
 
 
 @dataclass

@@ -191,7 +191,7 @@ def check_env_start(cfg: TrainConfig) -> Check:
     import gymnasium
 
     from fr_agents.plugins import load_object
-    from trainer.episodes import reset_args
+    from fr_agents.rollout import reset_args
 
     env_id, kwargs = cfg.env.id, dict(cfg.env.kwargs)
     try:

@@ -82,15 +82,14 @@ class Bench:
         """A bench over task dicts (``{"id", "prompt", "answer", ...}``), each passed as
         ``reset(options={"task": task})``; a task whose metadata holds ``reset_seed`` is reset
         with that seed and no options."""
+        from fr_agents.rollout import reset_args
+
         items = []
         for i, t in enumerate(tasks):
             if not isinstance(t, dict):
                 raise ValueError(f"bench {name!r}: task {i} is a {type(t).__name__}, expected a dict")
-            reset_seed = (t.get("metadata") or {}).get("reset_seed")
-            if reset_seed is not None:  # the env-reset source: the env's own reset picks the task
-                items.append(BenchItem(str(t.get("id", i)), None, int(reset_seed)))
-            else:
-                items.append(BenchItem(str(t.get("id", i)), {"task": dict(t)}))
+            seed, task = reset_args(t, None)  # the env-reset source: a seed, no task option
+            items.append(BenchItem(str(t.get("id", i)), None if task is None else {"task": task}, seed))
         return cls(name=name, env_id=env_id, items=items, **kw)
 
     def subset(self, n: int, seed: int) -> Bench:

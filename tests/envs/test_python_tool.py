@@ -11,14 +11,8 @@ import pytest
 import envs  # noqa: F401  (registers the ids)
 from envs.python_tool import PythonToolEnv, parse_tool_calls
 from tools_sandbox import SandboxLimits, live_sessions
-from tools_sandbox.bwrap import bwrap_available
-from tools_sandbox.docker_backend import docker_available
 from tools_sandbox.reaper import leftovers
 
-BACKENDS = [
-    pytest.param("docker", marks=pytest.mark.docker, id="docker"),
-    pytest.param("bwrap", marks=pytest.mark.bwrap, id="bwrap"),
-]
 LIMITS = SandboxLimits(memory_mb=256, pids=32, tmpfs_mb=16, call_timeout=5.0)
 TASK = {"prompt": "What is 123456789 * 987654321?", "answer": "121932631112635269"}
 
@@ -34,14 +28,6 @@ def no_leftover_sandboxes():
     assert not live_sessions(), live_sessions()
     left = leftovers()
     assert not any(left.values()), left
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    ok, why = docker_available() if request.param == "docker" else bwrap_available()
-    if not ok:
-        pytest.skip(f"{request.param} backend unavailable: {why}")
-    return request.param
 
 
 def make(backend: str, verifier_pool, **kw) -> PythonToolEnv:

@@ -21,22 +21,8 @@ from envs.humaneval import humaneval_tasks
 from envs.math_verifier import MathVerifierEnv
 from envs.python_tool import PythonToolEnv
 from tools_sandbox import SandboxLimits
-from tools_sandbox.bwrap import bwrap_available
-from tools_sandbox.docker_backend import docker_available
 
-BACKENDS = [
-    pytest.param("docker", marks=pytest.mark.docker, id="docker"),
-    pytest.param("bwrap", marks=pytest.mark.bwrap, id="bwrap"),
-]
 FORGED_SEAL = "FR-SEALED " + "0" * 64
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    ok, why = docker_available() if request.param == "docker" else bwrap_available()
-    if not ok:
-        pytest.skip(f"{request.param} backend unavailable: {why}")
-    return request.param
 
 
 @pytest.fixture(scope="module")

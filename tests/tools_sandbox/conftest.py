@@ -58,3 +58,14 @@ def no_sandbox_outlives_the_run():
     if docker_available()[0]:
         left["containers (docker ps by label)"] = docker_containers_of_this_process()
     assert not any(left.values()), f"sandboxes outlived the test run: {left}"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sb(request):
+    """One sandbox per backend, shared by a test module."""
+    from tools_sandbox import create_sandbox
+
+    require(request.param)
+    s = create_sandbox(request.param, TEST_LIMITS)
+    yield s
+    s.close()

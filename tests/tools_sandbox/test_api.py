@@ -18,7 +18,6 @@ from tools_sandbox import (
     SandboxLimits,
     SandboxPool,
     SandboxUnavailable,
-    create_sandbox,
     live_sessions,
     open_sandbox,
     resolve_backend,
@@ -26,14 +25,6 @@ from tools_sandbox import (
 from tools_sandbox.owner import LABEL, OWNER_LABEL
 from tools_sandbox.reaper import _bwrap_processes, leftovers
 from tools_sandbox.reaper import gc as reaper_gc
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def sb(request):
-    require(request.param)
-    s = create_sandbox(request.param, TEST_LIMITS)
-    yield s
-    s.close()
 
 
 def test_state_persists_and_repl_echo(sb) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tools_sandbox.conftest import BACKENDS, TEST_LIMITS, require
-from tools_sandbox import create_sandbox
 from tools_sandbox.sealed import PRELUDE, run_sealed, seal_of, verify
 
 HARNESS = PRELUDE + r'''
@@ -21,14 +19,6 @@ elif mode == "wrong-key":
     _fr_seal(b"guess", out, b"the payload", sys.argv[1])
 _fr_os._exit(0)
 '''
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def sb(request):
-    require(request.param)
-    s = create_sandbox(request.param, TEST_LIMITS)
-    yield s
-    s.close()
 
 
 def test_stdin_reaches_the_command_and_nothing_else(sb) -> None:
