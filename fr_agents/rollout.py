@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import logging
 import random
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -55,9 +57,12 @@ from fr_agents.policy.base import Engine, Generation, SamplingOptions
 log = logging.getLogger(__name__)
 
 _ENV_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="fr-env")
-# Tree writes (SQLite, an fsync per finished leaf in file mode) run on one writer thread so that
+# Tree writes (SQLite commits) run on one writer thread so that
 # they never stall the event loop; one thread keeps each episode's writes in order.
 _TREE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fr-tree")
+# fsyncs of finished trajectories run here, off the tree's writer thread: episodes that finish
+# together share one fsync (TrajectoryTree.sync is a group sync)
+_SYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fr-sync")
 
 
 class TokenDriftError(RuntimeError):
@@ -215,7 +220,24 @@ def require_expert(make_env: Callable[[], Any], env_id: str) -> None:
 
 
 def default_stop_ids(tokenizer: Any) -> tuple[int, ...]:
-    """End-of-turn ids of a chat tokenizer: its eos plus the usual ChatML/Llama turn ends."""
+    """End-of-turn ids of a chat tokenizer: its eos plus the usual ChatML/Llama turn ends.
+
+    Computed once per tokenizer object (reading the vocabulary costs about a millisecond, which
+    every episode would otherwise pay)."""
+    try:
+        return _STOP_IDS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    stops = _find_stop_ids(tokenizer)
+    with contextlib.suppress(TypeError):  # a tokenizer that cannot be weakly referenced is not cached
+        _STOP_IDS[tokenizer] = stops
+    return stops
+
+
+_STOP_IDS: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
+
+
+def _find_stop_ids(tokenizer: Any) -> tuple[int, ...]:
     ids: set[int] = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
@@ -510,10 +532,11 @@ class _Runner:
             info["demo_spans"] = [list(s) for s in b.demo_spans]
         try:
             leaf = await _tree(
-                self.tree.finish, b.node, reward, partial_score=partial, status=status, info=info
+                self.tree.finish, b.node, reward, partial_score=partial, status=status, info=info, durable=False
             )
         except DuplicateLeafError as e:  # an identical path was already stored: it is that leaf
             leaf = e.leaf_id
+        await asyncio.get_running_loop().run_in_executor(_SYNC_POOL, self.tree.sync)
         self.emit("finish", status=status, reward=reward, partial_score=partial, turns=b.turn)
         if b.env is not None:
             await _in_thread(b.env.close)

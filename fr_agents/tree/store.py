@@ -209,10 +209,14 @@ class TrajectoryTree:
         partial_score: float | None = None,
         status: str = "finished",
         info: dict[str, Any] | None = None,
+        durable: bool = True,
     ) -> int:
         """Mark ``node``'s path as one finished trajectory; returns the leaf id (= ``node``).
 
-        Returns only after a durable commit (fsync in file mode).
+        Returns only after a durable commit (fsync in file mode, a group sync: see
+        :meth:`sync`). ``durable=False`` commits without the fsync; the caller then calls
+        :meth:`sync` before it tells anyone the trajectory is stored (the rollout does, so that
+        the fsync runs off the tree's writer thread and concurrent finishes share one).
         """
         node = _node_id(node, "node")
         reward = check_reward(reward, "reward")
@@ -221,7 +225,7 @@ class TrajectoryTree:
         if status not in STATUSES:
             raise ValueError(f"status: must be one of {STATUSES}, got {status!r}")
         info_json = _json_field(info, "info")
-        with self._db.write(durable=True) as c:
+        with self._db.write() as c:
             rows = _path_rows(c, node)
             if not rows:
                 raise ValueError(f"node: unknown node id {node}")
@@ -254,7 +258,14 @@ class TrajectoryTree:
                 ),
             )
             c.execute("UPDATE nodes SET tip = 0 WHERE id = ?", (node,))
-            return node
+        if durable:
+            self.sync()
+        return node
+
+    def sync(self) -> None:
+        """Make every write this process committed so far durable (one fsync of the WAL, shared by
+        the threads that ask at the same time; nothing to do for a memory tree)."""
+        self._db.sync()
 
     # ================================================================== reading
     def trajectory(self, leaf: int) -> Trajectory:

@@ -316,3 +316,43 @@ def test_malformed_batches_are_rejected_naming_the_field() -> None:
     with pytest.raises(ValueError, match="algo"):
         Learner(model, algo="ppo")
     assert not batch.consumed
+
+
+def test_policy_logits_equal_the_plain_forward_with_a_shared_prefix() -> None:
+    """The learner's forward (a prefix every row shares run once, the head only on columns that can
+    hold a policy token) gives the plain forward's log-probs and gradients (float32: the shared
+    prefix is taken there; float64 is the reference precision and never shares it)."""
+    from trainer.learner import _shared_prefix, policy_logits
+
+    torch.manual_seed(3)
+    rows = []
+    for i in range(6):  # a 4-token shared opening, prompts of different lengths, right padding
+        prompt = [7, 8, 9, 10] + [20 + i] * (1 + i % 3)
+        rows.append((prompt, [100 + i, 101, 102 + i][: 1 + i % 3]))
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attn = torch.zeros_like(ids, dtype=torch.bool)
+    act = torch.zeros_like(attn)
+    for r, (p, a) in enumerate(rows):
+        ids[r, : len(p) + len(a)] = torch.tensor(p + a)
+        attn[r, : len(p) + len(a)] = True
+        act[r, len(p) : len(p) + len(a)] = True
+    first = int(act.any(0).nonzero()[0])
+    assert _shared_prefix(ids, attn, first - 1) == 4  # the shared path is taken
+
+    def grads(fast: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model = tiny_model().to(torch.float32)
+        if fast:
+            start, logits = policy_logits(model, ids, attn, act)
+        else:
+            start, logits = 1, model(input_ids=ids, attention_mask=attn.long()).logits[:, :-1]
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, start:, None])[..., 0]
+        lp = torch.cat([torch.zeros(len(rows), start), lp], dim=1) * act
+        (lp.sum(1) * torch.linspace(-1, 1, len(rows))).sum().backward()
+        return lp.detach(), [p.grad for p in model.parameters()]
+
+    lp_fast, g_fast = grads(True)
+    lp_plain, g_plain = grads(False)
+    torch.testing.assert_close(lp_fast, lp_plain, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_fast, g_plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

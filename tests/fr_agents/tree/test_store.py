@@ -334,3 +334,32 @@ def test_cli_store_stats_and_show(tmp_path, capsys):
     assert "1 2" in out and "v=7" in out and "reward=0.5" in out
     assert cli_main(["store", "show", str(path), "--root", "999"]) == 2
     assert cli_main(["store", "stats", str(tmp_path / "missing.db")]) == 2
+
+
+def test_finish_is_synced_and_concurrent_syncs_share_fsyncs(tmp_path):
+    """``finish`` returns after an fsync of the WAL; ``finish(durable=False)`` leaves it to
+    ``sync()``, and threads that sync at the same time share fsyncs (a group sync)."""
+    with TrajectoryTree.open(tmp_path / "g.db") as tree:
+        r = tree.add_root([1, 2])
+        tree.finish(tree.append(r, [3], [-0.1], True, 0), 1.0)
+        assert tree._db.fsyncs == 1
+        tree.finish(tree.append(r, [4], [-0.1], True, 0), 1.0, durable=False)
+        assert tree._db.fsyncs == 1
+        n = 16
+        leaves = [tree.finish(tree.append(r, [5, k], [-0.1, -0.1], True, 0), 0.0, durable=False) for k in range(n)]
+        gate = threading.Barrier(n)
+
+        def sync() -> None:
+            gate.wait()
+            tree.sync()
+
+        threads = [threading.Thread(target=sync) for _ in range(n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert 1 < tree._db.fsyncs < 1 + n  # at least one fsync, fewer than one per caller
+        assert set(leaves) <= set(tree.leaf_ids())
+    with TrajectoryTree() as memory:  # nothing to sync in memory
+        memory.sync()
+        assert memory._db.fsyncs == 0
