@@ -223,7 +223,9 @@ class TrainerConfig:
     device: str = _opt("cpu", help="device of the learner and the rollout engine: cpu or cuda")
     threads: int = _opt(0, help="torch threads of the learner (0: half the cores)", rule=_at_least(0))
     log_every: int = _opt(1, help="steps between progress lines on the console", rule=_at_least(1))
-    plot_every: int = _opt(10, help="steps between redraws of curves.png", rule=_at_least(1))
+    plot_every: int = _opt(100, help="steps between redraws of curves.png (a redraw rereads metrics.jsonl and "
+                           "renders with matplotlib on the learner's thread: tenths of a second, so not every few steps; "
+                           "the run's end always redraws)", rule=_at_least(1))
     keep_checkpoints: int = _opt(2, help="newest complete checkpoints kept in RUN_DIR/checkpoints", rule=_at_least(1))
 
 

@@ -55,7 +55,7 @@ def _fmt(x: Any) -> str:
 class MetricsSink:
     """Fan one metrics row out to jsonl, TensorBoard, the PNG and the console."""
 
-    def __init__(self, run_dir: str | Path, *, plot_every: int = 10, log_every: int = 1, console: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, *, plot_every: int = 100, log_every: int = 1, console: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
@@ -115,7 +115,8 @@ class MetricsSink:
 
     def plot(self) -> Path | None:
         """Redraw ``curves.png`` from metrics.jsonl (reward and acceptance against step)."""
-        rows = [r for r in read_metrics(self.run_dir) if r.get("kind") == "step"]
+        every = read_metrics(self.run_dir)
+        rows = [r for r in every if r.get("kind") == "step"]
         if not rows:
             return None
         try:
@@ -128,7 +129,7 @@ class MetricsSink:
         steps = [r["step"] for r in rows]
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
         axes[0].plot(steps, [r.get("reward", math.nan) for r in rows], label="batch reward")
-        evals = [r for r in read_metrics(self.run_dir) if r.get("kind") == "eval"]
+        evals = [r for r in every if r.get("kind") == "eval"]
         if evals:
             axes[0].plot([e["step"] for e in evals], [e["success"] for e in evals], "o-", label="held-out success")
         axes[0].set_xlabel("step")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import queue
 import threading
 import time
@@ -309,6 +310,18 @@ class HFEngine(Engine):
             picked = rows.gather(1, draws[:, None]).squeeze(1)
             for j, i in enumerate(plain):
                 out[i] = (int(draws[j]), float(picked[j]))
+        seeded = [i for i, r in enumerate(reqs) if r.generator is not None and _untruncated(r.options)]
+        if seeded:
+            # One uniform per row from the row's own generator, then one vectorised inverse-CDF draw
+            # for all of them (a multinomial call per row costs ~100x more on a small model).
+            rows = logp[seeded]
+            u = torch.cat([torch.rand(1, generator=reqs[i].generator) for i in seeded]).to(rows.device)
+            cdf = rows.exp().cumsum(dim=-1)
+            draws = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=rows.shape[1] - 1)
+            picked = rows.gather(1, draws).squeeze(1)
+            for j, i in enumerate(seeded):
+                if math.isfinite(float(picked[j])):  # else (float rounding at the very top) drawn below
+                    out[i] = (int(draws[j]), float(picked[j]))
         for i, r in enumerate(reqs):
             if out[i] is not None:
                 continue
