@@ -212,12 +212,14 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
     rc = finish(proc, log, f"fr-agents seed {seed}")
     ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
-    with sqlite3.connect(run / "episodes.sqlite") as db:
+    with sqlite3.connect(run / "episodes.sqlite") as db:  # the ledger: one row per finished episode
         completions = db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
+        trained = db.execute("SELECT COUNT(*) FROM episodes WHERE batch < ?", (int(state["step"]),)).fetchone()[0]
     end = [r for r in _rows(run / "metrics.jsonl") if r.get("kind") == "end"]
     res = {
         "run": "fr-agents", "seed": seed, "steps": int(state["step"]), "rl_s": float(state["rl_elapsed_s"]),
-        "completions": int(completions), "stop": end[-1]["reason"] if end else f"exit {rc}",
+        "completions": int(completions), "trained_completions": int(trained),
+        "stop": end[-1]["reason"] if end else f"exit {rc}",
         "model": str(ckpt), "run_dir": str(run),
     }
     res["completions_per_s"] = res["completions"] / res["rl_s"]
@@ -351,7 +353,8 @@ def trl_run(seed: int, minutes: float, work: Path) -> None:
     trainer.save_model(str(final))
     res = {
         "run": "TRL GRPOTrainer", "seed": seed, "steps": steps, "rl_s": rl_s,
-        "completions": sampled["completions"], "stop": "time budget" if limit.t_end else "steps", "model": str(final),
+        "completions": sampled["completions"], "trained_completions": steps * PROMPTS_PER_STEP * GENERATIONS,
+        "stop": "time budget" if limit.t_end else "steps", "model": str(final),
     }
     res["completions_per_s"] = res["completions"] / rl_s
     say(f"TRL seed {seed}: {steps} steps, {res['completions']} completions in {rl_s:.0f}s "
@@ -418,6 +421,10 @@ def main() -> int:
         raise SystemExit("--minutes: must be > 0")
     if a.regrade < 0:
         raise SystemExit("--regrade: must be >= 0")
+    if len(set(a.seeds)) != len(a.seeds) or min(a.seeds) < 0:
+        raise SystemExit(f"--seeds: expected distinct non-negative seeds, got {a.seeds}")
+    if not Path(a.out).resolve().parent.is_dir():
+        raise SystemExit(f"--out: the folder of {a.out} does not exist")
     trl_version = require_trl()
 
     import torch
