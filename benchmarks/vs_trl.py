@@ -35,7 +35,11 @@ TRL is a benchmark-only dependency, never installed by the product's set-up::
 Each seed costs about ``2 x --minutes`` of training plus three full evaluations (a minute or two
 each on 2 cores); the warm start is built once per ``--work-dir`` and reused. Both trainers are
 timed on a shared machine, so the load average is printed at the start and the end: compare
-figures taken at similar load.
+figures taken at similar load, best on an otherwise idle machine. Contention hurts the two sides
+unequally: fr-agents' learner runs on the preset's one thread (``trainer.threads``), TRL on torch's
+default (all cores), and a multi-threaded torch collapses when other processes take its cores
+(measured here at load ~10 on 2 cores: TRL at 4 completions/s with 2 threads, 40/s with 1).
+``--trl-threads`` sets TRL's thread count to see that effect; the default is what a TRL user gets.
 """
 
 from __future__ import annotations
@@ -218,6 +222,7 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
     end = [r for r in _rows(run / "metrics.jsonl") if r.get("kind") == "end"]
     res = {
         "run": "fr-agents", "seed": seed, "steps": int(state["step"]), "rl_s": float(state["rl_elapsed_s"]),
+        "torch_threads": _learner_threads(run),
         "completions": int(completions), "trained_completions": int(trained),
         "stop": end[-1]["reason"] if end else f"exit {rc}",
         "model": str(ckpt), "run_dir": str(run),
@@ -226,6 +231,13 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
     say(f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
         f"({res['completions_per_s']:.0f}/s), stopped: {res['stop']}")
     return res
+
+
+def _learner_threads(run: Path) -> int:
+    """torch's thread count in a fr-agents run (``trainer.threads``; 0 means half the cores)."""
+    from fr_agents.config import load_config
+
+    return load_config(str(run / "config.yaml")).trainer.threads or max(1, (os.cpu_count() or 2) // 2)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -271,13 +283,14 @@ def regrade_fr_rollouts(run_dir: Path, grader: Grader, prompt_ids: dict[str, lis
 # ---------------------------------------------------------------------------- TRL
 
 
-def run_trl(seed: int, minutes: float, work: Path) -> dict:
+def run_trl(seed: int, minutes: float, work: Path, threads: int) -> dict:
     """TRL's run for ``seed`` in a fresh process of this script (``--trl-run``), as fr-agents runs in
     its own: nothing (threads, RNG, the verifier pool) carries over between runs. Its progress lines
     come through; warnings and errors go to ``WORK/trl-seed<s>.log``."""
     log = work / f"trl-seed{seed}.log"
     say(f"TRL seed {seed}: {minutes:g} min of RL (log: {log})")
-    cmd = [sys.executable, __file__, "--trl-run", str(seed), "--minutes", str(minutes), "--work-dir", str(work)]
+    cmd = [sys.executable, __file__, "--trl-run", str(seed), "--minutes", str(minutes), "--work-dir", str(work),
+           "--trl-threads", str(threads)]
     with open(log, "w") as err:
         rc = subprocess.run(cmd, stderr=err).returncode
     if rc != 0:
@@ -286,13 +299,17 @@ def run_trl(seed: int, minutes: float, work: Path) -> dict:
     return json.loads((work / f"trl-seed{seed}.json").read_text())
 
 
-def trl_run(seed: int, minutes: float, work: Path) -> None:
+def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
     """The ``--trl-run`` process: check that TRL gets the project's prompts and stop ids, train for
-    ``minutes`` of RL with the project's reward, save the final model, write ``WORK/trl-seed<s>.json``."""
+    ``minutes`` of RL with the project's reward, save the final model, write ``WORK/trl-seed<s>.json``.
+    ``threads``: torch's thread count (0: torch's default, what a TRL user gets)."""
+    import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if threads:
+        torch.set_num_threads(threads)
     start = work / "start"
     cfg, tokenizer = project_config(start)
     tasks, texts, ids = project_prompts(cfg, tokenizer)
@@ -352,7 +369,7 @@ def trl_run(seed: int, minutes: float, work: Path) -> None:
     final = out / "final"
     trainer.save_model(str(final))
     res = {
-        "run": "TRL GRPOTrainer", "seed": seed, "steps": steps, "rl_s": rl_s,
+        "run": "TRL GRPOTrainer", "seed": seed, "steps": steps, "rl_s": rl_s, "torch_threads": torch.get_num_threads(),
         "completions": sampled["completions"], "trained_completions": steps * PROMPTS_PER_STEP * GENERATIONS,
         "stop": "time budget" if limit.t_end else "steps", "model": str(final),
     }
@@ -411,16 +428,21 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="minutes of RL per run, each side (default 5)")
     ap.add_argument("--out", default="vs_trl.json", help="JSON results file (default vs_trl.json)")
     ap.add_argument("--work-dir", default=None, help="runs, logs and the start checkpoint (reused when present); default a new temp dir")
+    ap.add_argument("--trl-threads", type=int, default=0,
+                    help="torch threads of the TRL runs (default 0: torch's default, what a TRL user gets); "
+                    "fr-agents uses its preset's trainer.threads")
     ap.add_argument("--regrade", type=int, default=2000, help="stored fr-agents rollouts re-graded per run (0: all; default 2000)")
     ap.add_argument("--trl-run", type=int, default=None, metavar="SEED", help=argparse.SUPPRESS)  # one TRL run (internal)
     a = ap.parse_args()
     if a.trl_run is not None:
-        trl_run(a.trl_run, a.minutes, Path(a.work_dir))
+        trl_run(a.trl_run, a.minutes, Path(a.work_dir), a.trl_threads)
         return 0
     if a.minutes <= 0:
         raise SystemExit("--minutes: must be > 0")
     if a.regrade < 0:
         raise SystemExit("--regrade: must be >= 0")
+    if a.trl_threads < 0:
+        raise SystemExit("--trl-threads: must be >= 0")
     if len(set(a.seeds)) != len(a.seeds) or min(a.seeds) < 0:
         raise SystemExit(f"--seeds: expected distinct non-negative seeds, got {a.seeds}")
     if not Path(a.out).resolve().parent.is_dir():
@@ -434,6 +456,9 @@ def main() -> int:
     load_start = load_avg()
     say(f"# fr-agents {PRESET} vs TRL {trl_version} GRPOTrainer: seeds {a.seeds}, {a.minutes:g} min of RL each, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, load average {load_start}; work dir {work}")
+    if load_start[0] >= 0.5 * (os.cpu_count() or 1):
+        say(f"warning: the machine is busy (load {load_start[0]} on {os.cpu_count()} cores); a multi-threaded torch "
+            "(TRL's default) slows down far more under contention than a 1-thread learner: time both on an idle machine")
 
     start = build_start(work)
     cfg, tokenizer = project_config(start)
@@ -449,7 +474,7 @@ def main() -> int:
         fr = run_fr_agents(seed, a.minutes, start, work)
         fr["reward_check"] = regrade_fr_rollouts(Path(fr["run_dir"]), grader, ids_by_task, a.regrade, seed)
         say(f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} stored rollouts, every reward matches")
-        trl = run_trl(seed, a.minutes, work)
+        trl = run_trl(seed, a.minutes, work, a.trl_threads)
         held, _ = evaluate({f"fr-agents-seed{seed}": fr["model"], f"trl-seed{seed}": trl["model"]}, work / f"eval-seed{seed}")
         fr["held_out"], trl["held_out"] = held[f"fr-agents-seed{seed}"], held[f"trl-seed{seed}"]
         fr["ratio_completions_per_s"] = fr["completions_per_s"] / trl["completions_per_s"]
@@ -472,6 +497,7 @@ def main() -> int:
     say(f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
         f"TRL {100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; "
         f"greedy, {problems} arithmetic test problems)")
+    say("torch threads: " + ", ".join(f"{r['run']} seed {r['seed']}: {r['torch_threads']}" for r in rows))
     say(f"load average at start {load_start}, at end {load_end}")
     result = {
         "benchmark": "vs_trl", "preset": PRESET, "minutes": a.minutes, "seeds": a.seeds, "trl_version": trl_version,
