@@ -110,6 +110,7 @@ def build_start(work: Path) -> Path:
     if (start / "model.safetensors").exists():
         say(f"start checkpoint: reusing {start}")
         return start
+    shutil.rmtree(work / "eval-start", ignore_errors=True)  # figures of an older start
     run = work / "warm-start"
     shutil.rmtree(run, ignore_errors=True)
     say(f"start checkpoint: the {PRESET} warm start, no RL (log: {run}.log) ...")
@@ -396,9 +397,14 @@ def check_trl_matches(trainer: Any, texts: list[str], ids: list[list[int]], stop
 # ---------------------------------------------------------------------------- evaluation and report
 
 
-def evaluate(models: dict[str, str], out: Path) -> tuple[dict[str, float], int]:
+def evaluate(models: dict[str, str], out: Path, *, reuse: bool = False) -> tuple[dict[str, float], int]:
     """Greedy held-out success of each model on the full ``arithmetic`` test split (``fr-agents eval``),
-    and the number of problems."""
+    and the number of problems. ``reuse``: take the figures already in ``out`` when it has them all."""
+    if reuse and (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())["results"]
+        if {r["label"] for r in results} == set(models):
+            say(f"evaluation of {', '.join(models)}: reusing {out}")
+            return {r["label"]: r["metrics"]["mean@k"] for r in results}, min(r["tasks"] for r in results)
     shutil.rmtree(out, ignore_errors=True)
     args = ["eval", *models.values(), "--bench", "arithmetic", "--temperature", "0", "--out", str(out)]
     for label in models:
@@ -467,7 +473,7 @@ def main() -> int:
     grader = Grader(cfg, tokenizer)
     ids_by_task = {t["id"]: i for t, i in zip(tasks, ids, strict=True)}
 
-    scores, problems = evaluate({"start": str(start)}, work / "eval-start")
+    scores, problems = evaluate({"start": str(start)}, work / "eval-start", reuse=True)  # once per start checkpoint
     before = scores["start"]
     rows: list[dict] = []
     for seed in a.seeds:
