@@ -28,7 +28,7 @@ the "equal" parts instead of assuming them:
 
 TRL is a benchmark-only dependency, never installed by the product's set-up::
 
-    pip install -e '.[bench]'              # or: pip install 'trl==1.16.0'
+    bash scripts/setup.sh --bench          # or: pip install -e '.[bench]'  (TRL 1.16.0)
     python benchmarks/vs_trl.py                                   # 3 seeds x 5 minutes a side
     python benchmarks/vs_trl.py --minutes 0.5 --seeds 0 --out /tmp/vs_trl.json   # a quick look
 
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 TRL_VERSION = "1.16.0"  # the version the `bench` extra pins (pyproject.toml)
-INSTALL_HINT = f"pip install -e '.[bench]'   (or: pip install 'trl=={TRL_VERSION}')"
+INSTALL_HINT = f"bash scripts/setup.sh --bench   (or: pip install -e '.[bench]', or: pip install 'trl=={TRL_VERSION}')"
 PRESET = "math-tiny"
 PROMPTS_PER_STEP, GENERATIONS = 16, 4  # TRL: 64 completions per optimizer step
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
