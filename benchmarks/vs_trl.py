@@ -22,7 +22,9 @@ the "equal" parts instead of assuming them:
   grad clip 1.0, no gradient checkpointing, seed ``s`` (TRL's other settings are its defaults).
 * **Same wall time.** ``--minutes`` of RL on each side: fr-agents through ``trainer.max_minutes``
   (``trainer.steps`` set out of reach), TRL through a callback that stops training once the time
-  is spent. completions/s = completions sampled during RL / RL seconds.
+  is spent. completions/s = completions sampled during RL / RL seconds (fr-agents: every episode in
+  the run's ledger, those rolled out ahead of the learner included; TRL: every completion graded).
+  The JSON also holds ``trained_completions``, the ones an optimizer step used.
 * **Same judge.** The start checkpoint (once) and both final models (per seed) are evaluated with
   ``fr-agents eval --bench arithmetic --temperature 0``: greedy, the whole 1,000-problem test split.
 
