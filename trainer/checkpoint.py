@@ -194,6 +194,7 @@ def checkpoint_run(run_dir: str | Path, side: Any, state: TrainerState, *, tree:
     version, the store cursor of ``tree``, the lag histogram, and the weight versions the next
     ``lag`` batches still sample with (from ``side.board``)."""
     state.version = side.learner.version
+    tree.sync()  # the loop marks batches consumed without an fsync; the cursor saved here is on disk
     state.extra["store_cursor"] = tree.cursor()
     state.extra["lag_histogram"] = lag_histogram
     needed = range(max(0, state.step - lag), state.step)

@@ -143,25 +143,20 @@ class Database:
     def write(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction; rolled back on any exception.
 
-        ``durable=True`` commits with ``synchronous=FULL`` (fsync of the WAL) and returns only
-        after that.
+        ``durable=True`` returns only after the commit is on disk (a group :meth:`sync` of the WAL
+        after the commit, which is what ``synchronous=FULL`` would do at the commit itself).
         """
         with self._lock if self.path is None else _nullctx():
             c = self.conn()
-            full = durable and self.path is not None
-            if full:
-                c.execute("PRAGMA synchronous=FULL")
+            c.execute("BEGIN IMMEDIATE")
             try:
-                c.execute("BEGIN IMMEDIATE")
-                try:
-                    yield c
-                except BaseException:
-                    c.execute("ROLLBACK")
-                    raise
-                c.execute("COMMIT")
-            finally:
-                if full:
-                    c.execute("PRAGMA synchronous=NORMAL")
+                yield c
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+        if durable:
+            self.sync()
 
     def sync(self) -> None:
         """Make every transaction this process committed before the call durable (fsync of the WAL).

@@ -411,8 +411,11 @@ class TrajectoryTree:
             return picked
 
     # ================================================================== the learner's cursor
-    def mark_consumed(self, leaf_ids: Sequence[int]) -> int:
-        """Durably mark leaves consumed as one batch; returns the new cursor.
+    def mark_consumed(self, leaf_ids: Sequence[int], durable: bool = True) -> int:
+        """Mark leaves consumed as one batch, durably unless ``durable=False``; returns the new cursor.
+
+        The trainer passes ``durable=False``: a resumed run rewinds the store to its checkpoint's
+        cursor anyway, so a mark lost with the machine costs nothing (and an fsync per step does).
 
         Raises ValueError (nothing written) when a leaf is unknown or not available."""
         ids = [_node_id(i, "leaf_ids") for i in leaf_ids]
@@ -420,7 +423,7 @@ class TrajectoryTree:
             raise ValueError("leaf_ids: empty")
         if len(set(ids)) != len(ids):
             raise ValueError("leaf_ids: contains duplicates")
-        with self._db.write(durable=True) as c:
+        with self._db.write(durable=durable) as c:
             return _consume(c, ids)
 
     def cursor(self) -> int:
