@@ -170,6 +170,7 @@ class _Branch:
     branched: set[int] = field(default_factory=set)
     turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
     demo_spans: list[list[int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
+    engine: Any = None  # this branch's engine view (None: the runner's engine)
 
 
 EventFn = Callable[[str, dict[str, Any]], None]
@@ -384,7 +385,7 @@ class _Runner:
                 if gen is None:
                     return [await self.finish(b, "truncated", reason="context")]
             else:
-                gen = await self.engine.generate(b.held_ids, opts)  # type: ignore[union-attr]
+                gen = await (b.engine or self.engine).generate(b.held_ids, opts)  # type: ignore[union-attr]
                 await self.store_generation(b, gen)
             action = self.action_text(gen)
             self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
@@ -522,7 +523,12 @@ class _Runner:
     # ------------------------------------------------------------------ branching
 
     async def branch(self, b: _Branch) -> list[LeafResult]:
+        """Fork ``b`` into ``branch_factor`` continuations. An engine with ``branch(i)`` (the
+        seeded view) gives branch ``i`` its own seed stream, so the tokens do not depend on how
+        the branches interleave."""
         b.branched.add(b.turn)
+        parent_engine = b.engine or self.engine
+        per_branch = getattr(parent_engine, "branch", None)
         clones = [b]
         for _ in range(self.opt.branch_factor - 1):
             env = await self.fork_env(b)
@@ -538,6 +544,9 @@ class _Runner:
             clone.turn_starts = list(b.turn_starts)
             clone.demo_spans = [list(s) for s in b.demo_spans]
             clones.append(clone)
+        if callable(per_branch):
+            for i, c in enumerate(clones):
+                c.engine = per_branch(i)
         results = await asyncio.gather(*(self.run(c) for c in clones))
         return [leaf for leaves in results for leaf in leaves]
 
