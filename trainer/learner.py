@@ -114,7 +114,7 @@ class Learner:
             micro-batch.
         baseline: ``"batch"`` (FlashREINFORCE's batch mean) or ``"tree"`` (also against the mean
             of the rows sharing a row's branching node, :func:`trainer.objective.tree_advantages`;
-            uses the batch's ``branch_nodes``).
+            uses the batch's ``branch_rows``).
         grad_clip: max gradient norm; <= 0 disables clipping (the norm is still reported).
         packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
         scheduler: an LR scheduler stepped after every optimizer step.
@@ -348,11 +348,11 @@ class Learner:
         if self.algo == "flashreinforce":
             if not bool(torch.isfinite(r).all()):
                 raise ValueError("rewards: every reward must be finite")
-            nodes = list(getattr(flat, "branch_nodes", None) or [])
             if self.baseline == "tree":
-                if len(nodes) != r.shape[0]:
-                    raise ValueError("branch_nodes: baseline=tree needs each row's branching node (build the batch from the tree)")
-                return self._finite(tree_advantages(r, nodes))
+                groups = list(getattr(flat, "branch_rows", None) or [])
+                if len(groups) != r.shape[0]:
+                    raise ValueError("branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)")
+                return self._finite(tree_advantages(r, groups))
             return self._finite(centered_advantages(r))
         roots = list(getattr(flat, "root_ids", None) or [])
         groups: Any = roots if len(roots) == r.shape[0] else None

@@ -27,8 +27,8 @@ combined with the batch baseline (global and local advantage, averaged)::
 
     A_i = 1/2 (R_i - mean_j R_j) + 1/2 (R_i - mean_{j in S(i)} R_j)
 
-where ``S(i)`` is the set of batch rows whose branching node is row ``i``'s (siblings included,
-row ``i`` itself included). A row alone at its node (a linear episode) has no local baseline and
+where ``S(i)`` is the set of batch rows whose path passes through row ``i``'s branching node
+(the leaves of that node's subtree in the batch, row ``i`` itself included). A row alone at its node (a linear episode) has no local baseline and
 takes ``A_i = R_i - mean_j R_j``, so on a batch without branching the tree baseline equals the
 batch baseline. The advantages are then used exactly as above.
 
@@ -147,22 +147,21 @@ def centered_advantages(rewards: Tensor) -> Tensor:
     return (rewards.detach() - rewards.detach().mean()).detach()
 
 
-def tree_advantages(rewards: Tensor, branch_nodes: Sequence[int] | Tensor) -> Tensor:
+def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]]) -> Tensor:
     """The tree baseline's advantages (module docstring), detached.
 
-    ``branch_nodes[i]`` is row ``i``'s branching node; rows with equal ids share it."""
+    ``branch_rows[i]`` lists the rows that pass through row ``i``'s branching node (``S(i)``,
+    row ``i`` included); empty when row ``i`` shares it with no other leaf."""
     r = rewards.detach()
-    ids = torch.as_tensor(list(branch_nodes) if not isinstance(branch_nodes, Tensor) else branch_nodes, device=r.device)
-    if ids.shape != r.shape:
-        raise ValueError(f"branch_nodes: expected {r.shape[0]} node ids, got shape {list(ids.shape)}")
-    _, inverse = torch.unique(ids, return_inverse=True)
-    n = int(inverse.max()) + 1
-    count = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
-    local_mean = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, r) / count
+    if len(branch_rows) != r.shape[0]:
+        raise ValueError(f"branch_rows: expected {r.shape[0]} row lists, got {len(branch_rows)}")
     global_adv = r - r.mean()
-    local_adv = r - local_mean[inverse]
-    alone = count[inverse] <= 1
-    return torch.where(alone, global_adv, 0.5 * global_adv + 0.5 * local_adv).detach()
+    out = global_adv.clone()
+    for i, rows in enumerate(branch_rows):
+        if rows:
+            local = r[torch.as_tensor(list(rows), device=r.device)].mean()
+            out[i] = 0.5 * global_adv[i] + 0.5 * (r[i] - local)
+    return out.detach()
 
 
 def group_normalized_advantages(rewards: Tensor, groups: Sequence[int] | Tensor, eps: float = 1e-6) -> Tensor:

@@ -65,6 +65,7 @@ class FlatBatch:
     leaf_ids: list[int]
     root_ids: list[int]  # GRPO groups: equal ids share a prompt
     branch_nodes: list[int] = field(default_factory=list)  # each row's branching node (see branching_nodes)
+    branch_rows: list[list[int]] = field(default_factory=list)  # rows through that node ([] when alone)
     _consumed: bool = field(default=False, repr=False)
 
     @property
@@ -237,8 +238,20 @@ def build_flat(trajs: Sequence[Trajectory], reward: str = "env") -> FlatBatch:
         failures=torch.tensor([x.failed for x in trajs], dtype=torch.bool),
         leaf_ids=[x.leaf_id for x in trajs],
         root_ids=[x.root_id for x in trajs],
-        branch_nodes=branching_nodes(trajs),
+        branch_nodes=(nodes := branching_nodes(trajs)),
+        branch_rows=sharing_rows(trajs, nodes),
     )
+
+
+def sharing_rows(trajs: Sequence[Trajectory], nodes: Sequence[int]) -> list[list[int]]:
+    """For each row, the rows whose path passes through its branching node ``nodes[i]`` (its
+    subtree in this batch, itself included); ``[]`` when no other leaf does (a linear episode)."""
+    paths = [set(x.path) for x in trajs]
+    out = []
+    for i, node in enumerate(nodes):
+        rows = [j for j, p in enumerate(paths) if node in p]
+        out.append(rows if len({trajs[j].leaf_id for j in rows}) > 1 else [])
+    return out
 
 
 def branching_nodes(trajs: Sequence[Trajectory]) -> list[int]:
