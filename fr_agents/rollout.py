@@ -19,8 +19,11 @@ Storage. Every segment is appended to the :class:`~fr_agents.tree.TrajectoryTree
 exists (the prompt as root, each generation split into runs of equal policy version, each
 observation as non-policy tokens), so an unfinished episode's prefix is already stored.
 
-Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token sequence. When the
-context is exhausted the episode ends ``truncated`` with the env's last ``partial_score``.
+Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token sequence;
+``max_turns`` caps the replies. A branch cut by one of these budgets ends ``truncated`` with a
+partial score: the env's last ``info["partial_score"]``, or, when that step reported none, what the
+env's own ``env.unwrapped.partial_score()`` says now (an env whose progress is costly to measure,
+like RepoCoding-v0 running its tests, scores only the branches that are cut).
 
 Branching. At each turn boundary named in ``branch_at`` (0 = before the first action) the episode
 forks into ``branch_factor`` continuations sharing the prefix in the tree. The env is forked with
@@ -500,6 +503,9 @@ class _Runner:
         if b.rewards:
             reward = sum(b.rewards) if self.opt.turn_reward == "sum" else b.rewards[-1]
         partial = _partial(b.info)
+        scorer = getattr(getattr(b.env, "unwrapped", b.env), "partial_score", None)
+        if partial is None and status == "truncated" and reason != "env" and callable(scorer):
+            partial = _partial({"partial_score": await _in_thread(scorer)})
         info = {"turns": b.turn, "rewards": b.rewards}
         if reason:
             info["truncated_by"] = reason

@@ -248,7 +248,7 @@ def sharing_rows(trajs: Sequence[Trajectory], nodes: Sequence[int]) -> list[list
     subtree in this batch, itself included); ``[]`` when no other leaf does (a linear episode)."""
     paths = [set(x.path) for x in trajs]
     out = []
-    for i, node in enumerate(nodes):
+    for node in nodes:
         rows = [j for j, p in enumerate(paths) if node in p]
         out.append(rows if len({trajs[j].leaf_id for j in rows}) > 1 else [])
     return out
