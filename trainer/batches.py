@@ -18,7 +18,7 @@ resumed run prunes batch ``k`` exactly as before. The tree's own
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,13 @@ LedgerRow = tuple[int, int, float, int, int]  # (episode, leaf, reward, policy t
 
 @dataclass
 class BatchTrees:
-    """What pruning did to batch ``k`` (for metrics): leaves per episode tree before and after,
-    leaves merged as identical siblings, leaves cut by J_max, and the leaves marked pruned."""
+    """What pruning did to batch ``k`` (for metrics): episode trees, the leaves they grew, leaves
+    merged as identical siblings and leaves cut by J_max (those are marked pruned in the store)."""
 
     episodes: int = 0
     leaves_grown: int = 0
-    leaves_kept: int = 0
     merged: int = 0
     capped: int = 0
-    pruned_ids: list[int] = field(default_factory=list)
     partial_scored: int = 0  # kept rows whose learner reward is the env's partial score
 
     @property
@@ -84,7 +82,7 @@ def export_batch(
         tree.mark_pruned(dropped)
     trajs = [by_leaf[leaf] for leaf in leaves]
     partial = sum(1 for t in trajs if reward_mode == "partial" and t.status != "finished" and t.partial_score is not None)
-    info = BatchTrees(len(per_episode), len(rows), len(leaves), merged, capped, dropped, partial)
+    info = BatchTrees(len(per_episode), len(rows), merged, capped, partial)
     shared = len(set(by_leaf[leaf].root_id for leaf in leaves)) < len(leaves)
     packed_mode = cfg.trainer.packed
     if packed_mode == "always" or (packed_mode == "auto" and shared):

@@ -47,11 +47,10 @@ class LeafOutcome:
 class EpisodeOutcome:
     """A finished episode: its leaves in depth-first order (one when it did not branch).
 
-    ``leaf_id``/``reward``/``policy_tokens``/``turns`` describe the first leaf (the linear case);
-    ``policy_tokens_sampled`` counts every sampled token once (shared prefixes once)."""
+    ``leaf_id``/``policy_tokens``/``turns`` describe the first leaf (the linear case); ``reward``
+    is the mean over the leaves."""
 
     leaves: list[LeafOutcome]
-    policy_tokens_sampled: int = 0
 
     @property
     def leaf_id(self) -> int:
@@ -108,19 +107,6 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
     else:
         model = copy.deepcopy(model)
     return HFEngine(model, tokenizer, max_batch_size=max(1, r.concurrency), seed=cfg.trainer.seed)
-
-
-def sampled_tokens(tree: Any, leaf_ids: list[int]) -> int:
-    """Policy tokens stored on the union of these leaves' paths (a shared prefix counted once)."""
-    seen: set[int] = set()
-    total = 0
-    for traj in tree.trajectories(sorted(set(leaf_ids))):
-        ends = [*traj.offsets[1:], len(traj.token_ids)]
-        for node, a, b in zip(traj.path, traj.offsets, ends, strict=True):
-            if node not in seen:
-                seen.add(node)
-                total += sum(traj.policy_mask[a:b])
-    return total
 
 
 class EpisodeRunner:
@@ -224,7 +210,7 @@ class EpisodeRunner:
         leaves = [
             LeafOutcome(x.leaf_id, x.reward, x.policy_tokens, x.turns, x.status, x.partial_score) for x in result.leaves
         ]
-        return EpisodeOutcome(leaves, sampled_tokens(self.tree, [x.leaf_id for x in leaves]))
+        return EpisodeOutcome(leaves)
 
     def close(self) -> None:
         if self.engine is not None:
