@@ -30,6 +30,12 @@ forks into ``branch_factor`` continuations sharing the prefix in the tree. The e
 its ``fork()`` method when it has one; otherwise a fresh env is made, reset with the same seed and
 task, and the action prefix is replayed, checking that every observation matches.
 
+Tree token budget. ``tree_budget_tokens`` (0: none) bounds the policy tokens one episode tree
+samples: the root branch holds the whole budget, and at each fork the remaining budget is split
+equally among the continuations (so the total never exceeds it, and which branch is cut does not
+depend on how the branches interleave). A branch whose share is spent ends ``truncated`` at its next
+turn boundary (``truncated_by: tree_budget``), scored like any cut branch.
+
 Scripted actors (``--agent expert``). ``actor=fn`` replaces the engine: ``fn(env)`` returns each
 reply (:func:`expert_actor` asks the env's own expert). Its tokens are encoded text, not samples:
 they are stored with ``policy_mask=False`` (no behaviour log-prob, version -1), so the trainer's
@@ -101,8 +107,11 @@ class RolloutOptions:
     top_p: float = 1.0
     top_k: int = 0
     importance_correction: bool = True
+    tree_budget_tokens: int = 0  # policy tokens per episode tree (0: no budget)
 
     def __post_init__(self) -> None:
+        if int(self.tree_budget_tokens) < 0:
+            raise ValueError(f"tree_budget_tokens must be >= 0, got {self.tree_budget_tokens}")
         for name in ("max_new_tokens", "max_context", "max_turns", "branch_factor"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -174,6 +183,7 @@ class _Branch:
     turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
     demo_spans: list[list[int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
     engine: Any = None  # this branch's engine view (None: the runner's engine)
+    budget: float = float("inf")  # this branch's share of the tree's policy-token budget
 
 
 EventFn = Callable[[str, dict[str, Any]], None]
@@ -368,6 +378,8 @@ class _Runner:
         root = await _tree(self.tree.add_root, ids, meta=meta)
         self.emit("prompt", text=text, observation=obs)
         branch = _Branch(env, messages, list(ids), text, root, info=dict(info or {}), observations=[obs])
+        if self.opt.tree_budget_tokens:
+            branch.budget = float(self.opt.tree_budget_tokens)
         leaves = await self.run(branch)
         return EpisodeResult(root_id=root, seed=self.seed, leaves=leaves)
 
@@ -377,12 +389,14 @@ class _Runner:
         while True:
             if self.opt.branch_factor > 1 and b.turn in self.opt.branch_at and b.turn not in b.branched:
                 return await self.branch(b)
+            if b.budget < 1:
+                return [await self.finish(b, "truncated", reason="tree_budget")]
             budget = self.opt.max_context - len(b.held_ids)
             if budget < 1:
                 return [await self.finish(b, "truncated", reason="context")]
             opts = self.sampling
-            if budget < opts.max_tokens:
-                opts = replace(opts, max_tokens=budget)
+            if min(budget, b.budget) < opts.max_tokens:
+                opts = replace(opts, max_tokens=int(min(budget, b.budget)))
             if self.actor is not None:
                 gen = await self.scripted_reply(b, budget)
                 if gen is None:
@@ -437,6 +451,7 @@ class _Runner:
         b.held_text += _decode(self.tok, body) + (_decode(self.tok, ids[-1:]) if stop_tail else "")
         b.held_ids.extend(ids)
         b.policy_tokens += len(ids)
+        b.budget -= len(ids)
 
     async def scripted_reply(self, b: _Branch, budget: int) -> Generation | None:
         """Store the actor's reply as non-policy tokens (text + end-of-turn); None when it does not fit."""
@@ -553,6 +568,9 @@ class _Runner:
         if callable(per_branch):
             for i, c in enumerate(clones):
                 c.engine = per_branch(i)
+        share = b.budget / len(clones)  # the remaining tree budget, split equally
+        for c in clones:
+            c.budget = share
         results = await asyncio.gather(*(self.run(c) for c in clones))
         return [leaf for leaves in results for leaf in leaves]
 

@@ -158,6 +158,7 @@ class EpisodeRunner:
             turn_reward=r.turn_reward,
             branch_factor=r.branch_factor,
             branch_at=tuple(int(t) for t in r.branch_at),
+            tree_budget_tokens=r.tree_budget_tokens,
             top_p=r.top_p,
             top_k=r.top_k,
             importance_correction=cfg.objective.importance_sampling,
