@@ -70,21 +70,20 @@ def train(run: Path, overrides: list[str]) -> dict[str, float]:
     if not res.ok:
         raise RuntimeError(f"{run}: {res.stop_reason}")
     after = res.evals.get("after_rl", {})
-    return {"success": float(after.get("success", math.nan)), "tokens": float(generated_policy_tokens(run)), "steps": res.steps}
+    return {"success": float(after.get("success", math.nan)), "tokens": float(generated_policy_tokens(run)), "steps": res.steps,
+            "temperature": cfg.rollout.temperature}
 
 
-def learner_cost(run: Path, steps: int, micro_batch_tokens: int) -> tuple[float, float]:
+def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int) -> tuple[float, float]:
     """(flat, packed) learner seconds per logical token on the run's last batch."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fr_agents.config import load_config
     from fr_agents.tree import TrajectoryTree
     from fr_agents.tree.batch import build_flat, build_packed
     from trainer.learner import Learner
     from trainer.ledger import EpisodeLedger
 
-    cfg = load_config(str(run / "config.yaml"))
     ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
     leaves = sorted({r[1] for r in ledger.batch_rows(steps - 1)})
     trajs = tree.trajectories(leaves)
@@ -95,7 +94,7 @@ def learner_cost(run: Path, steps: int, micro_batch_tokens: int) -> tuple[float,
         m = copy.deepcopy(model)
         batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
         logical = float((batch.flat if form == "packed" else batch).lengths.sum())
-        learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=cfg.rollout.temperature,
+        learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
                           micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
         t0 = time.perf_counter()
         learner.step(batch)
@@ -137,7 +136,7 @@ def main() -> None:
         per_step = max(1.0, pilot["tokens"] / 2)
         steps = max(1, round(lin["tokens"] / per_step))
         tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"])
-        flat_s, packed_s = learner_cost(out / f"tree-{seed}", steps, 0)
+        flat_s, packed_s = learner_cost(out / f"tree-{seed}", steps, tree["temperature"], 0)
         rows.append((seed, lin, tree, flat_s / packed_s))
         print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
               f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} | "

@@ -36,7 +36,6 @@ since the last restart is replayed (lazily, at the twin's first call), so its Py
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -328,19 +327,6 @@ class PythonToolEnv(gymnasium.Env[str, str]):
     def close(self) -> None:
         self._close_sandbox()
         super().close()
-
-    # ------------------------------------------------------------------ demos
-
-    def demo_reply(self, task: dict[str, Any]) -> str:
-        """The first reply of a demo for a warm start: a tool call that computes the task (the
-        expression of an arithmetic task, else prints the gold answer). It teaches the call format;
-        the tool's output then holds the answer."""
-        meta = task.get("metadata") or {}
-        if {"a", "op", "b"} <= set(meta):
-            code = f"print({meta['a']} {meta['op']} {meta['b']})"
-        else:
-            code = f"print({str(task['answer'])!r})"
-        return "<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": {"code": code}}) + "</tool_call>"
 
     # ------------------------------------------------------------------ branching
 

@@ -140,7 +140,6 @@ class EpisodeRunner:
         if engine is None and with_engine:
             engine = make_engine(cfg, model_dir, tokenizer, model=model)
         self.engine = engine
-        self._demo_reply: Any = None
         from fr_agents.rollout import RolloutOptions, default_stop_ids
 
         r = cfg.rollout
@@ -182,18 +181,8 @@ class EpisodeRunner:
         return self.encode_observation(obs)
 
     def encode_answer(self, task: dict[str, Any]) -> list[int]:
-        """A demo reply's tokens for warm starts, then the end-of-turn token: the env's own
-        ``env.unwrapped.demo_reply(task)`` when it has one (PythonTool-v0: a tool call computing the
-        task), else the gold answer."""
-        if self._demo_reply is None:
-            env = self.make_env()
-            try:
-                hook = getattr(env.unwrapped, "demo_reply", None)
-            finally:
-                env.close()
-            self._demo_reply = hook if callable(hook) else (lambda t: str(t["answer"]))
-        text = self._demo_reply(task)
-        return list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.end_of_turn]
+        """A perfect reply's tokens (the gold answer, then the end-of-turn token) for warm starts."""
+        return list(self.tokenizer.encode(str(task["answer"]), add_special_tokens=False)) + [self.end_of_turn]
 
     # ------------------------------------------------------------------ weights
 
