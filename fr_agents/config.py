@@ -146,6 +146,11 @@ class RolloutConfig:
                               "tree of up to branch_factor ** len(branch_at) leaves sharing their prefixes", rule=_at_least(1))
     branch_at: list[int] = _opt(help="turn boundaries at which episodes fork (0: before the first action); needs branch_factor > 1",
                                 factory=list)
+    branch_policy: str = _opt("fixed", help="fixed: fork at every turn of branch_at; entropy: a path forks at a branch_at turn "
+                              "only when its last action's mean surprisal (-mean log-prob) >= branch_entropy",
+                              choices=("fixed", "entropy"))
+    branch_entropy: float = _opt(1.0, help="branch_policy=entropy: the mean surprisal (nats per token) at which a path forks",
+                                 rule=_at_least(0))
     tree_budget_tokens: int = _opt(0, help="policy tokens one episode tree may sample (0: no budget); split equally among "
                                    "siblings at each fork; a branch whose share is spent ends truncated", rule=_at_least(0))
     max_policy_lag: int = _opt(2, help="batch k is sampled with policy version k - max_policy_lag (0: synchronous)",

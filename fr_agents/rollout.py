@@ -30,6 +30,13 @@ forks into ``branch_factor`` continuations sharing the prefix in the tree. The e
 its ``fork()`` method when it has one; otherwise a fresh env is made, reset with the same seed and
 task, and the action prefix is replayed, checking that every observation matches.
 
+Adaptive branching. With ``branch_policy="entropy"`` the turns of ``branch_at`` are candidates: a
+path forks there only when its last action was uncertain, i.e. the mean surprisal of its sampled
+tokens (minus the mean behaviour log-prob, an estimate of the policy's entropy there) is at least
+``branch_entropy`` (turn 0 has no last action and always forks). Confident turns are not re-sampled, uncertain ones get ``branch_factor``
+continuations; a path's decision depends only on its own tokens (deterministic for exact resume),
+and a tree still has at most ``branch_factor ** len(branch_at)`` leaves.
+
 Tree token budget. ``tree_budget_tokens`` (0: none) bounds the policy tokens one episode tree
 samples: the root branch holds the whole budget, and at each fork the remaining budget is split
 equally among the continuations (so the total never exceeds it, and which branch is cut does not
@@ -108,8 +115,14 @@ class RolloutOptions:
     top_k: int = 0
     importance_correction: bool = True
     tree_budget_tokens: int = 0  # policy tokens per episode tree (0: no budget)
+    branch_policy: Literal["fixed", "entropy"] = "fixed"
+    branch_entropy: float = 0.0  # entropy policy: fork when the last action's mean surprisal >= this
 
     def __post_init__(self) -> None:
+        if self.branch_policy not in ("fixed", "entropy"):
+            raise ValueError(f"branch_policy must be 'fixed' or 'entropy', got {self.branch_policy!r}")
+        if not float(self.branch_entropy) >= 0:
+            raise ValueError(f"branch_entropy must be >= 0, got {self.branch_entropy}")
         if int(self.tree_budget_tokens) < 0:
             raise ValueError(f"tree_budget_tokens must be >= 0, got {self.tree_budget_tokens}")
         for name in ("max_new_tokens", "max_context", "max_turns", "branch_factor"):
@@ -184,6 +197,7 @@ class _Branch:
     demo_spans: list[list[int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
     engine: Any = None  # this branch's engine view (None: the runner's engine)
     budget: float = float("inf")  # this branch's share of the tree's policy-token budget
+    surprisal: float = 0.0  # mean -log p of the last sampled action (0 for scripted replies)
 
 
 EventFn = Callable[[str, dict[str, Any]], None]
@@ -387,7 +401,7 @@ class _Runner:
 
     async def run(self, b: _Branch) -> list[LeafResult]:
         while True:
-            if self.opt.branch_factor > 1 and b.turn in self.opt.branch_at and b.turn not in b.branched:
+            if self.should_branch(b):
                 return await self.branch(b)
             if b.budget < 1:
                 return [await self.finish(b, "truncated", reason="tree_budget")]
@@ -452,6 +466,7 @@ class _Runner:
         b.held_ids.extend(ids)
         b.policy_tokens += len(ids)
         b.budget -= len(ids)
+        b.surprisal = -sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
 
     async def scripted_reply(self, b: _Branch, budget: int) -> Generation | None:
         """Store the actor's reply as non-policy tokens (text + end-of-turn); None when it does not fit."""
@@ -542,6 +557,16 @@ class _Runner:
         return LeafResult(leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info)
 
     # ------------------------------------------------------------------ branching
+
+    def should_branch(self, b: _Branch) -> bool:
+        """Whether ``b`` forks now: at a turn of ``branch_at`` it has not forked at, and (entropy
+        policy) only when its last action's mean surprisal reaches ``branch_entropy``."""
+        if self.opt.branch_factor < 2 or b.turn not in self.opt.branch_at or b.turn in b.branched:
+            return False
+        if self.opt.branch_policy == "entropy" and b.turn > 0 and b.surprisal < self.opt.branch_entropy:
+            b.branched.add(b.turn)  # decided: this path goes on alone
+            return False
+        return True
 
     async def branch(self, b: _Branch) -> list[LeafResult]:
         """Fork ``b`` into ``branch_factor`` continuations. An engine with ``branch(i)`` (the

@@ -158,6 +158,8 @@ class EpisodeRunner:
             branch_factor=r.branch_factor,
             branch_at=tuple(int(t) for t in r.branch_at),
             tree_budget_tokens=r.tree_budget_tokens,
+            branch_policy=r.branch_policy,
+            branch_entropy=r.branch_entropy,
             top_p=r.top_p,
             top_k=r.top_k,
             importance_correction=cfg.objective.importance_sampling,

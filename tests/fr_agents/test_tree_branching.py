@@ -65,3 +65,28 @@ def test_tree_budget_is_split_among_siblings_and_cut_branches_end_truncated(tiny
     assert first + sum(leaf.policy_tokens - first for leaf in res.leaves) <= budget
     with pytest.raises(ValueError, match="tree_budget_tokens"):
         RolloutOptions(tree_budget_tokens=-1)
+
+
+def test_entropy_policy_forks_only_after_uncertain_actions(tiny) -> None:
+    model, tok = tiny
+    engine = HFEngine(model, tok, seed=0)
+    common = {"max_new_tokens": 6, "max_context": 300, "max_turns": 3, "branch_factor": 2, "branch_at": (1, 2)}
+
+    def leaves(threshold: float):
+        return _episode(engine, tok, RolloutOptions(**common, branch_policy="entropy", branch_entropy=threshold))
+
+    tree, always = leaves(0.0)
+    _, never = leaves(1e9)
+    # the first action's mean surprisal decides the fork at turn 1
+    t = tree.trajectory(always.leaves[0].leaf_id)
+    first = [i for i, m in enumerate(t.policy_mask) if m]
+    first = first[: next((k for k in range(1, len(first)) if first[k] != first[k - 1] + 1), len(first))]
+    s1 = -sum(t.logprobs[i] for i in first) / len(first)
+    _, above = leaves(s1 + 1e-4)
+    _, below = leaves(s1 - 1e-4)
+    engine.close_sync()
+    assert len(always.leaves) == 4 and len(never.leaves) == 1
+    assert len(above.leaves) <= 2  # no fork at turn 1 (turn 2 may still fork)
+    assert len(below.leaves) >= 2  # forks at turn 1 (and each branch may fork again at turn 2)
+    with pytest.raises(ValueError, match="branch_policy"):
+        RolloutOptions(branch_policy="widest")  # type: ignore[arg-type]
