@@ -47,6 +47,19 @@ class EpisodeLedger:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """A run directory from before branching holds one leaf per episode in table ``episodes``:
+        its rows become branch 0 of ``episode_leaves`` (so such a run still resumes)."""
+        old = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'episodes'").fetchone()
+        if old:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(
+                "INSERT OR IGNORE INTO episode_leaves SELECT episode, 0, batch, leaf, reward, tokens, version FROM episodes"
+            )
+            self._conn.execute("DROP TABLE episodes")
+            self._conn.execute("COMMIT")
 
     def record(self, episode: int, batch: int, leaf: int, reward: float, tokens: int, version: int) -> None:
         """Record a linear (one-leaf) episode."""

@@ -208,3 +208,20 @@ def test_sigkill_then_resume_of_a_branching_run_matches_uninterrupted(tmp_path: 
     assert ta.stats()["pruned"] == tb.stats()["pruned"] > 0
     ta.close()
     tb.close()
+
+
+def test_ledger_of_a_run_from_before_branching_still_reads(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "episodes.sqlite"
+    with sqlite3.connect(path) as c:  # the one-leaf-per-episode schema
+        c.execute("CREATE TABLE episodes (episode INTEGER PRIMARY KEY, batch INTEGER NOT NULL, leaf INTEGER NOT NULL,"
+                  " reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL)")
+        c.executemany("INSERT INTO episodes VALUES (?,?,?,?,?,?)", [(0, 0, 7, 1.0, 3, 0), (1, 0, 9, 0.0, 4, 0)])
+    ledger = EpisodeLedger(path)
+    assert ledger.batch_rows(0) == [(0, 7, 1.0, 3, 0), (1, 9, 0.0, 4, 0)]
+    assert ledger.leaves([0, 1, 2]) == {0: 7, 1: 9}
+    ledger.record_episode(2, 1, [(11, 0.5, 2), (12, 1.0, 2)], 1)
+    assert [r[1] for r in ledger.batch_rows(1)] == [11, 12]
+    ledger.close()
+    assert EpisodeLedger(path).batch_rows(0)[0] == (0, 7, 1.0, 3, 0)  # reopening is a no-op
