@@ -221,7 +221,14 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         obs = "" if self._done else self._retry_message(result)
         if obs:
             self._transcript.append(("feedback", obs))
-        info = {**result, "turn": self._turn, "won": bool(result["correct"]), "task_id": self._task["id"]}
+        info = {
+            **result,
+            "turn": self._turn,
+            "won": bool(result["correct"]),
+            "task_id": self._task["id"],
+            # a one-step task has no intermediate progress: 1 when solved, else 0
+            "partial_score": 1.0 if result["correct"] else 0.0,
+        }
         return obs, reward, terminated, truncated, info
 
     def render(self) -> str | None:

@@ -25,6 +25,11 @@ episode is truncated and the last reply is graded. A malformed call (bad JSON, u
 code) gets an explanatory ``<tool_response>`` and the episode goes on. ``info["tool_calls"]`` counts
 the calls run so far.
 
+``info["partial_score"]`` measures progress towards the answer (what ``rollout.reward: partial``
+trains on when a branch is cut short): 1 for a correct final answer, else 1/3 for a tool call that
+ran without error plus 1/3 for a tool output holding the gold answer as a number, so an agent that
+computed the answer but ran out of turns before stating it scores 2/3.
+
 ``env.unwrapped.fork()`` branches the episode: the twin gets a fresh sandbox into which the code run
 since the last restart is replayed (lazily, at the twin's first call), so its Python state matches.
 """
@@ -83,6 +88,13 @@ def format_result(r: RunResult, max_chars: int) -> str:
     if len(text) > max_chars:
         text = text[:max_chars] + f"\n[... {len(text) - max_chars} more characters cut]"
     return text if text else "(no output)"
+
+
+def holds_answer(output: str, gold: str | None) -> bool:
+    """Whether ``output`` holds ``gold`` as a whole number token (``42`` in ``x = 42``, not in ``142``)."""
+    if not gold:
+        return False
+    return re.search(rf"(?<![\w.]){re.escape(gold.strip())}(?!\w|\.\d)", output) is not None
 
 
 class PythonToolEnv(gymnasium.Env[str, str]):
@@ -179,6 +191,8 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         self._turn = 0
         self._tool_calls = 0
         self._malformed = 0
+        self._ran_ok = False  # a tool call ran without error this episode
+        self._saw_answer = False  # a tool output held the gold answer
         self._done = True
         self._transcript: list[tuple[str, str]] = []
 
@@ -225,7 +239,21 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             self._history.clear()
         else:
             self._history.append(code)
-        return format_result(r, self.max_tool_output_chars)
+        text = format_result(r, self.max_tool_output_chars)
+        self._ran_ok = self._ran_ok or r.status == "ok"
+        self._saw_answer = self._saw_answer or holds_answer(r.stdout, self._gold())
+        return text
+
+    def _gold(self) -> str | None:
+        task = self.grader.task
+        return None if task is None else str(task["answer"])
+
+    def partial_score(self, correct: bool = False) -> float:
+        """Progress of this episode (module docstring): 1 when correct, else 1/3 for a tool call
+        that ran without error plus 1/3 for a tool output holding the gold answer."""
+        if correct:
+            return 1.0
+        return (float(self._ran_ok) + float(self._saw_answer)) / 3.0
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -237,6 +265,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         problem, info = self.grader.reset(seed=seed, options=options)
         self._history, self._replay = [], []
         self._turn = self._tool_calls = self._malformed = 0
+        self._ran_ok = self._saw_answer = False
         self._done = False
         obs = self.tool_prompt + problem
         self._transcript = [("problem", obs)]
@@ -269,7 +298,12 @@ class PythonToolEnv(gymnasium.Env[str, str]):
                 responses.append(f"<tool_response>\n{body}\n</tool_response>")
             obs = "\n".join(responses)
             self._transcript.append(("tool", obs))
-            info = {"turn": self._turn, "tool_calls": self._tool_calls, "malformed_calls": self._malformed}
+            info = {
+                "turn": self._turn,
+                "tool_calls": self._tool_calls,
+                "malformed_calls": self._malformed,
+                "partial_score": self.partial_score(),
+            }
             return obs, 0.0, False, False, info
         # A final answer, or the last allowed turn: grade the reply as MathVerifier does.
         _, reward, _, _, graded = self.grader.step(action)
@@ -281,6 +315,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             "turn": self._turn,
             "tool_calls": self._tool_calls,
             "malformed_calls": self._malformed,
+            "partial_score": self.partial_score(bool(graded.get("correct"))),
         }
         return "", reward, not truncated, truncated, info
 

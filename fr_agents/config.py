@@ -142,9 +142,17 @@ class RolloutConfig:
     max_new_tokens: int = _opt(defaults.MAX_NEW_TOKENS, help="tokens the policy may sample per turn", rule=_at_least(1))
     max_context: int = _opt(defaults.MAX_CONTEXT, help="prompt + reply tokens an episode may hold; longer ones end truncated", rule=_at_least(2))
     concurrency: int = _opt(64, help="episodes running at once in the rollout engine", rule=_at_least(1))
-    branch_factor: int = _opt(1, help="branches forked per branching turn; only 1 (linear rollouts) is trained on so far",
-                              rule=_at_least(1))
-    branch_at: list[int] = _opt(help="turns at which episodes fork; must stay empty while branch_factor is 1", factory=list)
+    branch_factor: int = _opt(1, help="branches forked at each turn of branch_at (1: linear rollouts); an episode becomes a "
+                              "tree of up to branch_factor ** len(branch_at) leaves sharing their prefixes", rule=_at_least(1))
+    branch_at: list[int] = _opt(help="turn boundaries at which episodes fork (0: before the first action); needs branch_factor > 1",
+                                factory=list)
+    branch_policy: str = _opt("fixed", help="fixed: fork at every turn of branch_at; entropy: a path forks at a branch_at turn "
+                              "only when its last action's mean surprisal (-mean log-prob) >= branch_entropy",
+                              choices=("fixed", "entropy"))
+    branch_entropy: float = _opt(1.0, help="branch_policy=entropy: the mean surprisal (nats per token) at which a path forks",
+                                 rule=_at_least(0))
+    tree_budget_tokens: int = _opt(0, help="policy tokens one episode tree may sample (0: no budget); split equally among "
+                                   "siblings at each fork; a branch whose share is spent ends truncated", rule=_at_least(0))
     max_policy_lag: int = _opt(2, help="batch k is sampled with policy version k - max_policy_lag (0: synchronous)",
                                rule=_at_least(0))
     reward: str = _opt("env", help="reward of a leaf: env (the env's reward) or partial (info.partial_score when cut short)",
@@ -165,6 +173,9 @@ class ObjectiveConfig:
                             rule=rule_aggregation)
     negative_token_fraction: float = _opt(1.0, help="share of a failed row's tokens (highest entropy first) that get the negative signal",
                                           rule=rule_fraction)
+    baseline: str = _opt("batch", help="flashreinforce advantage: batch (R - batch mean) or tree (also against the mean of "
+                         "the leaves sharing the leaf's branching node, TreeRL-style; see trainer/objective.py)",
+                         choices=("batch", "tree"))
     grpo_group_size: int = _opt(4, help="samples per prompt when objective.algo=grpo", rule=_at_least(1))
     grpo_clip: float = _opt(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=_positive)
 
@@ -197,7 +208,12 @@ class WarmStartConfig:
 class TrainerConfig:
     """The learner loop."""
 
-    batch_size: int = _opt(64, help="trajectories (tree leaves) per optimizer step", rule=_at_least(1))
+    batch_size: int = _opt(64, help="trajectories (tree leaves) per optimizer step at full branching: a batch schedules "
+                           "batch_size / (group size x branch_factor ** len(branch_at)) episodes; an episode that ends before a "
+                           "branching turn, or leaves pruned by max_per_root, make a batch smaller", rule=_at_least(1))
+    max_per_root: int = _opt(5, help="J_max: at most this many leaves of one episode's tree are trained on (identical "
+                             "siblings merged first, kept leaves chosen to keep distinct rewards); the rest stay in the store "
+                             "marked pruned", rule=_at_least(1))
     steps: int = _opt(100, help="optimizer steps of RL", rule=_at_least(0))
     max_minutes: float = _opt(0.0, help="wall-time cap of RL, resumed runs included (0: none)", rule=_at_least(0))
     micro_batch_tokens: int = _opt(8192, help="tokens per forward/backward chunk of a step (gradients are accumulated)",
@@ -400,6 +416,12 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def leaves_per_tree(cfg: TrainConfig) -> int:
+    """The most leaves one episode can grow: ``branch_factor ** len(branch_at)`` (1 when linear)."""
+    r = cfg.rollout
+    return r.branch_factor ** len(r.branch_at) if r.branch_factor > 1 else 1
+
+
 def _validate(cfg: TrainConfig) -> None:
     """Rules that tie two or more fields together (single-field rules live on the fields)."""
 
@@ -418,14 +440,23 @@ def _validate(cfg: TrainConfig) -> None:
             bad("trainer.rollout_devices", f"must lie in [0, {t.devices - 1}] (0 = devices - 1), got {t.rollout_devices}")
     if not 0 < r.top_p <= 1:
         bad("rollout.top_p", "must lie in (0, 1]")
-    if r.branch_factor != 1:
-        bad(
-            "rollout.branch_factor",
-            f"training on branching episodes is not available yet (got {r.branch_factor}); "
-            "use fr-agents rollout --branch to sample and store trees",
-        )
-    if r.branch_at:
-        bad("rollout.branch_at", "must be empty while rollout.branch_factor is 1 (training forks no episode)")
+    if r.branch_at and r.branch_factor == 1:
+        bad("rollout.branch_at", f"{r.branch_at} forks nothing while rollout.branch_factor is 1; set branch_factor >= 2 or empty it")
+    if r.branch_factor > 1 and not r.branch_at:
+        bad("rollout.branch_factor", f"{r.branch_factor} needs rollout.branch_at (the turns at which episodes fork), e.g. [1]")
+    if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in r.branch_at):
+        bad("rollout.branch_at", f"must hold turn indices >= 0, got {r.branch_at}")
+    if len(set(r.branch_at)) != len(r.branch_at):
+        bad("rollout.branch_at", f"lists a turn twice: {r.branch_at}")
+    if r.branch_at and max(r.branch_at) >= max(1, cfg.env.max_turns):
+        bad("rollout.branch_at", f"turn {max(r.branch_at)} is never reached with env.max_turns={cfg.env.max_turns}")
+    if r.branch_factor > 1:
+        per_tree = leaves_per_tree(cfg) * (o.grpo_group_size if o.algo == "grpo" else 1)
+        if t.batch_size % per_tree:
+            bad("trainer.batch_size", f"{t.batch_size} must be a multiple of the leaves per scheduled prompt, {per_tree} "
+                f"(group size x branch_factor ** len(branch_at))")
+    if o.baseline == "tree" and o.algo != "flashreinforce":
+        bad("objective.baseline", f"tree is a FlashREINFORCE baseline; objective.algo={o.algo} has its own group baseline")
     if o.algo == "grpo" and o.grpo_group_size < 2:
         bad("objective.grpo_group_size", "GRPO needs at least 2 samples per prompt")
     if o.algo == "grpo" and t.batch_size % o.grpo_group_size:

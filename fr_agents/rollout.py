@@ -19,13 +19,29 @@ Storage. Every segment is appended to the :class:`~fr_agents.tree.TrajectoryTree
 exists (the prompt as root, each generation split into runs of equal policy version, each
 observation as non-policy tokens), so an unfinished episode's prefix is already stored.
 
-Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token sequence. When the
-context is exhausted the episode ends ``truncated`` with the env's last ``partial_score``.
+Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token sequence;
+``max_turns`` caps the replies. A branch cut by one of these budgets ends ``truncated`` with a
+partial score: the env's last ``info["partial_score"]``, or, when that step reported none, what the
+env's own ``env.unwrapped.partial_score()`` says now (an env whose progress is costly to measure,
+like RepoCoding-v0 running its tests, scores only the branches that are cut).
 
 Branching. At each turn boundary named in ``branch_at`` (0 = before the first action) the episode
 forks into ``branch_factor`` continuations sharing the prefix in the tree. The env is forked with
 its ``fork()`` method when it has one; otherwise a fresh env is made, reset with the same seed and
 task, and the action prefix is replayed, checking that every observation matches.
+
+Adaptive branching. With ``branch_policy="entropy"`` the turns of ``branch_at`` are candidates: a
+path forks there only when its last action was uncertain, i.e. the mean surprisal of its sampled
+tokens (minus the mean behaviour log-prob, an estimate of the policy's entropy there) is at least
+``branch_entropy`` (turn 0 has no last action and always forks). Confident turns are not re-sampled, uncertain ones get ``branch_factor``
+continuations; a path's decision depends only on its own tokens (deterministic for exact resume),
+and a tree still has at most ``branch_factor ** len(branch_at)`` leaves.
+
+Tree token budget. ``tree_budget_tokens`` (0: none) bounds the policy tokens one episode tree
+samples: the root branch holds the whole budget, and at each fork the remaining budget is split
+equally among the continuations (so the total never exceeds it, and which branch is cut does not
+depend on how the branches interleave). A branch whose share is spent ends ``truncated`` at its next
+turn boundary (``truncated_by: tree_budget``), scored like any cut branch.
 
 Scripted actors (``--agent expert``). ``actor=fn`` replaces the engine: ``fn(env)`` returns each
 reply (:func:`expert_actor` asks the env's own expert). Its tokens are encoded text, not samples:
@@ -103,8 +119,17 @@ class RolloutOptions:
     top_p: float = 1.0
     top_k: int = 0
     importance_correction: bool = True
+    tree_budget_tokens: int = 0  # policy tokens per episode tree (0: no budget)
+    branch_policy: Literal["fixed", "entropy"] = "fixed"
+    branch_entropy: float = 0.0  # entropy policy: fork when the last action's mean surprisal >= this
 
     def __post_init__(self) -> None:
+        if self.branch_policy not in ("fixed", "entropy"):
+            raise ValueError(f"branch_policy must be 'fixed' or 'entropy', got {self.branch_policy!r}")
+        if not float(self.branch_entropy) >= 0:
+            raise ValueError(f"branch_entropy must be >= 0, got {self.branch_entropy}")
+        if int(self.tree_budget_tokens) < 0:
+            raise ValueError(f"tree_budget_tokens must be >= 0, got {self.tree_budget_tokens}")
         for name in ("max_new_tokens", "max_context", "max_turns", "branch_factor"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -175,6 +200,9 @@ class _Branch:
     branched: set[int] = field(default_factory=set)
     turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
     demo_spans: list[list[int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
+    engine: Any = None  # this branch's engine view (None: the runner's engine)
+    budget: float = float("inf")  # this branch's share of the tree's policy-token budget
+    surprisal: float = 0.0  # mean -log p of the last sampled action (0 for scripted replies)
 
 
 EventFn = Callable[[str, dict[str, Any]], None]
@@ -386,6 +414,8 @@ class _Runner:
         root = await _tree(self.tree.add_root, ids, meta=meta)
         self.emit("prompt", text=text, observation=obs)
         branch = _Branch(env, messages, list(ids), text, root, info=dict(info or {}), observations=[obs])
+        if self.opt.tree_budget_tokens:
+            branch.budget = float(self.opt.tree_budget_tokens)
         leaves = await self.run(branch)
         return EpisodeResult(root_id=root, seed=self.seed, leaves=leaves)
 
@@ -393,20 +423,22 @@ class _Runner:
 
     async def run(self, b: _Branch) -> list[LeafResult]:
         while True:
-            if self.opt.branch_factor > 1 and b.turn in self.opt.branch_at and b.turn not in b.branched:
+            if self.should_branch(b):
                 return await self.branch(b)
+            if b.budget < 1:
+                return [await self.finish(b, "truncated", reason="tree_budget")]
             budget = self.opt.max_context - len(b.held_ids)
             if budget < 1:
                 return [await self.finish(b, "truncated", reason="context")]
             opts = self.sampling
-            if budget < opts.max_tokens:
-                opts = replace(opts, max_tokens=budget)
+            if min(budget, b.budget) < opts.max_tokens:
+                opts = replace(opts, max_tokens=int(min(budget, b.budget)))
             if self.actor is not None:
                 gen = await self.scripted_reply(b, budget)
                 if gen is None:
                     return [await self.finish(b, "truncated", reason="context")]
             else:
-                gen = await self.engine.generate(b.held_ids, opts)  # type: ignore[union-attr]
+                gen = await (b.engine or self.engine).generate(b.held_ids, opts)  # type: ignore[union-attr]
                 await self.store_generation(b, gen)
             action = self.action_text(gen)
             self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
@@ -455,6 +487,8 @@ class _Runner:
         b.held_text += _decode(self.tok, body) + (_decode(self.tok, ids[-1:]) if stop_tail else "")
         b.held_ids.extend(ids)
         b.policy_tokens += len(ids)
+        b.budget -= len(ids)
+        b.surprisal = -sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
 
     async def scripted_reply(self, b: _Branch, budget: int) -> Generation | None:
         """Store the actor's reply as non-policy tokens (text + end-of-turn); None when it does not fit."""
@@ -521,6 +555,9 @@ class _Runner:
         if b.rewards:
             reward = sum(b.rewards) if self.opt.turn_reward == "sum" else b.rewards[-1]
         partial = _partial(b.info)
+        scorer = getattr(getattr(b.env, "unwrapped", b.env), "partial_score", None)
+        if partial is None and status == "truncated" and reason != "env" and callable(scorer):
+            partial = _partial({"partial_score": await _in_thread(scorer)})
         info = {"turns": b.turn, "rewards": b.rewards}
         if reason:
             info["truncated_by"] = reason
@@ -544,8 +581,23 @@ class _Runner:
 
     # ------------------------------------------------------------------ branching
 
+    def should_branch(self, b: _Branch) -> bool:
+        """Whether ``b`` forks now: at a turn of ``branch_at`` it has not forked at, and (entropy
+        policy) only when its last action's mean surprisal reaches ``branch_entropy``."""
+        if self.opt.branch_factor < 2 or b.turn not in self.opt.branch_at or b.turn in b.branched:
+            return False
+        if self.opt.branch_policy == "entropy" and b.turn > 0 and b.surprisal < self.opt.branch_entropy:
+            b.branched.add(b.turn)  # decided: this path goes on alone
+            return False
+        return True
+
     async def branch(self, b: _Branch) -> list[LeafResult]:
+        """Fork ``b`` into ``branch_factor`` continuations. An engine with ``branch(i)`` (the
+        seeded view) gives branch ``i`` its own seed stream, so the tokens do not depend on how
+        the branches interleave."""
         b.branched.add(b.turn)
+        parent_engine = b.engine or self.engine
+        per_branch = getattr(parent_engine, "branch", None)
         clones = [b]
         for _ in range(self.opt.branch_factor - 1):
             env = await self.fork_env(b)
@@ -561,6 +613,12 @@ class _Runner:
             clone.turn_starts = list(b.turn_starts)
             clone.demo_spans = [list(s) for s in b.demo_spans]
             clones.append(clone)
+        if callable(per_branch):
+            for i, c in enumerate(clones):
+                c.engine = per_branch(i)
+        share = b.budget / len(clones)  # the remaining tree budget, split equally
+        for c in clones:
+            c.budget = share
         results = await asyncio.gather(*(self.run(c) for c in clones))
         return [leaf for leaves in results for leaf in leaves]
 

@@ -35,8 +35,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tools_sandbox/pool.py", "exc"): "__exit__ signature",
     ("tools_sandbox/session.py", "exc"): "__exit__ signature",
     ("fr_agents/spaces.py", "probability"): "gymnasium Space.sample signature",
-    ("trainer/hooks.py", "outcome"): "TrainerHooks.episode_done signature (a no-op by default)",
-    ("trainer/elastic/runtime.py", "outcome"): "TrainerHooks.episode_done signature (the runtime counts, no more)",
     # read by a framework through its attribute protocol
     ("fr_agents/view/server.py", "protocol_version"): "http.server reads it",
     ("fr_agents/view/server.py", "log_message"): "http.server calls it",

@@ -3,47 +3,91 @@
 One path, drawn in docs/DESIGN.md ("The batch path")::
 
     EpisodeSchedule.episodes(k)      which episodes form batch k (fixed by the seed, not by timing)
-      -> EpisodeLedger.batch_rows(k) each finished episode's leaf, reward, tokens, version
-      -> TrajectoryTree.export_*     flat [B, T] tensors, or one tree-packed row when leaves share
+      -> EpisodeLedger.batch_rows(k) each finished episode's leaves, rewards, tokens, version
+      -> keep_per_tree               identical siblings merged, at most trainer.max_per_root per tree
+      -> TrajectoryTree.export_*     flat [B, T] tensors, or tree-packed rows when leaves share
       -> Learner.step(batch)         one optimizer step
       -> TrajectoryTree.mark_consumed(leaves)   the store's cursor (rewound on resume)
 
 The schedule decides, the ledger records, the tree stores and exports: batch ``k`` holds exactly
-the scheduled episodes, in episode order, whatever order they finished in. The tree's own
+the scheduled episodes, in episode order, whatever order they finished in. A branching episode
+brings several leaves; pruning is a pure function of the ledger rows and the stored leaves, so a
+resumed run prunes batch ``k`` exactly as before. The tree's own
 ``take_batch`` (next ``B`` unconsumed leaves, with pruning) is a store tool, not this path.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fr_agents.config import TrainConfig
+from fr_agents.tree.batch import build_flat, build_packed
+from fr_agents.tree.prune import keep_per_tree
 
 LedgerRow = tuple[int, int, float, int, int]  # (episode, leaf, reward, policy tokens, version)
 
 
-def export_batch(k: int, cfg: TrainConfig, schedule: Any, ledger: Any, tree: Any) -> tuple[Any, list[int], list[LedgerRow]]:
-    """Batch ``k`` as the learner takes it: ``(batch, leaf ids, ledger rows)``.
+@dataclass
+class BatchTrees:
+    """What pruning did to batch ``k`` (for metrics): episode trees, the leaves they grew, leaves
+    merged as identical siblings and leaves cut by J_max (those are marked pruned in the store)."""
 
-    Raises RuntimeError when the ledger's episodes are not the scheduled ones. The batch is a
-    ``PackedBatch`` with ``trainer.packed=always``, or with ``auto`` when leaves share a prompt;
+    episodes: int = 0
+    leaves_grown: int = 0
+    merged: int = 0
+    capped: int = 0
+    partial_scored: int = 0  # kept rows whose learner reward is the env's partial score
+
+    @property
+    def leaves_per_tree(self) -> float:
+        return self.leaves_grown / max(1, self.episodes)
+
+
+def export_batch(
+    k: int, cfg: TrainConfig, schedule: Any, ledger: Any, tree: Any
+) -> tuple[Any, list[int], list[LedgerRow], BatchTrees]:
+    """Batch ``k`` as the learner takes it: ``(batch, leaf ids, kept ledger rows, pruning)``.
+
+    Raises RuntimeError when the ledger's episodes are not the scheduled ones. Each episode's
+    leaves go through :func:`~fr_agents.tree.prune.keep_per_tree` (``trainer.max_per_root``);
+    the dropped ones are marked pruned in the store (they stay there). The batch is a
+    ``PackedBatch`` with ``trainer.packed=always``, or with ``auto`` when leaves share a prefix;
     else a ``FlatBatch``. ``rollout.reward`` picks the reward the learner sees.
     """
     rows = ledger.batch_rows(k)
     expected = [s.episode for s in schedule.episodes(k)]
-    if [r[0] for r in rows] != expected:
-        raise RuntimeError(f"batch {k}: the ledger holds episodes {[r[0] for r in rows][:5]}…, expected {expected[:5]}…")
-    leaves = [r[1] for r in rows]
+    got = list(dict.fromkeys(r[0] for r in rows))
+    if got != expected:
+        raise RuntimeError(f"batch {k}: the ledger holds episodes {got[:5]}…, expected {expected[:5]}…")
     reward_mode = cfg.rollout.reward
-    flat = tree.export_flat(leaves, reward_mode)
-    shared = len(set(flat.root_ids)) < len(leaves)
+    by_leaf = {t.leaf_id: t for t in tree.trajectories(sorted({r[1] for r in rows}))}
+    per_episode: dict[int, list[LedgerRow]] = {}
+    for r in rows:
+        per_episode.setdefault(r[0], []).append(r)
+    trees = [[(r[1], by_leaf[r[1]].learner_reward(reward_mode)) for r in eps] for eps in per_episode.values()]
+    kept_ids, merged, capped = keep_per_tree(trees, cfg.trainer.max_per_root)
+    kept_rows: list[LedgerRow] = []
+    for eps, keep in zip(per_episode.values(), kept_ids, strict=True):
+        first = {}
+        for r in eps:
+            first.setdefault(r[1], r)
+        kept_rows.extend(first[leaf] for leaf in keep)
+    leaves = [r[1] for r in kept_rows]
+    dropped = sorted({r[1] for r in rows} - set(leaves))
+    if dropped:
+        tree.mark_pruned(dropped)
+    trajs = [by_leaf[leaf] for leaf in leaves]
+    partial = sum(1 for t in trajs if reward_mode == "partial" and t.status != "finished" and t.partial_score is not None)
+    info = BatchTrees(len(per_episode), len(rows), merged, capped, partial)
+    shared = len(set(by_leaf[leaf].root_id for leaf in leaves)) < len(leaves)
     packed_mode = cfg.trainer.packed
     if packed_mode == "always" or (packed_mode == "auto" and shared):
-        return tree.export_packed(leaves, reward_mode), leaves, rows
-    return flat, leaves, rows
+        return build_packed(trajs, reward_mode), leaves, kept_rows, info
+    return build_flat(trajs, reward_mode), leaves, kept_rows, info
 
 
 def save_bad_batch(run_dir: Path, k: int, batch: Any, leaves: list[int], err: Exception) -> Path:

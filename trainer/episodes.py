@@ -1,9 +1,11 @@
 """Scheduled episodes -> engine -> env -> trajectory tree, for the training loop.
 
 :class:`EpisodeRunner` owns the rollout engine (its own copy of the model, fed weights by the
-learner) and turns one :class:`~trainer.schedule.EpisodeSpec` into one finished leaf of the tree
+learner) and turns one :class:`~trainer.schedule.EpisodeSpec` into the finished leaves of its tree
 with :func:`fr_agents.rollout.run_episode` (chat template, token truth, per-token versions; the
-prompt is the tree root, so identical prompts share it and GRPO groups pack together). Every
+prompt is the tree root, so identical prompts share it and GRPO groups pack together). With
+``rollout.branch_factor`` K > 1 the episode forks into K branches at each turn of
+``rollout.branch_at``, so it ends with up to ``K ** len(branch_at)`` leaves, listed depth first. Every
 request of an episode is seeded from the spec (:class:`fr_agents.policy.seeded.SeededEngine`), so a re-run after a crash
 reproduces the tokens. It also provides the encodings evaluation and the warm start need, built the
 same way the rollout builds prompts.
@@ -30,11 +32,41 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class EpisodeOutcome:
+class LeafOutcome:
+    """One finished leaf of an episode."""
+
     leaf_id: int
     reward: float
     policy_tokens: int
     turns: int
+    status: str = "finished"
+    partial_score: float | None = None
+
+
+@dataclass
+class EpisodeOutcome:
+    """A finished episode: its leaves in depth-first order (one when it did not branch).
+
+    ``leaf_id``/``policy_tokens``/``turns`` describe the first leaf (the linear case); ``reward``
+    is the mean over the leaves."""
+
+    leaves: list[LeafOutcome]
+
+    @property
+    def leaf_id(self) -> int:
+        return self.leaves[0].leaf_id
+
+    @property
+    def reward(self) -> float:
+        return sum(x.reward for x in self.leaves) / len(self.leaves)
+
+    @property
+    def policy_tokens(self) -> int:
+        return self.leaves[0].policy_tokens
+
+    @property
+    def turns(self) -> int:
+        return self.leaves[0].turns
 
 
 def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, model: Any = None) -> Any:
@@ -123,7 +155,11 @@ class EpisodeRunner:
             max_turns=max(1, cfg.env.max_turns),
             system_prompt=cfg.env.system_prompt,
             turn_reward=r.turn_reward,
-            branch_factor=1,
+            branch_factor=r.branch_factor,
+            branch_at=tuple(int(t) for t in r.branch_at),
+            tree_budget_tokens=r.tree_budget_tokens,
+            branch_policy=r.branch_policy,
+            branch_entropy=r.branch_entropy,
             top_p=r.top_p,
             top_k=r.top_k,
             importance_correction=cfg.objective.importance_sampling,
@@ -158,7 +194,7 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ one episode
 
     async def run(self, spec: EpisodeSpec) -> EpisodeOutcome:
-        """Run one scheduled episode with :func:`fr_agents.rollout.run_episode`; one leaf."""
+        """Run one scheduled episode with :func:`fr_agents.rollout.run_episode`; its leaves."""
         from fr_agents.rollout import run_episode
 
         task = self.tasks[spec.task_index]
@@ -174,10 +210,10 @@ class EpisodeRunner:
             task=task_option,
             make_env=self.make_env,
         )
-        leaf = result.leaves[0]
-        if len(result.leaves) != 1:
-            raise RuntimeError("branching episodes are not scheduled by the training loop (set rollout.branch_factor=1)")
-        return EpisodeOutcome(leaf.leaf_id, leaf.reward, leaf.policy_tokens, leaf.turns)
+        leaves = [
+            LeafOutcome(x.leaf_id, x.reward, x.policy_tokens, x.turns, x.status, x.partial_score) for x in result.leaves
+        ]
+        return EpisodeOutcome(leaves)
 
     def close(self) -> None:
         if self.engine is not None:

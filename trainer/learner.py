@@ -14,9 +14,11 @@ plus the index map back to rows) and
 5. clips the gradient norm, takes one optimizer step, marks the batch consumed (a second use raises)
    and returns the step's statistics.
 
-A packed batch is run as one forward over the packed tokens (float additive 4-D mask, explicit
-position ids) when it fits the token budget (or ``packed="always"``); otherwise its flat view is
-micro-batched. Both give the same loss and gradients.
+A packed batch is run root by root: each root's packed subtree is one row of a padded ``[R, W]``
+forward with its own float additive ``[W, W]`` mask and explicit position ids, and the roots are
+grouped by the token budget like flat micro-batches, so memory grows with the sum over roots, not
+with the square of the batch. It takes this path when its largest root fits the budget (or
+``packed="always"``); otherwise its flat view is micro-batched. Both give the same loss and gradients.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from trainer.objective import (
     flashreinforce_loss,
     group_normalized_advantages,
     grpo_loss,
+    tree_advantages,
     validate_aggregation,
     validate_delta,
     validate_fraction,
@@ -48,6 +51,7 @@ Tensor = torch.Tensor
 
 ALGOS = ("flashreinforce", "grpo")
 PACKED_MODES = ("auto", "always", "never")
+BASELINES = ("batch", "tree")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -165,6 +169,9 @@ class Learner:
             present, else consecutive runs of ``grpo_group_size`` rows.
         micro_batch_tokens: token budget of one forward (rows x padded length); <= 0 means one
             micro-batch.
+        baseline: ``"batch"`` (FlashREINFORCE's batch mean) or ``"tree"`` (also against the mean
+            of the rows sharing a row's branching node, :func:`trainer.objective.tree_advantages`;
+            uses the batch's ``branch_rows``).
         grad_clip: max gradient norm; <= 0 disables clipping (the norm is still reported).
         packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
         scheduler: an LR scheduler stepped after every optimizer step.
@@ -192,6 +199,7 @@ class Learner:
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         packed: str = "auto",
+        baseline: str = "batch",
         scheduler: Any = None,
         version: int = 0,
         before_micro_batch: Callable[[], None] | None = None,
@@ -200,6 +208,8 @@ class Learner:
             raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
         if packed not in PACKED_MODES:
             raise ValueError(f"packed: expected one of {PACKED_MODES}, got {packed!r}")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline: expected one of {BASELINES}, got {baseline!r}")
         if not temperature > 0:
             raise ValueError(f"temperature: must be > 0, got {temperature!r}")
         validate_delta(delta)
@@ -222,6 +232,7 @@ class Learner:
         self.micro_batch_tokens = micro_batch_tokens
         self.grad_clip = grad_clip
         self.packed = packed
+        self.baseline = baseline
         self.version = version
         self.before_micro_batch = before_micro_batch
 
@@ -253,6 +264,7 @@ class Learner:
             betas=(float(opt.betas[0]), float(opt.betas[1])),
             weight_decay=opt.weight_decay,
             packed=cfg.trainer.packed,
+            baseline=o.baseline,
             before_micro_batch=before_micro_batch,
         )
         if opt.scheduler != "constant" or opt.warmup_steps:
@@ -306,17 +318,11 @@ class Learner:
             raise
         num_tokens = int(action_mask.sum())
 
-        use_packed = packed_input and (
-            self.packed == "always"
-            or (
-                self.packed == "auto"
-                and (self.micro_batch_tokens <= 0 or batch.input_ids.shape[1] <= self.micro_batch_tokens)
-            )
-        )
+        use_packed = packed_input and self._fits_packed(batch)
         self.optimizer.zero_grad(set_to_none=True)
         try:
             if use_packed:
-                chunks = [self._packed_chunk(batch, advantages, b, num_tokens, device)]
+                chunks = self._packed_chunks(batch, advantages, b, num_tokens, device)
             else:
                 chunks = []
                 for rows in self._micro_batches(flat.attention_mask):
@@ -399,6 +405,11 @@ class Learner:
         if self.algo == "flashreinforce":
             if not bool(torch.isfinite(r).all()):
                 raise ValueError("rewards: every reward must be finite")
+            if self.baseline == "tree":
+                groups = list(getattr(flat, "branch_rows", None) or [])
+                if len(groups) != r.shape[0]:
+                    raise ValueError("branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)")
+                return self._finite(tree_advantages(r, groups))
             return self._finite(centered_advantages(r))
         roots = list(getattr(flat, "root_ids", None) or [])
         groups: Any = roots if len(roots) == r.shape[0] else None
@@ -519,38 +530,66 @@ class Learner:
         loss.backward()
         return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": ids.numel()}
 
-    def _packed_chunk(
+    # ----------------------------------------------------------------------- the packed path
+
+    def _fits_packed(self, batch: Any) -> bool:
+        """Whether a packed batch takes the per-root packed path: ``always``, or ``auto`` when its
+        largest root fits the token budget (else its flat view is micro-batched)."""
+        if self.packed == "always":
+            return True
+        if self.packed != "auto":
+            return False
+        return self.micro_batch_tokens <= 0 or batch.max_root_tokens <= self.micro_batch_tokens
+
+    def _packed_chunks(
         self, batch: Any, advantages: Tensor, b: int, num_tokens: int, device: torch.device
+    ) -> list[dict[str, Any]]:
+        """Forward + backward of the packed batch, root group by root group (block-diagonal
+        across roots, :meth:`~fr_agents.tree.batch.PackedBatch.root_chunks`)."""
+        chunks = []
+        for roots in batch.root_chunks(self.micro_batch_tokens):
+            if self.before_micro_batch is not None:
+                self.before_micro_batch()
+            chunks.append(self._packed_chunk(batch, roots, advantages, b, num_tokens, device))
+        return chunks
+
+    def _packed_chunk(
+        self, batch: Any, roots: list[int], advantages: Tensor, b: int, num_tokens: int, device: torch.device
     ) -> dict[str, Any]:
-        """One forward over the packed tokens; per-row log-probs are gathered by ``prev_index``."""
+        """One forward over the packed tokens of ``roots`` (one padded row per root, each with its
+        own ancestor-causal mask); per-leaf log-probs are gathered from the flattened logits."""
         flat = batch.flat
         dtype = self.params[0].dtype if self.params else torch.float32
-        ids = batch.input_ids.to(device)
+        part = batch.root_chunk(roots, dtype)
+        ids = part["input_ids"].to(device)
         out = self.model(
             input_ids=ids,
-            position_ids=batch.position_ids.to(device),
-            attention_mask=batch.attention_mask(dtype).to(device),
+            position_ids=part["position_ids"].to(device),
+            attention_mask=part["attention_mask"].to(device),
         )
-        logits = out.logits[0]
-        scaled = logits.to(compute_dtype(logits)) / self.temperature  # [N, V]
-        prev = batch.prev_index.to(device)
-        lp = token_logprobs(scaled, flat.token_ids.to(device), prev)  # [B, T]
+        logits = out.logits.reshape(-1, out.logits.shape[-1])
+        scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*W, V]
+        rows = part["rows"]
+        prev = part["prev"].to(device)
+        lp = token_logprobs(scaled, flat.token_ids[rows].to(device), prev)  # [b, T]
+        valid = flat.attention_mask[rows].to(device).clone()
+        valid[:, 0] = False
+        lp = lp * valid
         entropies = _entropy(scaled)[prev] if self._filtering else None
-        action_mask = flat.action_mask.to(device)
+        action_mask = flat.action_mask[rows].to(device)
         self._check_current(lp, action_mask)
         loss, st = self._objective(
             lp,
-            flat.behavior_logprobs.to(device),
-            flat.rewards.to(device),
+            flat.behavior_logprobs[rows].to(device),
+            flat.rewards[rows].to(device),
             action_mask,
-            advantages,
+            advantages[rows.to(device)],
             entropies,
-            self._failures(flat, None, device),
+            self._failures(flat, rows, device),
             b,
             num_tokens,
         )
         loss.backward()
-        rows = torch.arange(b)
         return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": ids.numel()}
 
     def _merge_stats(

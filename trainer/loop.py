@@ -36,9 +36,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fr_agents.config import TrainConfig
-from trainer.batches import export_batch, save_bad_batch
+from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
@@ -200,7 +201,7 @@ class Trainer:
         from trainer.learner import NonFiniteLossError
 
         cfg = self.cfg
-        batch, leaves, rows = export_batch(k, cfg, self.schedule, self.ledger, self.tree)
+        batch, leaves, rows, trees = export_batch(k, cfg, self.schedule, self.ledger, self.tree)
         flat = batch.flat if hasattr(batch, "flat") else batch
         try:
             stats = self.hooks.around_step(lambda: self.learner.step(batch))
@@ -229,6 +230,7 @@ class Trainer:
             "lag_max": max(lags, default=0),
             "lag_hist": dict(collections.Counter(lags)),
             "elapsed_s": state.rl_elapsed_s + (time.monotonic() - self._rl_started),
+            **tree_metrics(batch, trees),
             **{k2: v for k2, v in stats.items() if k2 not in ("loss",)},
         }
         self._last_step_end = now
@@ -327,6 +329,23 @@ class Trainer:
         self.rollout_side.close()
         wall = time.perf_counter() - t0
         return TrainResult(ok, self.run_dir, state.step, stop_reason, wall, rl_elapsed, evals, self.last_ckpt)
+
+
+def tree_metrics(batch: Any, trees: BatchTrees) -> dict[str, float]:
+    """The tree figures of one step: leaves grown per episode tree, leaves trained on, leaves
+    merged/pruned, leaves scored by partial progress, and the batch's sharing ratio (logical
+    tokens over the tokens a packed forward holds; 1.0 for a flat batch without sharing)."""
+    flat = batch.flat if hasattr(batch, "flat") else batch
+    logical = float(flat.lengths.sum())
+    stored = float(batch.num_tokens) if hasattr(batch, "num_tokens") else logical
+    return {
+        "leaves_per_tree": trees.leaves_per_tree,
+        "leaves": float(len(flat.leaf_ids)),
+        "merged": float(trees.merged),
+        "pruned": float(trees.merged + trees.capped),
+        "partial_scored": float(trees.partial_scored),
+        "sharing_ratio": logical / max(1.0, stored),
+    }
 
 
 def run_training(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, console: bool = True) -> TrainResult:

@@ -111,6 +111,11 @@ class MetricsSink:
             f"lag {row.get('lag_mean', 0):.1f} (max {row.get('lag_max', 0)})",
             f"loss {_fmt(row.get('loss', float('nan')))}",
         ]
+        if row.get("leaves_per_tree", 1.0) != 1.0 or row.get("pruned") or row.get("partial_scored"):
+            parts.append(
+                f"tree {row.get('leaves_per_tree', 1.0):.1f} leaves (share {row.get('sharing_ratio', 1.0):.2f}, "
+                f"pruned {int(row.get('pruned', 0))}, partial {int(row.get('partial_scored', 0))})"
+            )
         return " | ".join(parts)
 
     def plot(self) -> Path | None:

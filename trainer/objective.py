@@ -19,6 +19,19 @@ so the gradient with respect to ``logp_cur_it`` is ``-(1/B)(1/T_i) gate_i keep_i
 policy tokens are kept. The denominators ``B`` and ``T_i`` never shrink when rows are rejected or
 tokens filtered, so a rejection removes mass instead of re-weighting the survivors.
 
+Tree baseline (``objective.baseline: tree``). With branching episodes, leaves that share a
+branching node (the deepest node of a leaf's path that another leaf of the batch also passes
+through; :func:`fr_agents.tree.batch.branching_nodes`) started from the same state, so their mean
+reward is a baseline that measures what the leaf's own continuation did. Following TreeRL, it is
+combined with the batch baseline (global and local advantage, averaged)::
+
+    A_i = 1/2 (R_i - mean_j R_j) + 1/2 (R_i - mean_{j in S(i)} R_j)
+
+where ``S(i)`` is the set of batch rows whose path passes through row ``i``'s branching node
+(the leaves of that node's subtree in the batch, row ``i`` itself included). A row alone at its node (a linear episode) has no local baseline and
+takes ``A_i = R_i - mean_j R_j``, so on a batch without branching the tree baseline equals the
+batch baseline. The advantages are then used exactly as above.
+
 Micro-batching: the learner splits a batch into row chunks. It computes the advantages on the full
 batch once (:func:`centered_advantages` / :func:`group_normalized_advantages`) and passes them in,
 together with ``num_rows`` (the full ``B``) and ``num_tokens`` (the full batch's policy-token count,
@@ -132,6 +145,23 @@ def _positive_int(name: str, value: Any) -> None:
 def centered_advantages(rewards: Tensor) -> Tensor:
     """``A_i = R_i - mean(R)`` over the whole batch, detached."""
     return (rewards.detach() - rewards.detach().mean()).detach()
+
+
+def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]]) -> Tensor:
+    """The tree baseline's advantages (module docstring), detached.
+
+    ``branch_rows[i]`` lists the rows that pass through row ``i``'s branching node (``S(i)``,
+    row ``i`` included); empty when row ``i`` shares it with no other leaf."""
+    r = rewards.detach()
+    if len(branch_rows) != r.shape[0]:
+        raise ValueError(f"branch_rows: expected {r.shape[0]} row lists, got {len(branch_rows)}")
+    global_adv = r - r.mean()
+    out = global_adv.clone()
+    for i, rows in enumerate(branch_rows):
+        if rows:
+            local = r[torch.as_tensor(list(rows), device=r.device)].mean()
+            out[i] = 0.5 * global_adv[i] + 0.5 * (r[i] - local)
+    return out.detach()
 
 
 def group_normalized_advantages(rewards: Tensor, groups: Sequence[int] | Tensor, eps: float = 1e-6) -> Tensor:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fr_agents.config import TrainConfig
+from fr_agents.config import TrainConfig, leaves_per_tree
 
 STORE_FILE = "store.sqlite"
 LEDGER_FILE = "episodes.sqlite"
@@ -116,6 +116,7 @@ def build_rollout_side(
         num_tasks=len(rl),
         batch_size=cfg.trainer.batch_size,
         group_size=group,
+        leaves_per_episode=leaves_per_tree(cfg),
         max_policy_lag=cfg.rollout.max_policy_lag,
         seed=cfg.trainer.seed,
         task_seed=cfg.tasks.seed,

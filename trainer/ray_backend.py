@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from fr_agents.config import ConfigError, TrainConfig
+from fr_agents.config import ConfigError, TrainConfig, leaves_per_tree
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class RolloutCore:
         async def go() -> list[tuple[int, float, int]]:
             async def one(spec: Any) -> tuple[int, float, int]:
                 out = await t.runner.run(spec)
-                t.ledger.record(spec.episode, spec.batch, out.leaf_id, out.reward, out.policy_tokens, spec.version)
+                t.ledger.record_outcome(spec, out)
                 return spec.episode, out.reward, out.policy_tokens
 
             return list(await asyncio.gather(*(one(s) for s in specs)))
@@ -226,7 +226,7 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
     # the driver only needs the schedule's shape; task count comes from the learner's split
     num_tasks = ray.get(learner.num_tasks.remote())
     schedule = EpisodeSchedule(
-        num_tasks=num_tasks, batch_size=cfg.trainer.batch_size, group_size=group,
+        num_tasks=num_tasks, batch_size=cfg.trainer.batch_size, group_size=group, leaves_per_episode=leaves_per_tree(cfg),
         max_policy_lag=cfg.rollout.max_policy_lag, seed=cfg.trainer.seed, task_seed=cfg.tasks.seed,
     )
     steps, lag = cfg.trainer.steps, cfg.rollout.max_policy_lag

@@ -83,7 +83,7 @@ class RolloutThread(threading.Thread):
                     if self.board.stopped:
                         raise TrainingStopped()
                     out = await self.run_episode(spec)
-                    self.ledger.record(spec.episode, spec.batch, out.leaf_id, out.reward, out.policy_tokens, spec.version)
+                    self.ledger.record_outcome(spec, out)
                     if self.on_episode_done is not None:
                         self.on_episode_done(out)
 

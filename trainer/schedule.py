@@ -7,6 +7,10 @@ which weights a rollout happened to see. Here nothing depends on timing:
   each; with GRPO it is ``B / G`` prompts, ``G`` samples each. Episode ``i`` (a global counter) gets
   its prompt from a seeded permutation of the train split, epoch by epoch, and its sampling seed
   from ``(run seed, i)``.
+* With branching (``rollout.branch_factor`` K at the turns ``branch_at``) every episode is a tree
+  of up to ``L = K ** len(branch_at)`` leaves, and ``batch_size`` counts leaves: batch ``k`` holds
+  ``B / (G * L)`` prompts. The leaves an episode actually grows depend only on its seed and
+  weights, so the batch is still fixed by the schedule.
 * Batch ``k`` is sampled with policy version ``max(0, k - max_policy_lag)`` and trained on at
   learner version ``k``, so every token's lag is at most ``max_policy_lag``. This *is* the admission
   rule "a new episode waits while the oldest unconsumed trajectory would exceed the lag": the
@@ -58,6 +62,7 @@ class EpisodeSchedule:
         num_tasks: int,
         batch_size: int,
         group_size: int = 1,
+        leaves_per_episode: int = 1,
         max_policy_lag: int = 0,
         seed: int = 0,
         task_seed: int = 0,
@@ -68,10 +73,16 @@ class EpisodeSchedule:
             raise ValueError(
                 f"trainer.batch_size: {batch_size} must be a multiple of the group size {group_size}"
             )
+        if leaves_per_episode < 1 or batch_size % (group_size * leaves_per_episode):
+            raise ValueError(
+                f"trainer.batch_size: {batch_size} must be a multiple of group size x leaves per episode "
+                f"({group_size} x {leaves_per_episode})"
+            )
         self.num_tasks = num_tasks
         self.batch_size = batch_size
         self.group_size = group_size
-        self.prompts_per_batch = batch_size // group_size
+        self.leaves_per_episode = leaves_per_episode
+        self.prompts_per_batch = batch_size // (group_size * leaves_per_episode)
         self.max_policy_lag = max_policy_lag
         self.seed = seed
         self.task_seed = task_seed

@@ -17,6 +17,11 @@ After ``submit`` (terminated) or ``max_turns`` replies (truncated) the agent's d
 *fresh* sandbox (:func:`.grading.grade`): reward 1 when every FAIL_TO_PASS and PASS_TO_PASS test
 passes, ``info["partial_score"]`` = fraction of FAIL_TO_PASS passing x (1 if all PASS_TO_PASS pass
 else 0.5). Edits to tests are discarded before grading.
+
+Branching: ``env.unwrapped.fork()`` copies the episode mid-way: the agent's working tree (its diff
+against the base commit, new and binary files included) is applied in a new sandbox holding the
+same base. ``env.unwrapped.partial_score()`` grades the current working tree the same way without
+ending the episode; the episode runner calls it for a branch it cuts (turn or context budget).
 """
 
 from __future__ import annotations
@@ -193,6 +198,43 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
             "diff": diff,
         }
         return "", result.reward, not truncated, truncated, info
+
+    # ------------------------------------------------------------------ branching
+
+    def fork(self) -> RepoCodingEnv:
+        """An independent copy mid-episode: same task, turn and counters, in its own sandbox holding
+        this episode's working tree (the diff against the base commit, applied to the same base)."""
+        import copy
+
+        from tools_sandbox import open_sandbox
+
+        if self._done or self._task is None or self._sb is None:
+            raise RuntimeError("fork() needs an episode in progress")
+        task = self._task
+        diff, err = collect_diff(self._sb, task, self._base)
+        if err:
+            raise RuntimeError(f"fork: {err}")
+        twin = copy.copy(self)
+        twin._transcript = list(self._transcript)
+        twin._sb = open_sandbox(backend=self.backend, limits=sandbox_limits(), image=task.image)
+        try:
+            twin._base = setup_repo(twin._sb, task)
+            if diff.strip():
+                twin._sb.write_file("/tmp/fr_fork.diff", diff)
+                r = twin._sb.run_shell(f"cd {task.workdir} && git apply --whitespace=nowarn /tmp/fr_fork.diff", timeout=60)
+                if r.exit_code != 0:
+                    raise RuntimeError(f"fork: the working tree does not re-apply: {(r.stderr or r.stdout)[-300:]}")
+        except BaseException:
+            twin._close_sandbox()
+            raise
+        return twin
+
+    def partial_score(self) -> float:
+        """The grade's partial score of the current working tree, without ending the episode."""
+        if self._task is None or self._sb is None:
+            return 0.0
+        diff, _ = collect_diff(self._sb, self._task, self._base)
+        return grade(self._task, diff, backend=self.backend, test_timeout=self.test_timeout).partial_score
 
     # ------------------------------------------------------------------ plumbing
 

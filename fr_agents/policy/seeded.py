@@ -6,10 +6,16 @@ random numbers depends on timing. :class:`SeededEngine` is a per-episode view of
 reproduces its tokens, whatever else the engine is batching at the time (for engines that honour
 ``SamplingOptions.seed``; HFEngine does). Training derives ``request_seed`` from the episode's
 scheduled seed, evaluation from the sample's seed.
+
+Branching episodes run their branches concurrently, so one shared request counter would hand out
+seeds in timing order. :meth:`SeededEngine.branch` gives each branch its own view whose seeds
+derive from the parent's seeds and the branch index: a branch's tokens depend only on its path in
+the episode's tree, never on how its siblings interleave.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -34,5 +40,17 @@ class SeededEngine(Engine):
         self.calls += 1
         return await self.inner.generate(prompt_ids, replace(options, seed=self.request_seed(n)))
 
+    def branch(self, index: int) -> SeededEngine:
+        """A view for branch ``index`` forked from this one; its ``n``-th request's seed mixes this
+        view's next seed with ``index`` (so sibling and nested branches never share a seed)."""
+        base = self.request_seed(self.calls)
+        return SeededEngine(self.inner, lambda n: _mix(base, index, n))
+
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
         self.inner.set_weights(state_dict, version)
+
+
+def _mix(*parts: int) -> int:
+    """A stable 63-bit seed from integers."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)

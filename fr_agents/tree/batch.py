@@ -12,6 +12,14 @@ the packed index whose logits predict token ``t`` of leaf ``i``, so one forward 
 gives every leaf's log-probs; shared prefixes are computed once and, because the objective only
 reads per-leaf gathered log-probs, its value and gradients equal the flat form's.
 
+Per-root packing. Paths of different roots share nothing, so the packed layout keeps each root's
+subtree contiguous (``root_spans``) and the learner runs roots as separate rows of a padded
+``[R, W]`` input (:meth:`PackedBatch.root_chunk`), each with its own ``[W, W]`` mask: attention
+memory grows with the sum over roots of their packed size squared, never with the square of the
+whole batch, and :meth:`PackedBatch.root_chunks` splits the roots by a token budget like flat
+micro-batches. The whole-batch ``[N, N]`` mask (:meth:`PackedBatch.attention_mask`) remains for
+small checks only.
+
 Rewards: ``reward="env"`` uses the env reward, ``"partial"`` the partial score of unfinished
 (truncated/aborted) leaves that have one. ``failures[i]`` is True when leaf ``i`` did not finish
 normally (status truncated/aborted) or its env reward is <= 0.
@@ -56,6 +64,8 @@ class FlatBatch:
     failures: Tensor  # bool [B]
     leaf_ids: list[int]
     root_ids: list[int]  # GRPO groups: equal ids share a prompt
+    branch_nodes: list[int] = field(default_factory=list)  # each row's branching node (see branching_nodes)
+    branch_rows: list[list[int]] = field(default_factory=list)  # rows through that node ([] when alone)
     _consumed: bool = field(default=False, repr=False)
 
     @property
@@ -96,6 +106,8 @@ class PackedBatch:
     token_index: Tensor  # long [B, T]: packed index of token t of leaf i (0 on padding)
     node_of: Tensor  # long [N]: which packed segment each token belongs to
     segment_ancestors: Tensor  # bool [S, S]: [s, a] = a is s or an ancestor of s
+    root_spans: list[tuple[int, int]] = field(default_factory=list)  # packed [start, stop) of each root's subtree
+    leaf_root: Tensor | None = None  # long [B]: index into root_spans of each leaf's root
 
     @property
     def consumed(self) -> bool:
@@ -129,6 +141,59 @@ class PackedBatch:
         mask = torch.full((self.num_tokens, self.num_tokens), torch.finfo(dtype).min, dtype=dtype)
         mask.masked_fill_(self.allowed(), 0.0)
         return mask[None, None]
+
+    @property
+    def max_root_tokens(self) -> int:
+        """Packed tokens of the largest root (the widest row of a per-root forward)."""
+        return max((b - a for a, b in self.root_spans), default=0)
+
+    def root_chunks(self, budget: int) -> list[list[int]]:
+        """Root indices grouped so that ``roots x widest root <= budget`` (<= 0: one group),
+        largest roots first; each group is one per-root forward."""
+        order = sorted(range(len(self.root_spans)), key=lambda r: -(self.root_spans[r][1] - self.root_spans[r][0]))
+        if budget <= 0:
+            return [order] if order else []
+        chunks: list[list[int]] = []
+        current: list[int] = []
+        for r in order:
+            width = self.root_spans[current[0]][1] - self.root_spans[current[0]][0] if current else 0
+            width = max(width, self.root_spans[r][1] - self.root_spans[r][0])
+            if current and (len(current) + 1) * width > budget:
+                chunks.append(current)
+                current = []
+            current.append(r)
+        chunks.append(current)
+        return chunks
+
+    def root_chunk(self, roots: Sequence[int], dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+        """The inputs of one per-root forward over ``roots``: ``input_ids``/``position_ids``
+        ``[R, W]`` (right-padded), the float additive ``attention_mask`` ``[R, 1, W, W]`` (each
+        root's ancestor-causal mask; a padding slot attends only to itself), ``rows`` (the leaves
+        of these roots, ``[b]``) and ``prev`` (``[b, T]``: the index into the flattened ``[R*W]``
+        logits predicting each token of those leaves)."""
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype: the packed mask must be a float dtype (bool is wrong under eager), got {dtype}")
+        spans = [self.root_spans[r] for r in roots]
+        width = max(b - a for a, b in spans)
+        n_roots = len(spans)
+        ids = torch.zeros(n_roots, width, dtype=torch.long)
+        pos = torch.zeros(n_roots, width, dtype=torch.long)
+        mask = torch.full((n_roots, 1, width, width), torch.finfo(dtype).min, dtype=dtype)
+        to_chunk = torch.full((self.num_tokens,), -1, dtype=torch.long)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        for i, (a, b) in enumerate(spans):
+            n = b - a
+            ids[i, :n] = self.input_ids[0, a:b]
+            pos[i, :n] = self.position_ids[0, a:b]
+            seg = self.node_of[a:b]
+            allowed = self.segment_ancestors[seg][:, seg] & causal[:n, :n]
+            mask[i, 0, :n, :n].masked_fill_(allowed, 0.0)
+            pad = torch.arange(n, width)
+            mask[i, 0, pad, pad] = 0.0
+            to_chunk[a:b] = torch.arange(i * width, i * width + n)
+        assert self.leaf_root is not None
+        rows = torch.nonzero(torch.isin(self.leaf_root, torch.tensor(list(roots), dtype=torch.long))).flatten()
+        return {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "rows": rows, "prev": to_chunk[self.prev_index[rows]]}
 
     def gather_logprobs(self, logits: Tensor) -> Tensor:
         """Per-leaf log-probs ``[B, T]`` from packed logits ``[1, N, V]`` (0 at t=0 and padding)."""
@@ -173,7 +238,36 @@ def build_flat(trajs: Sequence[Trajectory], reward: str = "env") -> FlatBatch:
         failures=torch.tensor([x.failed for x in trajs], dtype=torch.bool),
         leaf_ids=[x.leaf_id for x in trajs],
         root_ids=[x.root_id for x in trajs],
+        branch_nodes=(nodes := branching_nodes(trajs)),
+        branch_rows=sharing_rows(trajs, nodes),
     )
+
+
+def sharing_rows(trajs: Sequence[Trajectory], nodes: Sequence[int]) -> list[list[int]]:
+    """For each row, the rows whose path passes through its branching node ``nodes[i]`` (its
+    subtree in this batch, itself included); ``[]`` when no other leaf does (a linear episode)."""
+    paths = [set(x.path) for x in trajs]
+    out = []
+    for node in nodes:
+        rows = [j for j, p in enumerate(paths) if node in p]
+        out.append(rows if len({trajs[j].leaf_id for j in rows}) > 1 else [])
+    return out
+
+
+def branching_nodes(trajs: Sequence[Trajectory]) -> list[int]:
+    """Each trajectory's *branching node*: the deepest node of its path that another (different)
+    leaf of the same list also passes through; the root when its path shares nothing but the
+    prompt. The store splits nodes where paths diverge, so a fork is always a node boundary, and
+    the leaves sharing a row's branching node are its siblings in the tree (tree baseline)."""
+    through: dict[int, set[int]] = {}
+    for x in trajs:
+        for node in x.path:
+            through.setdefault(node, set()).add(x.leaf_id)
+    out = []
+    for x in trajs:
+        shared = [node for node in x.path if len(through[node]) > 1]
+        out.append(shared[-1] if shared else (x.path[0] if x.path else x.root_id))
+    return out
 
 
 def build_packed(trajs: Sequence[Trajectory], reward: str = "env") -> PackedBatch:
@@ -230,6 +324,11 @@ def build_packed(trajs: Sequence[Trajectory], reward: str = "env") -> PackedBatc
     lengths = flat.lengths
     pad = torch.arange(t)[None, :] >= lengths[:, None]
     prev_index = torch.where(pad, token_index[:, :1].expand(b, t), prev_index)
+    root_starts = [seg_start[seg_index[node]] for node in kids.get(None, [])]  # DFS order: ascending
+    root_spans = list(zip(root_starts, [*root_starts[1:], len(ids)], strict=True))
+    leaf_root = torch.tensor(
+        [int(np.searchsorted(root_starts, int(token_index[i, 0]), side="right")) - 1 for i in range(b)], dtype=torch.long
+    )
     return PackedBatch(
         flat=flat,
         input_ids=torch.tensor([ids], dtype=torch.long),
@@ -238,6 +337,8 @@ def build_packed(trajs: Sequence[Trajectory], reward: str = "env") -> PackedBatc
         token_index=token_index,
         node_of=torch.tensor(node_of, dtype=torch.long),
         segment_ancestors=torch.from_numpy(anc),
+        root_spans=root_spans,
+        leaf_root=leaf_root,
     )
 
 

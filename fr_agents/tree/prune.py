@@ -93,3 +93,51 @@ def prune_redundant(
     if n:
         bump(c, "pruned", n)
     return int(n)
+
+
+# --------------------------------------------------------------------------- J_max per tree
+
+
+def keep_per_tree(
+    trees: Sequence[Sequence[tuple[int, float]]], max_per_tree: int
+) -> tuple[list[list[int]], int, int]:
+    """Which leaves of each episode tree a batch trains on: ``(kept, merged, capped)``.
+
+    ``trees[e]`` lists episode ``e``'s leaves as ``(leaf id, learner reward)`` in depth-first
+    order. First, sibling branches with *identical continuations* are merged: the store keeps one
+    leaf per distinct path, so identical siblings carry the same leaf id and only the first stays.
+    Then at most ``max_per_tree`` (J_max) leaves are kept, chosen to keep reward diversity: the
+    leaves are grouped by reward, and one leaf is taken from each reward class in turn (classes in
+    increasing reward, each class in depth-first order) until J_max are taken, so a tree whose
+    leaves disagree keeps both a low and a high reward. Pure and deterministic (exact resume).
+
+    ``kept[e]`` lists the kept leaf ids in depth-first order; ``merged`` and ``capped`` count the
+    leaves dropped by each rule.
+    """
+    if not isinstance(max_per_tree, int) or max_per_tree < 1:
+        raise ValueError(f"max_per_root: must be a positive int, got {max_per_tree!r}")
+    kept: list[list[int]] = []
+    merged = capped = 0
+    for leaves in trees:
+        seen: dict[int, float] = {}
+        for leaf, reward in leaves:
+            if leaf in seen:
+                merged += 1
+            else:
+                seen[leaf] = float(reward)
+        distinct = list(seen)
+        if len(distinct) <= max_per_tree:
+            kept.append(distinct)
+            continue
+        classes: dict[float, list[int]] = {}
+        for leaf in distinct:
+            classes.setdefault(seen[leaf], []).append(leaf)
+        queues = [classes[r] for r in sorted(classes)]
+        chosen: set[int] = set()
+        while len(chosen) < max_per_tree:
+            for q in queues:
+                if q and len(chosen) < max_per_tree:
+                    chosen.add(q.pop(0))
+        kept.append([leaf for leaf in distinct if leaf in chosen])
+        capped += len(distinct) - max_per_tree
+    return kept, merged, capped

@@ -463,6 +463,22 @@ class TrajectoryTree:
             ).fetchone()[0]
         return None if v is None else int(v)
 
+    def mark_pruned(self, leaf_ids: Sequence[int]) -> int:
+        """Mark these leaves pruned (state 3, counted in ``stats()["pruned"]``): they stay in the
+        store but are never trained on. Only available leaves change; returns how many did, so a
+        repeat (a resumed run re-pruning the same batch) changes nothing."""
+        ids = sorted({_node_id(i, "leaf_ids") for i in leaf_ids})
+        if not ids:
+            return 0
+        marks = ",".join("?" * len(ids))
+        with self._db.write(durable=True) as c:
+            n = c.execute(
+                f"UPDATE leaves SET state = {STATE_PRUNED} WHERE state = {STATE_AVAILABLE} AND id IN ({marks})", ids
+            ).rowcount
+            if n:
+                bump(c, "pruned", n)
+            return int(n)
+
     def prune(self, *, actions: bool = True, observations: bool = True) -> int:
         """Prune redundant available siblings now; returns how many were pruned."""
         with self._db.write() as c:

@@ -87,13 +87,25 @@ def test_every_key_is_read_by_code() -> None:
     assert not unread, f"config keys that no code reads: {unread}"
 
 
-def test_keys_training_cannot_honour_yet_are_refused() -> None:
-    with pytest.raises(ConfigError, match=r"rollout\.branch_factor: training on branching episodes"):
+def test_bad_branching_values_are_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.branch_factor: 2 needs rollout\.branch_at"):
         load_config("math-tiny", ["rollout.branch_factor=2"])
-    with pytest.raises(ConfigError, match=r"rollout\.branch_at: must be empty"):
+    with pytest.raises(ConfigError, match=r"rollout\.branch_at: \[1\] forks nothing"):
         load_config("math-tiny", ["rollout.branch_at=[1]"])
-    with pytest.raises(ConfigError, match=r"unknown config key 'trainer\.max_per_root'"):
-        load_config("math-tiny", ["trainer.max_per_root=3"])
+    with pytest.raises(ConfigError, match=r"rollout\.branch_at: turn 1 is never reached"):
+        load_config("math-tiny", ["rollout.branch_factor=2", "rollout.branch_at=[1]"])
+    with pytest.raises(ConfigError, match=r"rollout\.branch_at: must hold turn indices >= 0"):
+        load_config("python-tool-tiny", ["rollout.branch_factor=2", "rollout.branch_at=[-1]"])
+    with pytest.raises(ConfigError, match=r"rollout\.branch_at: lists a turn twice"):
+        load_config("env-tiny", ["rollout.branch_factor=2", "rollout.branch_at=[1,1]"])
+    with pytest.raises(ConfigError, match=r"trainer\.batch_size: 8 must be a multiple of the leaves per scheduled prompt, 3"):
+        load_config("python-tool-tiny", ["rollout.branch_factor=3", "rollout.branch_at=[1]"])
+    with pytest.raises(ConfigError, match=r"trainer\.max_per_root: "):
+        load_config("math-tiny", ["trainer.max_per_root=0"])
+    with pytest.raises(ConfigError, match=r"objective\.baseline: tree is a FlashREINFORCE baseline"):
+        load_config("math-tiny", ["objective.algo=grpo", "objective.baseline=tree"])
+    cfg = load_config("python-tool-tiny", ["rollout.branch_factor=4", "rollout.branch_at=[1]", "trainer.max_per_root=3"])
+    assert (cfg.rollout.branch_factor, cfg.rollout.branch_at, cfg.trainer.max_per_root) == (4, [1], 3)
     with pytest.raises(ConfigError, match=r"rollout\.engine: invalid value 'openai'"):
         load_config("math-tiny", ["rollout.engine=openai"])
     with pytest.raises(ConfigError, match=r"warm_start\.examples: tasks\.source=env-reset"):

@@ -1,0 +1,151 @@
+"""Tree RL vs linear FlashREINFORCE at equal generated policy tokens, and the learner's cost per token.
+
+Run: ``python benchmarks/tree_rl.py [--quick] [--seeds 0 1 2] [--steps 60]``.
+
+The task: ``math-tiny`` (sums with the in-code tiny model) as a **two-attempt** task
+(``MathVerifier-v0(max_turns=2)``): a wrong first answer gets ``"Your answer X is incorrect. Try
+again."`` and the agent answers again, so the second attempt matters and it is where a tree forks: a
+tree episode shares the prompt, the first attempt and the feedback, and forks ``--branch`` second
+attempts there (``rollout.branch_at=[1]``), trained with ``trainer.max_per_root=5`` (J_max) and the
+tree baseline. Linear FlashREINFORCE samples one path per prompt.
+
+Equal budget: the linear run takes ``--steps`` steps and generates ``T`` policy tokens (counted once
+each in its store: a shared prefix is generated once). A 2-step pilot of the tree run measures its
+tokens per step, and the tree run gets as many steps as give about ``T`` tokens; both totals are
+printed. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
+as mean and spread over ``--seeds``.
+
+Learner cost: the last tree batch of each tree run is stepped (on a copy of the final model) in its
+flat form and in its per-root packed form; the figure is learner seconds per logical token (sum of
+root-to-leaf lengths), flat over packed (goal >= 2x). Ratios are the result, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TWO_ATTEMPTS = [
+    "env.kwargs={answer_format: plain, max_turns: 2, feedback: true}",
+    "env.max_turns=2",
+    "rollout.max_context=96",
+    "trainer.max_minutes=0",
+    "trainer.checkpoint_every=0",
+    "trainer.plot_every=1000",
+    "trainer.collapse_guard=false",
+]
+
+
+def generated_policy_tokens(run: Path) -> int:
+    """Policy tokens stored in the run's tree, each node once (what the rollout generated)."""
+    from fr_agents.tree import TrajectoryTree
+
+    tree = TrajectoryTree.open(run / "store.sqlite")
+    seen: set[int] = set()
+    total = 0
+    for traj in tree.trajectories(tree.leaf_ids()):
+        ends = [*traj.offsets[1:], len(traj.token_ids)]
+        for node, a, b in zip(traj.path, traj.offsets, ends, strict=True):
+            if node not in seen:
+                seen.add(node)
+                total += sum(traj.policy_mask[a:b])
+    tree.close()
+    return total
+
+
+def train(run: Path, overrides: list[str]) -> dict[str, float]:
+    from fr_agents.config import load_config
+    from trainer.loop import run_training
+
+    cfg = load_config("math-tiny", overrides)
+    res = run_training(cfg, run, console=False)
+    if not res.ok:
+        raise RuntimeError(f"{run}: {res.stop_reason}")
+    after = res.evals.get("after_rl", {})
+    return {"success": float(after.get("success", math.nan)), "tokens": float(generated_policy_tokens(run)), "steps": res.steps,
+            "temperature": cfg.rollout.temperature}
+
+
+def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int) -> tuple[float, float]:
+    """(flat, packed) learner seconds per logical token on the run's last batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from fr_agents.tree import TrajectoryTree
+    from fr_agents.tree.batch import build_flat, build_packed
+    from trainer.learner import Learner
+    from trainer.ledger import EpisodeLedger
+
+    ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
+    leaves = sorted({r[1] for r in ledger.batch_rows(steps - 1)})
+    trajs = tree.trajectories(leaves)
+    ckpt = run / "checkpoints" / f"step_{steps:06d}"
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    out = []
+    for form in ("flat", "packed"):
+        m = copy.deepcopy(model)
+        batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
+        logical = float((batch.flat if form == "packed" else batch).lengths.sum())
+        learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
+                          micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
+        t0 = time.perf_counter()
+        learner.step(batch)
+        out.append((time.perf_counter() - t0) / logical)
+    ledger.close()
+    tree.close()
+    return out[0], out[1]
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.3f} +- {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=60, help="steps of the linear run")
+    p.add_argument("--batch-size", type=int, default=32, help="leaves per step (both runs)")
+    p.add_argument("--branch", type=int, default=8, help="second attempts forked per tree")
+    p.add_argument("--eval-episodes", type=int, default=200)
+    p.add_argument("--warm-start", type=int, default=500, help="warm-start demos (both runs, reported apart)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes that prove the script works")
+    p.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
+    a = p.parse_args()
+    if a.quick:
+        a.seeds, a.steps, a.batch_size, a.branch, a.eval_episodes, a.warm_start = [0], 3, 8, 4, 20, 64
+    out = Path(a.out or tempfile.mkdtemp(prefix="tree_rl_"))
+    common = [*TWO_ATTEMPTS, f"trainer.batch_size={a.batch_size}", f"trainer.eval_episodes={a.eval_episodes}",
+              f"warm_start.examples={a.warm_start}", "model.tiny_size=micro"]
+    if a.quick:
+        common += ["warm_start.epochs=2", "model.tiny_size=nano"]
+    tree_over = [f"rollout.branch_factor={a.branch}", "rollout.branch_at=[1]", "trainer.max_per_root=5",
+                 "objective.baseline=tree"]
+    rows = []
+    for seed in a.seeds:
+        s = [f"trainer.seed={seed}", f"model.tiny_seed={seed}"]
+        lin = train(out / f"linear-{seed}", [*common, *s, f"trainer.steps={a.steps}"])
+        pilot = train(out / f"pilot-{seed}", [*common, *s, *tree_over, "trainer.steps=2", "trainer.eval_episodes=0"])
+        per_step = max(1.0, pilot["tokens"] / 2)
+        steps = max(1, round(lin["tokens"] / per_step))
+        tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"])
+        flat_s, packed_s = learner_cost(out / f"tree-{seed}", steps, tree["temperature"], 0)
+        rows.append((seed, lin, tree, flat_s / packed_s))
+        print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
+              f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} | "
+              f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x", flush=True)
+    print(f"[tree RL] math-tiny, two attempts, {len(a.seeds)} seeds, runs in {out}")
+    print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
+    print(f"  generated policy tokens  linear {spread([r[1]['tokens'] for r in rows])}   tree {spread([r[2]['tokens'] for r in rows])}")
+    print(f"  learner s per logical token, flat / packed: {spread([r[3] for r in rows])}x (goal >= 2)")
+
+
+if __name__ == "__main__":
+    main()
