@@ -70,6 +70,11 @@ class ArithmeticSource(TaskSource):
             raise ConfigError(
                 f"tasks.params.digits: need 1 <= min_digits <= digits <= 9, got {min_digits}, {digits}"
             )
+        if min_operand is not None:
+            try:
+                min_operand = int(min_operand)  # a dotted override arrives as text
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"tasks.params.min_operand: expected an integer, got {min_operand!r}") from e
         if min_operand is not None and not 0 <= min_operand <= 10**digits - 1:
             raise ConfigError(f"tasks.params.min_operand: must lie in [0, {10**digits - 1}] (digits={digits}), got {min_operand}")
         if order not in ("random", "curriculum"):
