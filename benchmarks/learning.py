@@ -11,13 +11,19 @@ training never sees) at three points, so each lift is reported on its own:
 Goal: RL adds >= 30 points within 10 minutes of wall time on 2 cores.
 
 Part 2 compares, on the same task and from the same warm start, FlashREINFORCE with ``N`` rollouts
-(``S`` steps of ``B``) against GRPO with 4 samples per prompt and ``2N`` rollouts (``2S`` steps).
+(``S`` steps of ``B``) against GRPO with 4 samples per prompt and ``2N`` rollouts (``2S`` steps), for
+each preset named by ``--compare-preset`` (math-tiny by default; python-tool-tiny runs the tool task
+through the real sandbox) and each of ``--seeds`` seeds (``trainer.seed`` = 0, 1, ...: the schedule,
+the sampling and the warm start's order). It prints one row per run, then the mean and the spread
+(sample standard deviation) of the after-RL success and of the RL lift per method, and whether
+FlashREINFORCE at N matches or beats GRPO at 2N on the mean.
 
 Usage::
 
     python benchmarks/learning.py                    # both parts
     python benchmarks/learning.py --skip-compare     # part 1 only
     python benchmarks/learning.py --compare-steps 60 --skip-main
+    python benchmarks/learning.py --skip-main --seeds 3 --compare-preset math-tiny --compare-preset python-tool-tiny
 
 The load average of the machine is printed next to the figures: other processes sharing the two
 cores slow every step, so wall-time figures are only comparable at similar load.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,11 +67,56 @@ def load() -> str:
     return f"load average {one:.1f} {five:.1f} {fifteen:.1f}"
 
 
+def spread(values: list[float], signed: bool = False) -> str:
+    """``mean ± sd`` in points (sd 0 for a single run); ``signed`` for lifts."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    mean = 100 * statistics.fmean(values)
+    return f"{mean:+.1f} ± {100 * sd:.1f}" if signed else f"{mean:.1f} ± {100 * sd:.1f}"
+
+
+def compare(root: Path, preset: str, steps: int, seeds: int) -> dict[str, list[tuple[float, float]]]:
+    """FlashREINFORCE (``steps`` steps, N rollouts) vs GRPO, 4 per prompt (``2 * steps``, 2N), each
+    for ``seeds`` seeds, on ``preset``; prints the runs and the summary. Returns, per method, the
+    (after-RL success, RL lift) of each seed."""
+    from fr_agents.config import load_config
+
+    common = ["trainer.max_minutes=0", "trainer.checkpoint_every=0", "trainer.collapse_guard=false"]
+    methods = {
+        "FlashREINFORCE": (steps, [f"trainer.steps={steps}"]),
+        "GRPO, 4 samples/prompt": (2 * steps, [f"trainer.steps={2 * steps}", "objective.algo=grpo", "objective.grpo_group_size=4"]),
+    }
+    b = load_config(preset).trainer.batch_size
+    print(f"\n## {preset}, same warm start: FlashREINFORCE N={steps * b} rollouts vs GRPO (4/prompt) 2N={2 * steps * b}, "
+          f"{seeds} seed(s)")
+    print(f"{'method':<28}{'seed':>5}{'rollouts':>10}{'after warm':>12}{'after RL':>10}{'RL lift':>9}{'wall':>8}")
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
+    for seed in range(seeds):
+        for name, (s, overrides) in methods.items():
+            tag = "flashreinforce" if name == "FlashREINFORCE" else "grpo"
+            ev, wall, _ = train(root / f"{tag}-seed{seed}", [*common, *overrides, f"trainer.seed={seed}"], preset=preset)
+            warm, rl = ev["after_warm_start"], ev["after_rl"]
+            results[name].append((rl["success"], rl["success"] - warm["success"]))
+            print(f"{name:<28}{seed:>5}{s * b:>10}{pct(warm):>12}{pct(rl):>10}"
+                  f"{100 * (rl['success'] - warm['success']):>+8.1f}{wall / 60:>7.1f}m", flush=True)
+    print(f"{'method':<28}{'after RL (mean ± sd)':>24}{'RL lift (mean ± sd)':>24}")
+    for name, runs in results.items():
+        print(f"{name:<28}{spread([r for r, _ in runs]):>24}{spread([lift for _, lift in runs], signed=True):>24}")
+    fr = statistics.fmean(r for r, _ in results["FlashREINFORCE"])
+    grpo = statistics.fmean(r for r, _ in results["GRPO, 4 samples/prompt"])
+    verdict = "holds" if fr >= grpo else "does NOT hold"
+    print(f"FlashREINFORCE at N >= GRPO at 2N on mean after-RL success: {verdict} here "
+          f"({100 * fr:.1f}% vs {100 * grpo:.1f}%; {load()})")
+    return results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--skip-main", action="store_true")
     ap.add_argument("--skip-compare", action="store_true")
     ap.add_argument("--compare-steps", type=int, default=80, help="FlashREINFORCE steps S (GRPO gets 2S)")
+    ap.add_argument("--compare-preset", action="append", default=None,
+                    help="preset of the comparison (repeatable; default math-tiny)")
+    ap.add_argument("--seeds", type=int, default=1, help="runs per method in the comparison (trainer.seed 0..seeds-1)")
     ap.add_argument("--minutes", type=float, default=None, help="override the preset's RL time budget")
     ap.add_argument("--out", default=None, help="keep the run directories here")
     a = ap.parse_args()
@@ -84,24 +136,8 @@ def main() -> int:
         print(f"goal (+30 points from RL within 10 minutes): {'met' if lift >= 30 and wall <= 600 else 'NOT met'}")
 
     if not a.skip_compare:
-        s = a.compare_steps
-        common = ["trainer.max_minutes=0", "trainer.checkpoint_every=0", "trainer.collapse_guard=false"]
-        fr, fr_wall, _ = train(root / "flashreinforce", [*common, f"trainer.steps={s}"])
-        grpo, grpo_wall, _ = train(
-            root / "grpo", [*common, f"trainer.steps={2 * s}", "objective.algo=grpo", "objective.grpo_group_size=4"]
-        )
-        from fr_agents.config import load_config
-
-        b = load_config("math-tiny").trainer.batch_size
-        print(f"\n## same task, same warm start: FlashREINFORCE N={s * b} rollouts vs GRPO (4/prompt) 2N={2 * s * b}")
-        print(f"{'method':<28}{'rollouts':>10}{'after warm':>12}{'after RL':>10}{'RL lift':>9}{'wall':>8}")
-        for name, ev, n, w in (("FlashREINFORCE", fr, s * b, fr_wall), ("GRPO, 4 samples/prompt", grpo, 2 * s * b, grpo_wall)):
-            warm, rl = ev["after_warm_start"], ev["after_rl"]
-            print(
-                f"{name:<28}{n:>10}{pct(warm):>12}{pct(rl):>10}{100 * (rl['success'] - warm['success']):>+8.1f}"
-                f"{w / 60:>7.1f}m"
-            )
-        print(f"({load()})")
+        for preset in a.compare_preset or ["math-tiny"]:
+            compare(root / preset, preset, a.compare_steps, a.seeds)
     return 0
 
 

@@ -9,7 +9,9 @@ One episode::
     obs, r, term, trunc, info = env.step("The answer is \\\\boxed{3486784401}")   # r == 1.0, term
 
 Tool calls are Hermes/Qwen style: ``<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>``
-(several per reply are run in order). With ``allow_fenced=True`` a reply without a final answer whose
+(several per reply are run in order). With ``call_format="tag"`` they are the compact ``<tool>code</tool>``
+instead: a ~1M-parameter model learns that rigid, short form (23 tokens for ``<tool>print(4821*7390)</tool>``,
+against 68 for the JSON form) from a few hundred demos. With ``allow_fenced=True`` a reply without a final answer whose
 ```` ```python ```` blocks hold code runs those blocks too. Each call's output (stdout, stderr, and a status
 line for errors, timeouts and restarts) comes back in ``<tool_response>...</tool_response>``.
 
@@ -29,6 +31,12 @@ the calls run so far.
 trains on when a branch is cut short): 1 for a correct final answer, else 1/3 for a tool call that
 ran without error plus 1/3 for a tool output holding the gold answer as a number, so an agent that
 computed the answer but ran out of turns before stating it scores 2/3.
+
+The env has a scripted expert (``env.unwrapped.expert_reply()``, what ``--agent expert`` and the
+warm start's ``warm_start.demos=expert`` play): for an arithmetic task (metadata ``a``, ``op``, ``b``, or an
+``expression``) it calls the tool with ``print(<expression>)``, then answers with the first line the
+sandbox printed. It never reads the gold answer, so a demo's tool result and answer are exactly what
+the sandbox printed.
 
 ``env.unwrapped.fork()`` branches the episode: the twin gets a fresh sandbox into which the code run
 since the last restart is replayed (lazily, at the twin's first call), so its Python state matches.
@@ -61,12 +69,27 @@ DEFAULT_TOOL_PROMPT = (
     "between calls. When you know the answer, reply without a tool call.\n\n"
 )
 _FENCE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
-_EXAMPLE = '<tool_call>{"name": "python", "arguments": {"code": "print(1 + 1)"}}</tool_call>'
+_TAG_RE = re.compile(r"<tool>(.*?)</tool>", re.DOTALL)
+CALL_FORMATS = ("hermes", "tag")
+_EXAMPLES = {
+    "hermes": '<tool_call>{"name": "python", "arguments": {"code": "print(1 + 1)"}}</tool_call>',
+    "tag": "<tool>print(1 + 1)</tool>",
+}
 
 
 def parse_tool_calls(text: str) -> list[dict[str, Any]]:
     """Every ``<tool_call>`` of ``text`` in order: ``{"code": str}`` or ``{"error": why}``."""
     return tool_calls.parse_tool_calls(text, _check_call)
+
+
+def parse_tag_calls(text: str) -> list[dict[str, Any]]:
+    """Every compact ``<tool>code</tool>`` call of ``text`` in order (``call_format="tag"``)."""
+    calls = [{"code": m.group(1)} if m.group(1).strip() else {"error": "the <tool> call is empty"}
+             for m in _TAG_RE.finditer(text)]
+    tail = text[text.rfind("</tool>") + len("</tool>") :] if calls else text
+    if "<tool>" in tail:
+        calls.append({"error": "a <tool> was opened but never closed with </tool>"})
+    return calls
 
 
 def _check_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +135,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             each episode's session when its first call comes).
         call_timeout: hard deadline of one tool call in seconds.
         allow_fenced: also run ```` ```python ```` blocks of replies that have no final answer.
+        call_format: ``hermes`` (``<tool_call>{json}</tool_call>``) or ``tag`` (``<tool>code</tool>``).
         max_calls_per_turn: tool calls run per reply; the rest get an error response.
         max_tool_output_chars: each ``<tool_response>`` is cut to this many characters.
         tool_prompt: instructions put before the problem; None for the default, "" for none (when the
@@ -137,6 +161,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         sandbox_pool_size: int = 0,
         call_timeout: float = 10.0,
         allow_fenced: bool = False,
+        call_format: str = "hermes",
         max_calls_per_turn: int = 4,
         max_tool_output_chars: int = 4096,
         tool_prompt: str | None = None,
@@ -153,6 +178,8 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             raise ValueError(f"max_tool_output_chars: must be >= 64, got {max_tool_output_chars}")
         if backend not in ("auto", "docker", "bwrap"):
             raise ValueError(f"backend: expected 'auto', 'docker' or 'bwrap', got {backend!r}")
+        if call_format not in CALL_FORMATS:
+            raise ValueError(f"call_format: expected one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
         if sandbox_pool_size < 0:
             raise ValueError(f"sandbox_pool_size: must be >= 0, got {sandbox_pool_size}")
         if render_mode not in (None, "ansi"):
@@ -182,6 +209,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         self.sandbox_pool_size = sandbox_pool_size
         self.call_timeout = float(call_timeout)
         self.allow_fenced = allow_fenced
+        self.call_format = call_format
         self.max_calls_per_turn = max_calls_per_turn
         self.max_tool_output_chars = max_tool_output_chars
         self.tool_prompt = DEFAULT_TOOL_PROMPT if tool_prompt is None else tool_prompt
@@ -195,6 +223,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         self._saw_answer = False  # a tool output held the gold answer
         self._done = True
         self._transcript: list[tuple[str, str]] = []
+        self._outputs: list[str] = []  # each tool call's output this episode (the expert answers from it)
 
     # ------------------------------------------------------------------ sandbox
 
@@ -239,10 +268,11 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             self._history.clear()
         else:
             self._history.append(code)
-        text = format_result(r, self.max_tool_output_chars)
+        body = format_result(r, self.max_tool_output_chars)
+        self._outputs.append(body)
         self._ran_ok = self._ran_ok or r.status == "ok"
         self._saw_answer = self._saw_answer or holds_answer(r.stdout, self._gold())
-        return text
+        return body
 
     def _gold(self) -> str | None:
         task = self.grader.task
@@ -263,7 +293,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         self._close_sandbox()
         problem, info = self.grader.reset(seed=seed, options=options)
-        self._history, self._replay = [], []
+        self._history, self._replay, self._outputs = [], [], []
         self._turn = self._tool_calls = self._malformed = 0
         self._ran_ok = self._saw_answer = False
         self._done = False
@@ -272,7 +302,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         return obs, {**info, "tool_calls": 0}
 
     def _calls_in(self, action: str) -> list[dict[str, Any]]:
-        calls = parse_tool_calls(action)
+        calls = parse_tag_calls(action) if self.call_format == "tag" else parse_tool_calls(action)
         if not calls and self.allow_fenced and extract_answer(action, self.answer_format) is None:
             calls = [{"code": c} for c in _FENCE_RE.findall(action) if c.strip()]
         return calls
@@ -292,7 +322,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
                     body = f"Error: at most {self.max_calls_per_turn} tool calls per reply; this one was not run."
                 elif "error" in call:
                     self._malformed += 1
-                    body = f"Error: {call['error']}. A call looks like {_EXAMPLE}"
+                    body = f"Error: {call['error']}. A call looks like {_EXAMPLES[self.call_format]}"
                 else:
                     body = self._run(call["code"])
                 responses.append(f"<tool_response>\n{body}\n</tool_response>")
@@ -328,6 +358,47 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         self._close_sandbox()
         super().close()
 
+    # ------------------------------------------------------------------ the scripted expert
+
+    def expert_code(self) -> str:
+        """The code the expert runs for the current task: ``print(<expression>)``."""
+        task = self.grader.task
+        if task is None:
+            raise RuntimeError("expert_code() before reset()")
+        meta = task.get("metadata") or {}
+        if "expression" in meta:
+            expression = str(meta["expression"])
+        elif {"a", "op", "b"} <= set(meta):
+            expression = f"{meta['a']}{meta['op']}{meta['b']}"
+        else:
+            raise ValueError(
+                f"the python-tool expert needs a task whose metadata has 'expression' or 'a', 'op', 'b' "
+                f"(the arithmetic source's); task {task.get('id')!r} has {sorted(meta)}"
+            )
+        return f"print({expression})"
+
+    def expert_action(self) -> str:
+        """The expert's next reply: a tool call while none has run, then the answer, which is the
+        first line the sandbox printed (never the gold answer), in the env's answer format."""
+        if self._done:
+            raise RuntimeError("expert_action() on a finished episode")
+        if not self._outputs:
+            code = self.expert_code()
+            if self.call_format == "tag":
+                return f"<tool>{code}</tool>"
+            return tool_calls.format_call(TOOL_NAME, {"code": code})
+        printed = self._outputs[-1].strip().splitlines()
+        answer = printed[0].strip() if printed else ""
+        if self.answer_format == "boxed":
+            return f"\\boxed{{{answer}}}"
+        if self.answer_format == "answer_tag":
+            return f"<answer>{answer}</answer>"
+        return answer
+
+    def expert_reply(self) -> str:
+        """:meth:`expert_action` (the reply is already in the env's action format)."""
+        return self.expert_action()
+
     # ------------------------------------------------------------------ branching
 
     def fork(self) -> PythonToolEnv:
@@ -342,4 +413,5 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         twin._sandbox = None
         twin._replay = list(self._replay) + list(self._history)
         twin._history = []
+        twin._outputs = list(self._outputs)
         return twin

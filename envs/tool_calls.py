@@ -47,3 +47,8 @@ def _decode(body: str, check: Check) -> dict[str, Any]:
     if not isinstance(args, dict):
         return {"error": '"arguments" must be a JSON object'}
     return check(str(call["name"]), args)
+
+
+def format_call(name: str, arguments: dict[str, Any]) -> str:
+    """One call in the form :func:`parse_tool_calls` reads (what a scripted expert writes)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"

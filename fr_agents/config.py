@@ -202,6 +202,9 @@ class WarmStartConfig:
     lr: float = _opt(1e-3, help="learning rate of the warm start", rule=_positive)
     batch_size: int = _opt(32, help="demos per warm-start step", rule=_at_least(1))
     max_minutes: float = _opt(0.0, help="wall-time cap of the warm start (0: none)", rule=_at_least(0))
+    demos: str = _opt("gold", help="what a demo is: gold (the prompt, then the gold answer as the first reply) or expert "
+                                   "(the env's scripted expert played through the real env, tool calls and all; "
+                                   "the loss is on its replies only)", choices=("gold", "expert"))
 
 
 @dataclass

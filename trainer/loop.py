@@ -172,7 +172,7 @@ class Trainer:
             if ev := self.evaluate("before", 0):
                 evals["before"] = ev
             if cfg.warm_start.examples > 0:
-                run_warm_start(cfg, self.model, self.runner, self.demo_tasks, self.metrics, state)
+                run_warm_start(cfg, self.model, self.runner, self.demo_tasks, self.metrics, state, self.run_dir)
                 if ev := self.evaluate("after_warm_start", 0):
                     evals["after_warm_start"] = ev
             state.extra["evals"] = evals

@@ -124,6 +124,10 @@ def build_rollout_side(
     tree = TrajectoryTree.open(run_dir / STORE_FILE)
     ledger = EpisodeLedger(run_dir / LEDGER_FILE)
     make_env = env_factory(cfg)
+    if cfg.warm_start.examples and cfg.warm_start.demos == "expert":
+        from fr_agents.rollout import require_expert
+
+        require_expert(make_env, f"{cfg.env.id} (warm_start.demos=expert)")
     chosen = None
     if with_engine and engine is not None:
         chosen = engine(make_engine(cfg, where, tok, model=engine_model), tok)

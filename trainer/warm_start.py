@@ -6,8 +6,16 @@ which every reward is 0 (all advantages vanish). A few hundred labelled demos fr
 success rate; RL on the large unlabelled prompt pool takes it from there. Held-out success is
 measured before and after the warm start and after RL, so each lift is reported separately.
 
-A demo is exactly what a perfect rollout would produce: the prompt tokens as the rollout encodes
-them (no loss on them), then the answer tokens and the end-of-turn token (with loss).
+A demo is exactly what a perfect rollout would produce, in one of two kinds (``warm_start.demos``):
+
+* ``gold``: the prompt tokens as the rollout encodes them (no loss on them), then the gold answer's
+  tokens and the end-of-turn token (with loss): a perfect first reply;
+* ``expert``: a whole multi-turn episode played by the env's scripted expert (``expert_reply()``)
+  through the real env, with :func:`fr_agents.rollout.run_episodes` as ``--agent expert`` plays it.
+  The episodes are stored in ``RUN_DIR/demos.sqlite``, the expert's replies as non-policy demo spans
+  (``info["demo_spans"]``); the loss is on those spans only, never on the prompt or on what the env
+  answered. So the tool results a demo teaches the model to read are what the sandbox really
+  printed: the demo is token-truthful, exactly the sequence a rollout that replied so would hold.
 """
 
 from __future__ import annotations
@@ -17,11 +25,27 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
+
+
+DEMO_STORE = "demos.sqlite"
+
+
+@dataclass(frozen=True)
+class SpanDemo:
+    """One demo as a whole token sequence and the ``[start, end)`` spans that carry the loss."""
+
+    ids: list[int]
+    spans: list[tuple[int, int]]
+
+
+Demo = tuple[list[int], list[int]] | SpanDemo
+"""A ``(prompt_ids, target_ids)`` pair (loss on the target) or a :class:`SpanDemo`."""
 
 
 @dataclass
@@ -42,22 +66,30 @@ def build_demos(
     return [(encode_prompt(t), encode_answer(t)) for t in tasks]
 
 
-def _collate(demos: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    width = max(len(p) + len(a) for p, a in demos)
-    ids = torch.full((len(demos), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(demos), width), dtype=torch.long)
-    labels = torch.full((len(demos), width), -100, dtype=torch.long)
-    for i, (p, a) in enumerate(demos):
-        row = p + a
-        ids[i, : len(row)] = torch.tensor(row)
-        attn[i, : len(row)] = 1
-        labels[i, len(p) : len(row)] = torch.tensor(a)
+def _as_span_demo(demo: Demo) -> SpanDemo:
+    if isinstance(demo, SpanDemo):
+        return demo
+    prompt, target = demo
+    return SpanDemo(list(prompt) + list(target), [(len(prompt), len(prompt) + len(target))])
+
+
+def _collate(demos: Sequence[Demo], pad_id: int) -> tuple[torch.Tensor, ...]:
+    rows = [_as_span_demo(d) for d in demos]
+    width = max(len(r.ids) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r.ids)] = torch.tensor(r.ids)
+        attn[i, : len(r.ids)] = 1
+        for start, end in r.spans:
+            labels[i, start:end] = ids[i, start:end]
     return ids, attn, labels
 
 
 def warm_start(
     model: Any,
-    demos: Sequence[tuple[list[int], list[int]]],
+    demos: Sequence[Demo],
     *,
     epochs: int,
     lr: float,
@@ -66,7 +98,8 @@ def warm_start(
     seed: int = 0,
     max_minutes: float = 0.0,
 ) -> WarmStartResult:
-    """Train ``model`` in place on ``demos`` with AdamW and token cross-entropy on the answers.
+    """Train ``model`` in place on ``demos`` with AdamW and token cross-entropy on their loss spans
+    (a pair's target, a :class:`SpanDemo`'s spans).
 
     Its optimizer is private (discarded afterwards): the RL optimizer starts fresh, as it would
     from any pretrained checkpoint.
@@ -108,11 +141,56 @@ def warm_start(
     return WarmStartResult(len(demos), steps, loss_value, time.perf_counter() - started)
 
 
-def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], metrics: Any, state: Any) -> None:
-    """The run's warm start (``warm_start.*``): SFT on ``demo_tasks`` (prompts as the rollout
-    encodes them, gold answers), recorded in ``state.warm_start`` and as a ``warm_start`` event."""
+def expert_demos(cfg: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], store: str | Path) -> list[SpanDemo]:
+    """Play ``demo_tasks`` with the env's scripted expert through the real env (``runner.make_env``,
+    the rollout's options and chat template) into the store at ``store``; one :class:`SpanDemo` per
+    episode the expert won, its loss spans the leaf's ``demo_spans``.
+
+    Raises :class:`~fr_agents.config.ConfigError` naming ``rollout.max_new_tokens`` when an expert
+    reply is longer than the policy may sample (it could never reproduce the demo).
+    """
+    from fr_agents.config import ConfigError
+    from fr_agents.rollout import expert_actor, reset_args, run_episodes_sync
+    from fr_agents.tree import TrajectoryTree
+
+    seeds, tasks = [], []
+    for i, task in enumerate(demo_tasks):
+        seed, option = reset_args(task, cfg.trainer.seed + i)
+        seeds.append(seed)
+        tasks.append(option)
+    with TrajectoryTree.open(store) as tree:
+        results = run_episodes_sync(
+            runner.make_env, None, runner.tokenizer, tree, len(tasks), runner.options,
+            concurrency=max(1, cfg.rollout.concurrency), seeds=seeds, tasks=tasks, actor=expert_actor,
+        )
+        won = [leaf.leaf_id for r in results for leaf in r.leaves if leaf.reward > 0]
+        trajectories = tree.trajectories(won)
+    demos = [SpanDemo(list(t.token_ids), [(int(a), int(b)) for a, b in t.info.get("demo_spans", [])]) for t in trajectories]
+    longest = max((b - a for d in demos for a, b in d.spans), default=0)
+    if longest > cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"rollout.max_new_tokens: an expert reply is {longest} tokens (end of turn included), the policy may "
+            f"sample only {cfg.rollout.max_new_tokens}; raise it to at least {longest}"
+        )
+    log.info("warm start: the expert won %d of %d demo episodes (stored in %s)", len(demos), len(tasks), store)
+    return demos
+
+
+def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], metrics: Any, state: Any,
+                   run_dir: str | Path | None = None) -> None:
+    """The run's warm start (``warm_start.*``): SFT on demos of ``demo_tasks`` (``warm_start.demos``:
+    gold answers after the prompts as the rollout encodes them, or whole episodes of the env's
+    expert stored in ``run_dir/demos.sqlite``), recorded in ``state.warm_start`` and as a
+    ``warm_start`` event."""
     ws = cfg.warm_start
-    demos = build_demos(demo_tasks, encode_prompt=runner.encode_task, encode_answer=runner.encode_answer)
+    collect_started = time.perf_counter()
+    if ws.demos == "expert":
+        if run_dir is None:
+            raise ValueError("run_dir: expert demos are stored in the run directory")
+        demos: list[Demo] = list(expert_demos(cfg, runner, demo_tasks, Path(run_dir) / DEMO_STORE))
+    else:
+        demos = list(build_demos(demo_tasks, encode_prompt=runner.encode_task, encode_answer=runner.encode_answer))
+    collect_s = time.perf_counter() - collect_started
     res = warm_start(
         model,
         demos,
@@ -124,5 +202,7 @@ def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[
         max_minutes=ws.max_minutes,
     )
     model.train()
-    state.warm_start["result"] = {"examples": res.examples, "steps": res.steps, "loss": res.final_loss, "seconds": res.seconds}
-    metrics.event("warm_start", examples=res.examples, steps=res.steps, loss=res.final_loss, seconds=res.seconds)
+    state.warm_start["result"] = {"examples": res.examples, "steps": res.steps, "loss": res.final_loss, "seconds": res.seconds,
+                                  "demos": ws.demos, "collect_seconds": collect_s}
+    metrics.event("warm_start", examples=res.examples, steps=res.steps, loss=res.final_loss, seconds=res.seconds,
+                  demos=ws.demos, collect_seconds=collect_s)

@@ -7,6 +7,8 @@ whole (short) reply is the answer. Larger models can use ``template`` to add wor
 Parameters (all keyword, via ``tasks.params`` in a config):
 
 * ``digits`` – operands have 1..``digits`` digits (``min_digits`` sets the lower bound);
+* ``min_operand`` – a smallest operand above ``min_digits``' bound (e.g. 3163 with 4 digits and ``*``:
+  every product has exactly 8 digits);
 * ``ops`` – any of ``"+"``, ``"-"``, ``"*"``; subtraction keeps results non-negative unless
   ``allow_negative`` is true;
 * ``size`` – how many distinct problems; ``None`` enumerates every operand pair (up to 200k);
@@ -58,6 +60,7 @@ class ArithmeticSource(TaskSource):
         order: str = "random",
         template: str = "{a}{op}{b}=",
         allow_negative: bool = False,
+        min_operand: int | None = None,
     ) -> None:
         super().__init__(seed)
         ops = [ops] if isinstance(ops, str) else list(ops)
@@ -67,6 +70,13 @@ class ArithmeticSource(TaskSource):
             raise ConfigError(
                 f"tasks.params.digits: need 1 <= min_digits <= digits <= 9, got {min_digits}, {digits}"
             )
+        if min_operand is not None:
+            try:
+                min_operand = int(min_operand)  # a dotted override arrives as text
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"tasks.params.min_operand: expected an integer, got {min_operand!r}") from e
+        if min_operand is not None and not 0 <= min_operand <= 10**digits - 1:
+            raise ConfigError(f"tasks.params.min_operand: must lie in [0, {10**digits - 1}] (digits={digits}), got {min_operand}")
         if order not in ("random", "curriculum"):
             raise ConfigError(f"tasks.params.order: expected 'random' or 'curriculum', got {order!r}")
         try:
@@ -76,10 +86,13 @@ class ArithmeticSource(TaskSource):
         self.digits, self.min_digits, self.ops = digits, min_digits, ops
         self.size, self.test_fraction, self.test_size = size, test_fraction, test_size
         self.order, self.template, self.allow_negative = order, template, allow_negative
+        self.min_operand = min_operand
         self._splits: tuple[list[Task], list[Task]] | None = None
 
     def _operand_range(self) -> tuple[int, int]:
         low = 0 if self.min_digits == 1 else 10 ** (self.min_digits - 1)
+        if self.min_operand is not None:
+            low = max(low, self.min_operand)
         return low, 10**self.digits - 1
 
     def _triples(self) -> list[tuple[int, str, int]]:
@@ -140,4 +153,7 @@ class ArithmeticSource(TaskSource):
         return self._splits[0] if split == "train" else self._splits[1]
 
     def describe(self) -> dict[str, Any]:
-        return {"digits": self.digits, "ops": self.ops, "order": self.order, "template": self.template}
+        out = {"digits": self.digits, "ops": self.ops, "order": self.order, "template": self.template}
+        if self.min_operand is not None:
+            out["min_operand"] = self.min_operand
+        return out

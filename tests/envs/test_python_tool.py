@@ -9,7 +9,7 @@ import gymnasium
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs.python_tool import PythonToolEnv, parse_tool_calls
+from envs.python_tool import PythonToolEnv, parse_tag_calls, parse_tool_calls
 from tools_sandbox import SandboxLimits, live_sessions
 from tools_sandbox.reaper import leftovers
 
@@ -184,3 +184,52 @@ def test_parse_and_validation() -> None:
         PythonToolEnv(backend="none")
     with pytest.raises(ValueError, match="memory_mb"):
         PythonToolEnv(limits={"memory_mb": 1})
+    with pytest.raises(ValueError, match="call_format"):
+        PythonToolEnv(call_format="xml")
+
+
+def test_parse_compact_tag_calls() -> None:
+    assert parse_tag_calls("12") == []
+    assert parse_tag_calls("<tool>print(1)</tool> <tool>2</tool>") == [{"code": "print(1)"}, {"code": "2"}]
+    assert parse_tag_calls("<tool> </tool>") == [{"error": "the <tool> call is empty"}]
+    assert parse_tag_calls("<tool>print(1)")[0]["error"].startswith("a <tool> was opened")
+
+
+MULT = {"id": "m", "prompt": "4821*7390=", "answer": "35627190", "metadata": {"a": 4821, "op": "*", "b": 7390}}
+
+
+def test_compact_calls_and_the_expert_answer_from_what_the_sandbox_printed(backend, verifier_pool) -> None:
+    env = make(backend, verifier_pool, call_format="tag", tool_prompt="", answer_format="plain", max_turns=2)
+    obs, _ = env.reset(options={"task": MULT})
+    assert obs == "4821*7390="
+    reply = env.expert_reply()
+    assert reply == "<tool>print(4821*7390)</tool>"
+    obs, r, term, _, info = env.step(reply)
+    assert obs == "<tool_response>\n35627190\n</tool_response>" and not term and info["tool_calls"] == 1
+    assert env.expert_reply() == "35627190"
+    _, r, term, trunc, info = env.step(env.expert_reply())
+    assert (r, term, trunc, info["tool_calls"]) == (1.0, True, False, 1)
+    # the expert reads the tool output, never the gold answer: a wrong gold makes it lose
+    env.reset(options={"task": {**MULT, "answer": "1"}})
+    env.step(env.expert_reply())
+    assert env.expert_reply() == "35627190"
+    assert env.step(env.expert_reply())[1] == 0.0
+    # a call in the JSON form is not a call in the compact form: graded as the final answer
+    env.reset(options={"task": MULT})
+    _, r, term, _, info = env.step(call("print(4821*7390)"))
+    assert term and r == 0.0 and info["tool_calls"] == 0
+    env.close()
+
+
+def test_expert_in_the_json_form_and_boxed(backend, verifier_pool) -> None:
+    env = make(backend, verifier_pool)
+    env.reset(options={"task": MULT})
+    reply = env.expert_reply()
+    assert parse_tool_calls(reply) == [{"code": "print(4821*7390)"}]
+    env.step(reply)
+    assert env.expert_reply() == "\\boxed{35627190}"
+    assert env.step(env.expert_reply())[1] == 1.0
+    env.reset(options={"task": TASK})  # no expression in its metadata: the expert says what it needs
+    with pytest.raises(ValueError, match="'expression' or 'a', 'op', 'b'"):
+        env.expert_reply()
+    env.close()

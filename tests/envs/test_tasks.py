@@ -57,6 +57,17 @@ def test_arithmetic_ops_size_curriculum_and_template() -> None:
         assert int(t["answer"]) == (m["a"] - m["b"] if m["op"] == "-" else m["a"] * m["b"]) >= 0
 
 
+def test_arithmetic_min_operand_bounds_the_operands() -> None:
+    src = get_task_source("arithmetic", digits=4, min_digits=4, ops=["*"], size=500, test_size=50, min_operand=3163)
+    tasks = list(src.split("train")) + list(src.split("test"))
+    assert len(tasks) == 500
+    assert all(3163 <= t["metadata"]["a"] <= 9999 and 3163 <= t["metadata"]["b"] <= 9999 for t in tasks)
+    assert {len(t["answer"]) for t in tasks} == {8}  # 3163 * 3163 >= 10**7: every product has 8 digits
+    assert src.describe()["min_operand"] == 3163
+    with pytest.raises(ConfigError, match=r"tasks\.params\.min_operand"):
+        get_task_source("arithmetic", digits=2, min_operand=100)
+
+
 def test_split_stream_and_sample_are_seeded() -> None:
     split = get_task_source("arithmetic", digits=1).split("train")
     s1, s2 = split.stream(seed=1), split.stream(seed=1)

@@ -140,7 +140,9 @@ def _needs_alfworld() -> None:
 _TINY_RUNS = {
     "math-tiny": ((), None, ["warm_start.examples=32", "warm_start.epochs=1", "trainer.batch_size=8",
                              "rollout.concurrency=8", "trainer.eval_episodes=8"]),
-    "python-tool-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox, ["trainer.eval_episodes=4"]),
+    "python-tool-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox,
+                         ["warm_start.examples=8", "warm_start.epochs=1", "trainer.batch_size=4",
+                          "rollout.concurrency=4", "trainer.eval_episodes=4"]),
     "repo-coding-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox, ["trainer.eval_episodes=2"]),
     "alfworld-tiny": ((pytest.mark.alfworld,), _needs_alfworld, ["trainer.eval_episodes=3"]),
     # the preset behind `train --env` (its env.id placeholder is a built-in env that picks its own tasks)
