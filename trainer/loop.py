@@ -270,7 +270,10 @@ class Trainer:
             self._ready.notify_all()
 
     def _wait_batch(self, k: int, rollout: RolloutThread, deadline: float) -> bool:
-        """Wait until batch ``k`` is complete; False when the time budget ran out first."""
+        """Wait until batch ``k`` is complete; False when the time budget has run out (checked
+        first: a learner that always finds its batch ready must stop on time too)."""
+        if time.monotonic() > deadline:
+            return False
         self.hooks.waiting(True)
         try:
             with self._ready:

@@ -82,3 +82,26 @@ def test_nan_loss_stops_keeps_checkpoint_and_saves_batch(tmp_path: Path, monkeyp
     assert saved["token_ids"].shape[0] == cfg.trainer.batch_size and len(saved["leaf_ids"]) == 8
     stop = [r for r in _rows(tmp_path) if r["kind"] == "stop"][0]
     assert stop["reason"] == "non-finite loss"
+
+
+def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
+    """``trainer.max_minutes`` ends the run even when every batch is ready before the learner asks
+    (a learner slower than its rollout never waits, and the budget must still be checked)."""
+    import time as _time
+
+    from trainer.hooks import TrainerHooks
+    from trainer.loop import Trainer
+
+    class SlowSteps(TrainerHooks):
+        """Every learner step takes 3 s longer (a real sleep), so rollout, two batches ahead, is
+        always done first."""
+
+        def around_step(self, step):
+            _time.sleep(3.0)
+            return step()
+
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "rollout.max_policy_lag=2", "trainer.steps=40", "trainer.max_minutes=0.1"])
+    res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
+    assert res.ok and res.stop_reason == "time budget"
+    assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
