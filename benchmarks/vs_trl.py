@@ -219,9 +219,9 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
     rc = finish(proc, log, f"fr-agents seed {seed}")
     ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
-    with sqlite3.connect(run / "episodes.sqlite") as db:  # the ledger: one row per finished episode
-        completions = db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
-        trained = db.execute("SELECT COUNT(*) FROM episodes WHERE batch < ?", (int(state["step"]),)).fetchone()[0]
+    with sqlite3.connect(run / "episodes.sqlite") as db:  # the ledger: one row per finished leaf (no branching here)
+        completions = db.execute("SELECT COUNT(*) FROM episode_leaves").fetchone()[0]
+        trained = db.execute("SELECT COUNT(*) FROM episode_leaves WHERE batch < ?", (int(state["step"]),)).fetchone()[0]
     end = [r for r in _rows(run / "metrics.jsonl") if r.get("kind") == "end"]
     res = {
         "run": "fr-agents", "seed": seed, "steps": int(state["step"]), "rl_s": float(state["rl_elapsed_s"]),
