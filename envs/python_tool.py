@@ -28,9 +28,10 @@ code) gets an explanatory ``<tool_response>`` and the episode goes on. ``info["t
 the calls run so far.
 
 ``info["partial_score"]`` measures progress towards the answer (what ``rollout.reward: partial``
-trains on when a branch is cut short): 1 for a correct final answer, else 1/3 for a tool call that
-ran without error plus 1/3 for a tool output holding the gold answer as a number, so an agent that
-computed the answer but ran out of turns before stating it scores 2/3.
+trains on when a branch is cut short): 1 for a correct final answer and 0 for a wrong one; an
+episode cut short (the turn limit reached while still calling the tool, or a runner's cut) scores
+1/3 for a tool call that ran without error plus 1/3 for a tool output holding the gold answer as a
+number, so an agent that computed the answer but ran out of turns before stating it scores 2/3.
 
 The env has a scripted expert (``env.unwrapped.expert_reply()``, what ``--agent expert`` and the
 warm start's ``warm_start.demos=expert`` play): for an arithmetic task (metadata ``a``, ``op``, ``b``, or an
@@ -345,7 +346,9 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             "turn": self._turn,
             "tool_calls": self._tool_calls,
             "malformed_calls": self._malformed,
-            "partial_score": self.partial_score(bool(graded.get("correct"))),
+            # a final answer is judged on itself (a wrong one earns no progress credit, whatever the
+            # tool printed: the graded-answer trust boundary); only a cut-short episode scores progress
+            "partial_score": self.partial_score(bool(graded.get("correct"))) if truncated else float(bool(graded.get("correct"))),
         }
         return "", reward, not truncated, truncated, info
 

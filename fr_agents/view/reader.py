@@ -124,11 +124,14 @@ class StoreReader:
         conn = getattr(self._local, "ledger", None)
         if conn is None:
             conn = self._local.ledger = self._connect(self.ledger)
-        with contextlib.suppress(sqlite3.OperationalError):  # a ledger not created yet
-            rows = conn.execute(
-                "SELECT episode, batch FROM episodes WHERE leaf = ? ORDER BY episode", (leaf,)
-            ).fetchall()
-            return [{"episode": int(e), "batch": int(b)} for e, b in rows]
+        # the ledger's per-leaf table (``episode_leaves``), or the one-row-per-episode table of runs
+        # written before branching existed (``episodes``); neither: a ledger not created yet
+        for table in ("episode_leaves", "episodes"):
+            with contextlib.suppress(sqlite3.OperationalError):
+                rows = conn.execute(
+                    f"SELECT episode, batch FROM {table} WHERE leaf = ? ORDER BY episode", (leaf,)
+                ).fetchall()
+                return [{"episode": int(e), "batch": int(b)} for e, b in rows]
         return []
 
     # ------------------------------------------------------------------ store-wide
