@@ -99,7 +99,7 @@ def test_bad_branching_values_are_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"rollout\.branch_at: lists a turn twice"):
         load_config("env-tiny", ["rollout.branch_factor=2", "rollout.branch_at=[1,1]"])
     with pytest.raises(ConfigError, match=r"trainer\.batch_size: 8 must be a multiple of the leaves per scheduled prompt, 3"):
-        load_config("python-tool-tiny", ["rollout.branch_factor=3", "rollout.branch_at=[1]"])
+        load_config("python-tool-tiny", ["trainer.batch_size=8", "rollout.branch_factor=3", "rollout.branch_at=[1]"])
     with pytest.raises(ConfigError, match=r"trainer\.max_per_root: "):
         load_config("math-tiny", ["trainer.max_per_root=0"])
     with pytest.raises(ConfigError, match=r"objective\.baseline: tree is a FlashREINFORCE baseline"):
