@@ -27,6 +27,8 @@ Math benches use ``MathVerifier-v0`` with boxed answers (the last ``\\boxed{}`` 
 
 from __future__ import annotations
 
+import json
+
 import difflib
 from collections.abc import Callable
 from pathlib import Path
@@ -160,7 +162,7 @@ def _alfworld(split: str) -> Callable[[], Bench]:
             name=name,
             env_id="fr_agents/ALFWorld-v0",
             env_kwargs={"split": split},
-            items=[BenchItem(_game_id(g), {"game": g}) for g in games],
+            items=[BenchItem(_game_id(g), {"game": g}, group=_task_type(g)) for g in games],
             max_turns=max_turns,
             max_new_tokens=256,
             max_context=16384,
@@ -168,6 +170,15 @@ def _alfworld(split: str) -> Callable[[], Bench]:
         )
 
     return build
+
+
+def _task_type(path: str) -> str | None:
+    """The task type of an ALFWorld game (its ``traj_data.json``), None when it has none."""
+    traj = Path(path).parent / "traj_data.json"
+    try:
+        return str(json.loads(traj.read_text())["task_type"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _game_id(path: str) -> str:

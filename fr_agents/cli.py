@@ -9,6 +9,7 @@ Each subcommand is a pair of functions: ``_add_<name>(sub)`` declares its argume
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -160,6 +161,9 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
                    help="a seeded sample of N problems of each bench (not the first N: stored order is often sorted); "
                    "the same sample fr-agents train evaluates on with tasks.seed = --limit-seed")
     p.add_argument("--limit-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    p.add_argument("--env-kwargs", default=None,
+                   help="JSON object merged over each bench's gymnasium.make kwargs (e.g. the env kwargs a run "
+                        "trained with: '{\"list_admissible\": false}' for alfworld-tiny)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: the bench's)")
     p.add_argument("--max-turns", type=int, default=None)
@@ -219,6 +223,9 @@ def _cmd_eval(a: argparse.Namespace) -> int:
             max_context=a.max_context, system_prompt=a.system_prompt, concurrency=a.concurrency,
         )
         benches = [resolve_bench(name, a.limit, a.limit_seed) for name in a.bench]
+        if a.env_kwargs:
+            extra = _json_kwargs(a.env_kwargs, "--env-kwargs")
+            benches = [dataclasses.replace(b, env_kwargs={**b.env_kwargs, **extra}) for b in benches]
         if a.agent == "expert":
             results = suite.evaluate_expert(benches, settings, out_dir=a.out, tokenizer=load_tokenizer(a.tokenizer or "tiny"))
         else:

@@ -48,11 +48,13 @@ class HeldOutEval:
         )
 
     def run(self, name: str, step: int, model: Any, tokenizer: Any) -> dict[str, float]:
-        """Evaluate ``model`` now: ``{success, reward, turns, tool_calls, episodes, seconds}``."""
+        """Evaluate ``model`` now: ``{success, reward, turns, tool_calls, episodes, seconds}``, plus
+        ``by_group`` (per task type: tasks, success, mean reward, turns) when the bench's problems
+        have groups (ALFWorld)."""
         res = evaluate_live(
             model, tokenizer, self.bench, self.settings, label=f"{name}_step{step:06d}", out_dir=self.out_dir
         )
-        per_episode = res.extra["per_episode"]
+        per_episode, by_group = res.extra["per_episode"], res.extra.get("by_group")
         return {
             "success": res.metrics["success"],
             "reward": res.metrics["mean@k"],
@@ -60,4 +62,6 @@ class HeldOutEval:
             "tool_calls": per_episode["tool_calls"],
             "episodes": res.tasks,
             "seconds": res.seconds,
+            **({"by_group": {g: {"tasks": int(m["tasks"]), "success": m["success"], "reward": m["mean@k"],
+                                 "turns": m["turns"]} for g, m in by_group.items()}} if by_group else {}),
         }

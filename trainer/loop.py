@@ -136,6 +136,9 @@ class Trainer:
             "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",
             name, step, 100 * res["success"], res["reward"], res["turns"], res["tool_calls"], res["episodes"], res["seconds"],
         )
+        if by_group := res.get("by_group"):
+            log.info("held-out %s by group: %s", name, ", ".join(
+                f"{g} {100 * m['success']:.0f}% of {m['tasks']}" for g, m in by_group.items()))
         return res
 
     def _checkpoint(self, state: TrainerState) -> Path:

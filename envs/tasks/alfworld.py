@@ -13,8 +13,12 @@ scenes, other games) and ``valid_unseen`` (scenes never seen in training) are th
 ``$ALFWORLD_DATA``, else a small generated set (six games a split, one per task type) cached on
 first use.
 
+Order: each split lists its games round-robin over the task types (the first game of each type in
+type order, then the second of each, ...), so any prefix of a split covers the types evenly; the
+trainer's warm start takes the first ``warm_start.examples`` train games as its demos.
+
 Parameters: ``games_dir``, ``task_types`` (a list of the six type names; default all), ``limit``
-(at most this many games a split, spread over the list; default all).
+(at most this many games a split, spread over the types; default all).
 """
 
 from __future__ import annotations
@@ -94,4 +98,14 @@ class AlfworldSource(TaskSource):
             # evenly spaced: the paths are sorted by task-type folder, so every type keeps its share
             step = len(games) / self.limit
             games = [games[int(i * step)] for i in range(self.limit)]
-        return [game_task(g, alf_split) for g in games]
+        return round_robin([game_task(g, alf_split) for g in games])
+
+
+def round_robin(tasks: list[Task]) -> list[Task]:
+    """``tasks`` reordered round-robin over their ``task_type`` (types sorted by name, each type's
+    games in their given order)."""
+    by_type: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_type.setdefault(t["metadata"]["task_type"], []).append(t)
+    queues = [by_type[k] for k in sorted(by_type)]
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]

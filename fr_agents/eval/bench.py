@@ -21,11 +21,14 @@ from typing import Any
 @dataclass(frozen=True)
 class BenchItem:
     """One problem: a stable ``id`` and the ``reset`` options that select it; ``seed``, when set,
-    is the reset seed that selects it instead (envs that pick their own task from the seed)."""
+    is the reset seed that selects it instead (envs that pick their own task from the seed).
+    ``group``, when set, is the problem's kind (ALFWorld's task type): reports break the figures
+    down by it."""
 
     id: str
     options: dict[str, Any] | None = None
     seed: int | None = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -34,6 +37,8 @@ class BenchItem:
             raise ValueError(
                 f"BenchItem.options ({self.id}): expected a dict or None, got {type(self.options).__name__}"
             )
+        if self.group is not None and not isinstance(self.group, str):
+            raise ValueError(f"BenchItem.group ({self.id}): expected a str or None, got {type(self.group).__name__}")
 
 
 @dataclass
@@ -81,7 +86,7 @@ class Bench:
     def from_tasks(cls, name: str, env_id: str, tasks: list[dict[str, Any]], **kw: Any) -> Bench:
         """A bench over task dicts (``{"id", "prompt", "answer", ...}``), each passed as
         ``reset(options={"task": task})``; a task whose metadata holds ``reset_seed`` is reset
-        with that seed and no options."""
+        with that seed and no options, and one whose metadata holds ``task_type`` is in that group."""
         from fr_agents.rollout import reset_args
 
         items = []
@@ -89,7 +94,9 @@ class Bench:
             if not isinstance(t, dict):
                 raise ValueError(f"bench {name!r}: task {i} is a {type(t).__name__}, expected a dict")
             seed, task = reset_args(t, None)  # the env-reset source: a seed, no task option
-            items.append(BenchItem(str(t.get("id", i)), None if task is None else {"task": task}, seed))
+            group = (t.get("metadata") or {}).get("task_type")
+            items.append(BenchItem(str(t.get("id", i)), None if task is None else {"task": task}, seed,
+                                   None if group is None else str(group)))
         return cls(name=name, env_id=env_id, items=items, **kw)
 
     def subset(self, n: int, seed: int) -> Bench:

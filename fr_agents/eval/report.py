@@ -87,8 +87,28 @@ def render_markdown(results: Sequence[BenchResult]) -> str:
             "",
             *notes,
             "",
+            *_group_tables(results, labels),
         ]
     )
+
+
+def _group_tables(results: Sequence[BenchResult], labels: list[str]) -> list[str]:
+    """Per bench whose items have groups (ALFWorld's task types): success % per group and checkpoint."""
+    out: list[str] = []
+    for bench in _ordered([r.bench for r in results]):
+        rows = {r.label: r.extra.get("by_group") or {} for r in results if r.bench == bench}
+        groups = _ordered([g for by in rows.values() for g in by])
+        if not groups:
+            continue
+        shown = [label for label in labels if label in rows]
+        out += [f"## {bench} by group (success %, tasks)", "",
+                "| group | tasks | " + " | ".join(shown) + " |", "|" + "---|" * (len(shown) + 2)]
+        for g in groups:
+            n = next(int(by[g]["tasks"]) for by in rows.values() if g in by)
+            cells = [f"{100 * rows[label][g]['success']:.1f}" if g in rows[label] else "–" for label in shown]
+            out.append(f"| {g} | {n} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
 
 
 def render_json(results: Sequence[BenchResult]) -> dict[str, Any]:

@@ -162,6 +162,16 @@ def episode_means(rows_by_task: dict[str, list[dict[str, Any]]], k: int) -> dict
     }
 
 
+def group_means(rows_by_task: dict[str, list[dict[str, Any]]], groups: dict[str, str | None], k: int) -> dict[str, dict[str, float]]:
+    """Per group (sorted by name): ``tasks``, ``success``, ``mean@k`` and mean ``turns`` over the
+    tasks of that group; empty when no task has a group."""
+    out: dict[str, dict[str, float]] = {}
+    for g in sorted({g for g in groups.values() if g is not None}):
+        rows = {t: r for t, r in rows_by_task.items() if groups.get(t) == g}
+        out[g] = {"tasks": len(rows), **summarize_rows(rows, k), "turns": episode_means(rows, k)["turns"]}
+    return out
+
+
 # =========================================================================== the results file
 
 
@@ -356,6 +366,7 @@ async def run_bench_async(
             "checkpoint": label,
             "bench": bench.name,
             "task_id": item.id,
+            "group": item.group,
             "sample": s,
             "seed": seed,
             "env_seed": env_seed,
@@ -395,7 +406,10 @@ async def run_bench_async(
         new_samples=len(todo),
         samples_file=str(logfile.path),
         description=bench.description,
-        extra={"per_episode": episode_means(by_task, settings.k)},
+        extra={
+            "per_episode": episode_means(by_task, settings.k),
+            "by_group": group_means(by_task, {item.id: item.group for item in bench.items}, settings.k),
+        },
     )
 
 

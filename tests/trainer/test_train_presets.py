@@ -144,7 +144,9 @@ _TINY_RUNS = {
                          ["warm_start.examples=8", "warm_start.epochs=1", "trainer.batch_size=4",
                           "rollout.concurrency=4", "trainer.eval_episodes=4"]),
     "repo-coding-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox, ["trainer.eval_episodes=2"]),
-    "alfworld-tiny": ((pytest.mark.alfworld,), _needs_alfworld, ["trainer.eval_episodes=3"]),
+    "alfworld-tiny": ((pytest.mark.alfworld,), _needs_alfworld,
+                      ["warm_start.examples=2", "warm_start.epochs=1", "trainer.batch_size=2", "rollout.concurrency=2",
+                       "env.max_turns=3", "trainer.eval_episodes=3"]),
     # the preset behind `train --env` (its env.id placeholder is a built-in env that picks its own tasks)
     "env-tiny": ((), None, ["trainer.batch_size=4", "rollout.concurrency=4", "trainer.eval_episodes=2"]),
 }
@@ -174,5 +176,8 @@ def test_tiny_preset_trains_to_its_end(preset: str, tmp_path: Path) -> None:
     assert all(math.isfinite(r["loss"]) for r in steps)
     evals = {e["name"]: e for e in _events(run, "eval")}
     assert {"before", "after_rl"} <= set(evals)
+    if preset == "alfworld-tiny":  # held-out figures per task type, over the same episodes
+        by_group = evals["after_rl"]["by_group"]
+        assert sum(g["tasks"] for g in by_group.values()) == evals["after_rl"]["episodes"] == 3
     assert _events(run, "end")[0]["reason"] == "steps"
     print(f"{preset}: {time.monotonic() - started:.0f}s")

@@ -66,3 +66,34 @@ def test_agent_expert_on_an_env_without_expert_names_it(tmp_path: Path) -> None:
     r = _cli("rollout", "fr_agents/MathVerifier-v0", "--agent", "expert", "--episodes", "1", "--out", str(tmp_path / "x.db"))
     assert r.returncode == 2
     assert "env fr_agents/MathVerifier-v0 has no expert" in r.stderr
+
+
+def test_eval_reports_by_task_type_with_the_env_kwargs_a_run_trained_with(games_root: str, tmp_path: Path) -> None:
+    """`fr-agents eval` on an ALFWorld bench breaks success down by task type (results.md and
+    results.json), and `--env-kwargs` is merged into the bench's env kwargs (kept with the samples)."""
+    r = _cli(
+        "eval", "--agent", "expert", "--bench", "alfworld-unseen", "--limit", "3", "--concurrency", "2",
+        "--env-kwargs", '{"list_admissible": false}', "--out", str(tmp_path), games_root=games_root,
+    )
+    assert r.returncode == 0, r.stderr
+    (res,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    by_group = res["extra"]["by_group"]
+    samples = [json.loads(x) for x in Path(res["samples_file"]).read_text().splitlines()]
+    assert sorted(by_group) == sorted({s["group"] for s in samples}) and len(by_group) == 3  # 3 types of 6
+    for s in samples:
+        assert s["group"] == s["env_info"]["task_type"]
+        assert by_group[s["group"]] == {"tasks": 1, "mean@k": 1.0, "success": 1.0, "pass@1": 1.0,
+                                        "turns": float(s["turns"])}
+    md = (tmp_path / "results.md").read_text()
+    assert "## alfworld-unseen by group (success %, tasks)" in md
+    assert all(f"| {g} | 1 | 100.0 |" in md for g in by_group)
+    meta = json.loads(next((tmp_path / "samples" / "expert").glob("*.meta.json")).read_text())
+    assert meta["env_kwargs"] == {"split": "valid_unseen", "list_admissible": False}
+
+
+def test_eval_env_kwargs_reach_the_env_and_must_be_a_json_object(games_root: str, tmp_path: Path) -> None:
+    r = _cli("eval", "--agent", "expert", "--bench", "arithmetic", "--env-kwargs", "[1]", "--out", str(tmp_path))
+    assert r.returncode == 2 and "--env-kwargs: must be a JSON object" in r.stderr
+    r = _cli("eval", "--agent", "expert", "--bench", "alfworld-unseen", "--limit", "1", "--env-kwargs",
+             '{"max_turns": 0}', "--out", str(tmp_path / "bad"), games_root=games_root)
+    assert r.returncode != 0 and "max_turns must be >= 1, got 0" in r.stderr

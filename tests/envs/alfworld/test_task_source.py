@@ -36,3 +36,12 @@ def test_a_games_dir_without_the_split_is_refused(games_root: str) -> None:
         get_task_source("alfworld", games_dir=games_root).split("train")
     with pytest.raises(ConfigError, match=r"tasks\.params\.task_types: unknown nope"):
         get_task_source("alfworld", task_types=["nope"])
+
+
+def test_splits_list_games_round_robin_over_task_types() -> None:
+    """Any prefix of a split covers the types evenly: the warm start's demos are a prefix."""
+    from envs.tasks.alfworld import round_robin
+    from envs.tasks.base import make_task
+
+    tasks = [make_task(f"{t}/{i}", "goal", "", task_type=t) for t, n in (("b", 3), ("a", 2), ("c", 1)) for i in range(n)]
+    assert [t["id"] for t in round_robin(tasks)] == ["a/0", "b/0", "c/0", "a/1", "b/1", "b/2"]

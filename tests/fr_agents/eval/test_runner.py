@@ -181,3 +181,25 @@ def test_bench_validates_items() -> None:
         Bench(name="b", env_id="e", items=[BenchItem("a")], primary="best")
     with pytest.raises(ValueError, match="BenchItem.id"):
         BenchItem("")
+
+
+def test_items_with_a_group_get_their_figures_per_group(policy: Any, tmp_path: Path) -> None:
+    """``extra["by_group"]`` holds, per group, the figures of that group's rows alone; rows carry
+    their item's group; a bench without groups has no breakdown."""
+    engine, tok = policy
+    plain = resolve_bench("arithmetic", 6)
+    items = [BenchItem(it.id, it.options, it.seed, "even" if i % 2 == 0 else "odd") for i, it in enumerate(plain.items)]
+    bench = Bench(**{**plain.__dict__, "items": items})
+    res = run_bench(engine, tok, bench, EvalSettings(k=2, temperature=1.0), label="nano", out_dir=tmp_path)
+    got = rows(res.samples_file)
+    group_of = {it.id: it.group for it in items}
+    assert all(r["group"] == group_of[r["task_id"]] for r in got)
+    assert sorted(res.extra["by_group"]) == ["even", "odd"]
+    for g, figures in res.extra["by_group"].items():
+        mine = [r for r in got if r["group"] == g]
+        assert figures["tasks"] == 3
+        assert figures["success"] == pytest.approx(sum(r["success"] for r in mine) / 6)
+        assert figures["mean@k"] == pytest.approx(sum(r["reward"] for r in mine) / 6)
+        assert figures["turns"] == pytest.approx(sum(r["turns"] for r in mine) / 6)
+    assert run_bench(engine, tok, plain, EvalSettings(k=1, temperature=0.0), label="nano",
+                     out_dir=tmp_path / "plain").extra["by_group"] == {}
