@@ -33,7 +33,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium
 
-from envs.alfworld.engine import make_textworld_env, plan
+from envs.alfworld.engine import ENGINE_POOL, make_textworld_env, plan
 from envs.alfworld.progress import partial_score
 from envs.alfworld.sources import resolve_games
 from fr_agents.spaces import AnyText
@@ -148,11 +148,12 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         data = json.loads(Path(game_file).read_text())
         self._walkthrough = list(data.get("walkthrough") or [])
         self._traj = json.loads((Path(game_file).parent / "traj_data.json").read_text())
-        if self._tw is None:
-            self._tw = make_textworld_env()
-            self._loaded = None
         if self._loaded != game_file:  # load() translates the PDDL; a replay of the same game skips it
-            self._tw.load(game_file)
+            self._release_engine()
+            self._tw = ENGINE_POOL.take(game_file)  # an engine an ended episode left holding this game
+            if self._tw is None:
+                self._tw = make_textworld_env()
+                self._tw.load(game_file)
             self._loaded = game_file
         self._state = self._tw.reset()
         self._actions, self._turn, self._done = [], 0, False
@@ -239,7 +240,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         """A fresh engine on the same game with this episode's commands replayed."""
         twin = object.__new__(ALFWorldEnv)
         twin.__dict__.update(self.__dict__)
-        twin._tw = None
+        twin._tw, twin._loaded = None, None
         twin._transcript = list(self._transcript)
         twin._np_random = copy.deepcopy(self._np_random)
         if self._game_file is None:
@@ -256,7 +257,14 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
             return None
         return "\n".join(f"[{role}] {text}" for role, text in self._transcript)
 
-    def close(self) -> None:
+    def _release_engine(self) -> None:
+        """Hand the engine to :data:`ENGINE_POOL` for a later episode of its game (closed if it holds none)."""
         if self._tw is not None:
-            self._tw.close()
-            self._tw = None
+            if self._loaded is not None:
+                ENGINE_POOL.give(self._loaded, self._tw)
+            else:
+                self._tw.close()
+        self._tw, self._loaded = None, None
+
+    def close(self) -> None:
+        self._release_engine()

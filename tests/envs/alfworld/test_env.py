@@ -149,3 +149,33 @@ def test_gymnasium_make_and_bad_options(games_root: str) -> None:
         ALFWorldEnv(games_dir="/nonexistent/alfworld")
     with pytest.raises(ValueError, match="max_turns"):
         ALFWorldEnv(games_dir=games_root, max_turns=0)
+
+
+def test_an_ended_episodes_engine_is_reused_and_plays_the_game_from_its_start(games_root: str) -> None:
+    """close() hands the loaded engine to the pool; the next env on that game takes it (no load())
+    and sees exactly what a freshly loaded engine shows, observations and infos alike."""
+    from envs.alfworld.engine import ENGINE_POOL
+
+    game = _game_of(games_root, "pick_and_place_simple")
+
+    def play(env: ALFWorldEnv) -> list:
+        obs, info = env.reset(options={"game": game})
+        seen = [(obs, info)]
+        env.step("<action>go to nowhere 7</action>")  # leave the engine mid-game, off the walkthrough
+        obs, info = env.reset(options={"game": game})  # the same env again: its own engine, reset
+        seen.append((obs, info))
+        for cmd in env.walkthrough:
+            seen.append(env.step(cmd))
+        return seen
+
+    first = ALFWorldEnv(split="valid_seen", games_dir=games_root)
+    fresh = play(first)
+    engine = first._tw
+    first.close()  # at the end of a won episode
+    assert ENGINE_POOL.take(game) is engine  # it was pooled, holding this game
+    ENGINE_POOL.give(game, engine)
+    second = ALFWorldEnv(split="valid_seen", games_dir=games_root)
+    reused = play(second)
+    assert second._tw is engine
+    assert reused == fresh and reused[-1][2]  # the walkthrough still wins
+    second.close()
