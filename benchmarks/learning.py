@@ -18,12 +18,18 @@ the sampling and the warm start's order). It prints one row per run, then the me
 (sample standard deviation) of the after-RL success and of the RL lift per method, and whether
 FlashREINFORCE at N matches or beats GRPO at 2N on the mean.
 
+Part 3 (``--stability``): training stability at high lag, gate on vs off. It runs
+``benchmarks/acceptance.py`` (the home of the acceptance study) on math-tiny with
+``rollout.max_policy_lag=8`` and delta 3e-3 (the paper's), 3e-2 (math-tiny's) and inf (no gate), from
+one warm-started start, and prints the acceptance rate per window and the held-out curve.
+
 Usage::
 
     python benchmarks/learning.py                    # both parts
     python benchmarks/learning.py --skip-compare     # part 1 only
     python benchmarks/learning.py --compare-steps 60 --skip-main
     python benchmarks/learning.py --skip-main --seeds 3 --compare-preset math-tiny --compare-preset python-tool-tiny
+    python benchmarks/learning.py --skip-main --skip-compare --stability
 
 The load average of the machine is printed next to the figures: other processes sharing the two
 cores slow every step, so wall-time figures are only comparable at similar load.
@@ -119,6 +125,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=1, help="runs per method in the comparison (trainer.seed 0..seeds-1)")
     ap.add_argument("--minutes", type=float, default=None, help="override the preset's RL time budget")
     ap.add_argument("--out", default=None, help="keep the run directories here")
+    ap.add_argument("--stability", action="store_true", help="also part 3: lag 8, gate on vs off (acceptance.py)")
+    ap.add_argument("--stability-steps", type=int, default=300, help="steps per run of part 3")
     a = ap.parse_args()
     root = Path(a.out or tempfile.mkdtemp(prefix="fr-learning-"))
     print(f"# fr-agents learning benchmark ({os.cpu_count()} cores, {load()}); runs in {root}")
@@ -138,6 +146,12 @@ def main() -> int:
     if not a.skip_compare:
         for preset in a.compare_preset or ["math-tiny"]:
             compare(root / preset, preset, a.compare_steps, a.seeds)
+
+    if a.stability:
+        print("\n## math-tiny at rollout.max_policy_lag=8: the trust gate on (3e-3, 3e-2) and off (inf)", flush=True)
+        script = Path(__file__).with_name("acceptance.py")
+        subprocess.run([sys.executable, str(script), "--runs", "8:3e-3", "8:3e-2", "8:inf", "--steps",
+                        str(a.stability_steps), "--work-dir", str(root / "stability")], check=True)
     return 0
 
 
