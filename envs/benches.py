@@ -27,9 +27,8 @@ Math benches use ``MathVerifier-v0`` with boxed answers (the last ``\\boxed{}`` 
 
 from __future__ import annotations
 
-import json
-
 import difflib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
