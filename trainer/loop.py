@@ -339,8 +339,11 @@ class Trainer:
 
 def tree_metrics(batch: Any, trees: BatchTrees) -> dict[str, float]:
     """The tree figures of one step: leaves grown per episode tree, leaves trained on, leaves
-    merged/pruned, leaves scored by partial progress, and the batch's sharing ratio (logical
-    tokens over the tokens a packed forward holds; 1.0 for a flat batch without sharing)."""
+    merged/pruned, leaves scored by partial progress, the mean reward of the leaves trained on as
+    the learner saw it (``learner_reward``: the partial score of a cut leaf with
+    ``rollout.reward: partial``, where the step's ``reward`` is the env's), and the batch's sharing
+    ratio (logical tokens over the tokens a packed forward holds; 1.0 for a flat batch without
+    sharing)."""
     flat = batch.flat if hasattr(batch, "flat") else batch
     logical = float(flat.lengths.sum())
     stored = float(batch.num_tokens) if hasattr(batch, "num_tokens") else logical
@@ -350,6 +353,7 @@ def tree_metrics(batch: Any, trees: BatchTrees) -> dict[str, float]:
         "merged": float(trees.merged),
         "pruned": float(trees.merged + trees.capped),
         "partial_scored": float(trees.partial_scored),
+        "learner_reward": float(flat.rewards.float().mean()) if len(flat.leaf_ids) else float("nan"),
         "sharing_ratio": logical / max(1.0, stored),
     }
 

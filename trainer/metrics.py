@@ -114,7 +114,8 @@ class MetricsSink:
         if row.get("leaves_per_tree", 1.0) != 1.0 or row.get("pruned") or row.get("partial_scored"):
             parts.append(
                 f"tree {row.get('leaves_per_tree', 1.0):.1f} leaves (share {row.get('sharing_ratio', 1.0):.2f}, "
-                f"pruned {int(row.get('pruned', 0))}, partial {int(row.get('partial_scored', 0))})"
+                f"pruned {int(row.get('pruned', 0))}, partial {int(row.get('partial_scored', 0))}, "
+                f"trained reward {_fmt(row.get('learner_reward', float('nan')))})"
             )
         return " | ".join(parts)
 

@@ -21,6 +21,7 @@ from tests.trainer.test_resume import OVERRIDES, _steps_logged, _train, assert_r
 from trainer.learner import Learner
 from trainer.ledger import EpisodeLedger
 from trainer.loop import run_training
+from trainer.metrics import MetricsSink
 from trainer.objective import tree_advantages
 
 torch.set_num_threads(1)
@@ -148,6 +149,24 @@ def test_branching_episodes_in_the_training_loop(tmp_path: Path) -> None:
         assert a.info["turns"] >= 1 and b.info["turns"] >= 1
     stats = tree.stats()
     assert stats["available"] == 0, "every finished leaf is trained on or pruned, none left behind"
+    ledger.close()
+    tree.close()
+
+
+def test_a_partially_scored_run_reports_the_reward_the_learner_trained_on(tmp_path: Path) -> None:
+    """With ``rollout.reward: partial`` a cut leaf trains on its partial score: ``learner_reward`` is
+    the mean of what the learner saw over the leaves it trained on, ``reward`` the env's."""
+    cfg = load_config("math-tiny", [*BRANCHING, "trainer.steps=2", "rollout.reward=partial",
+                                    "rollout.max_context=40"])  # most second attempts are cut by the context
+    assert run_training(cfg, tmp_path, console=False).ok
+    ledger, tree = EpisodeLedger(tmp_path / "episodes.sqlite"), TrajectoryTree.open(tmp_path / "store.sqlite")
+    assert any(row["partial_scored"] for row in _step_rows(tmp_path)), "the check needs partially scored leaves"
+    for k, row in enumerate(_step_rows(tmp_path)):
+        trained = tree.trajectories(sorted({r[1] for r in ledger.batch_rows(k)}))
+        assert row["partial_scored"] == sum(t.status != "finished" and t.partial_score is not None for t in trained)
+        assert row["learner_reward"] == pytest.approx(sum(t.learner_reward("partial") for t in trained) / len(trained))
+        if row["partial_scored"]:  # the console shows it beside the env's reward
+            assert "trained reward" in MetricsSink.progress_line(row)
     ledger.close()
     tree.close()
 
