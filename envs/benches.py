@@ -28,7 +28,6 @@ Math benches use ``MathVerifier-v0`` with boxed answers (the last ``\\boxed{}`` 
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import gymnasium
 
 import envs  # noqa: F401  (registers the built-in env ids)
+from envs.tasks.alfworld import game_id, task_type
 from fr_agents.config import ConfigError, TrainConfig, load_config
 from fr_agents.eval.bench import Bench, BenchItem
 
@@ -161,7 +161,7 @@ def _alfworld(split: str) -> Callable[[], Bench]:
             name=name,
             env_id="fr_agents/ALFWorld-v0",
             env_kwargs={"split": split},
-            items=[BenchItem(_game_id(g), {"game": g}, group=_task_type(g)) for g in games],
+            items=[BenchItem(game_id(g), {"game": g}, group=task_type(g)) for g in games],
             max_turns=max_turns,
             max_new_tokens=256,
             max_context=16384,
@@ -169,21 +169,6 @@ def _alfworld(split: str) -> Callable[[], Bench]:
         )
 
     return build
-
-
-def _task_type(path: str) -> str | None:
-    """The task type of an ALFWorld game (its ``traj_data.json``), None when it has none."""
-    traj = Path(path).parent / "traj_data.json"
-    try:
-        return str(json.loads(traj.read_text())["task_type"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _game_id(path: str) -> str:
-    """A machine-independent id of an ALFWorld game: its last two folders."""
-    parts = Path(path).parts
-    return "/".join(parts[-3:-1]) if len(parts) >= 3 else str(path)
 
 
 def _repo_coding() -> Bench:
@@ -225,7 +210,7 @@ def _env_split(env_id: str, split: str, limit: int | None) -> Bench:
     items: list[BenchItem] = []
     try:
         if isinstance(getattr(inner, "games", None), list):  # ALFWorld-style game files
-            items = [BenchItem(_game_id(g), {"game": g}) for g in inner.games]
+            items = [BenchItem(game_id(g), {"game": g}) for g in inner.games]
         elif callable(getattr(inner, "_tasks", None)):  # task-dict envs (MathVerifier and friends)
             listed = list(inner._tasks())
             if all(isinstance(t, dict) and "prompt" in t and "id" in t for t in listed):

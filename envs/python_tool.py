@@ -339,6 +339,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         # A final answer, or the last allowed turn: grade the reply as MathVerifier does.
         _, reward, _, _, graded = self.grader.step(action)
         truncated = bool(calls)  # turns ran out while the agent still wanted to call the tool
+        correct = bool(graded.get("correct"))
         self._done = True
         self._close_sandbox()
         info = {
@@ -348,7 +349,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             "malformed_calls": self._malformed,
             # a final answer is judged on itself (a wrong one earns no progress credit, whatever the
             # tool printed: the graded-answer trust boundary); only a cut-short episode scores progress
-            "partial_score": self.partial_score(bool(graded.get("correct"))) if truncated else float(bool(graded.get("correct"))),
+            "partial_score": self.partial_score(correct) if truncated else float(correct),
         }
         return "", reward, not truncated, truncated, info
 

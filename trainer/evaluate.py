@@ -54,14 +54,16 @@ class HeldOutEval:
         res = evaluate_live(
             model, tokenizer, self.bench, self.settings, label=f"{name}_step{step:06d}", out_dir=self.out_dir
         )
-        per_episode, by_group = res.extra["per_episode"], res.extra.get("by_group")
-        return {
+        per_episode = res.extra["per_episode"]
+        figures = {
             "success": res.metrics["success"],
             "reward": res.metrics["mean@k"],
             "turns": per_episode["turns"],
             "tool_calls": per_episode["tool_calls"],
             "episodes": res.tasks,
             "seconds": res.seconds,
-            **({"by_group": {g: {"tasks": int(m["tasks"]), "success": m["success"], "reward": m["mean@k"],
-                                 "turns": m["turns"]} for g, m in by_group.items()}} if by_group else {}),
         }
+        if by_group := res.extra.get("by_group"):
+            figures["by_group"] = {g: {"tasks": int(m["tasks"]), "success": m["success"], "reward": m["mean@k"],
+                                       "turns": m["turns"]} for g, m in by_group.items()}
+        return figures

@@ -21,6 +21,10 @@ Three things inside it are shared by every env of a process:
 
 (The Fast Downward library itself is per env: ``fast_downward.load_lib`` loads a private copy.)
 
+:class:`TextWorldEngine` therefore runs every call into the stack under one process-wide lock. An
+engine call takes milliseconds while a policy's reply takes far longer, so episodes still overlap
+where it matters; processes (``fr-agents alfworld generate --workers``) are unaffected.
+
 Reuse. ``load()`` builds the game's logic and a first PDDL state, the larger part of a reset (2.6 s
 for a fresh engine against 1.0 s for a ``reset()`` of one that already holds the game, measured on a
 busy 2-core machine), and a later ``reset()`` of the same engine plays the game from its start with
@@ -28,9 +32,6 @@ the same observations (``tests/envs/alfworld/test_env.py`` checks this). :data:`
 engines whose episode ended, per game, so that the next episode of that game (training revisits its
 games; every held-out evaluation replays the same ones) skips ``load()``. It holds at most
 :data:`POOL_CAPACITY` engines (about 10 MB each) and closes the least recently returned beyond that.
-:class:`TextWorldEngine` therefore runs every call into the stack under one process-wide lock. An
-engine call takes milliseconds while a policy's reply takes far longer, so episodes still overlap
-where it matters; processes (``fr-agents alfworld generate --workers``) are unaffected.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ POOL_CAPACITY = 32
 
 
 class EnginePool:
-    """Idle engines by game file, least recently returned first out (see the module docstring)."""
+    """Idle engines by game file (see the module docstring): :meth:`take` hands out the most recently
+    returned engine of a game; beyond ``capacity`` the least recently returned one is closed."""
 
     def __init__(self, capacity: int = POOL_CAPACITY) -> None:
         self.capacity = capacity

@@ -38,6 +38,14 @@ def game_id(path: str | Path) -> str:
     return "/".join(parts[-3:-1]) if len(parts) >= 3 else str(path)
 
 
+def task_type(path: str | Path) -> str | None:
+    """The task type of a ``game.tw-pddl`` (from its ``traj_data.json``), None when it has none."""
+    try:
+        return str(json.loads((Path(path).parent / "traj_data.json").read_text())["task_type"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def game_task(path: str | Path, split: str) -> Task:
     """The :class:`Task` of one ``game.tw-pddl`` (reads it and its ``traj_data.json``)."""
     path = Path(path)
