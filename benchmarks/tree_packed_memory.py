@@ -7,24 +7,36 @@ Run: ``python benchmarks/tree_packed_memory.py [--roots 64 --leaves 16 --tokens 
 the flat ``[B, T]`` batch and on the per-root packed batch, each in its own process so that peak
 memory is measured cleanly: ``torch.cuda.max_memory_allocated`` on CUDA, the process's peak RSS
 growth on CPU. ``--micro-batch-tokens 0`` (default) runs each form as one forward, the fair
-whole-batch comparison; the packed form never builds the whole-batch N x N mask.
+whole-batch comparison; the packed form never builds the whole-batch N x N mask. The packed form
+runs with tree attention (:mod:`fr_agents.tree.attention`, the learner's default); a third process
+runs it with the dense ``[W, W]`` mask per root instead, to show what tree attention saves.
 
 Prints both figures, the ratio packed/flat (goal <= 0.5), the time ratio flat/packed against the
-ideal ratio logical/packed tokens (goal >= 0.8 of it). Ratios are the result, not absolute times.
+ideal ratio logical/packed tokens (goal >= 0.8 of it), from the median of ``--repeat`` steps per
+form. Ratios are the result, not absolute times.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+FORMS = ("flat", "packed", "packed-dense")
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def build_batch(roots: int, leaves: int, tokens: int, shared: float, seed: int = 0):  # noqa: ANN201
@@ -60,7 +72,7 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     device = torch.device(a.device)
     tree, ids = build_batch(a.roots, a.leaves, a.tokens, a.shared)
     trajs = tree.trajectories(ids)
-    batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
+    batch = build_flat(trajs) if form == "flat" else build_packed(trajs)
     cfg = transformers.Qwen2Config(
         vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(1024, a.tokens + 1),
@@ -69,28 +81,35 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     cfg._attn_implementation = "sdpa"
     model = transformers.Qwen2ForCausalLM(cfg).float().to(device)
     learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), micro_batch_tokens=a.micro_batch_tokens,
-                      packed="always" if form == "packed" else "never", delta=float("inf"))
+                      packed="never" if form == "flat" else "always", tree_attention=form == "packed",
+                      delta=float("inf"))
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t0 = time.perf_counter()
-    stats = learner.step(batch)
+    times = []
+    for i in range(a.repeat):  # lr 0: every step sees the same model; the batch is rebuilt (a batch is used once)
+        if i:
+            batch = build_flat(trajs) if form == "flat" else build_packed(trajs)
+        t0 = time.perf_counter()
+        stats = learner.step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
     if device.type == "cuda":
-        torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    seconds = time.perf_counter() - t0
-    flat = batch.flat if form == "packed" else batch
+    seconds = statistics.median(times)
+    flat = batch if form == "flat" else batch.flat
     return {
         "peak_bytes": float(peak),
         "seconds": seconds,
         "forward_tokens": stats["forward_tokens"],
         "logical_tokens": float(flat.lengths.sum()),
-        "packed_tokens": float(batch.num_tokens) if form == "packed" else float(flat.lengths.sum()),
+        "packed_tokens": float(flat.lengths.sum()) if form == "flat" else float(batch.num_tokens),
     }
 
 
@@ -102,8 +121,9 @@ def main() -> None:
     p.add_argument("--shared", type=float, default=0.8)
     p.add_argument("--micro-batch-tokens", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--repeat", type=int, default=3, help="steps per form; the median time is reported")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--form", choices=("flat", "packed"), help=argparse.SUPPRESS)  # one measurement (child process)
+    p.add_argument("--form", choices=FORMS, help=argparse.SUPPRESS)  # one measurement (child process)
     a = p.parse_args()
     if a.quick:
         a.roots, a.leaves, a.tokens = 8, 16, 128
@@ -114,13 +134,13 @@ def main() -> None:
         print(json.dumps(one_step(a.form, a)))
         return
     out = {}
-    for form in ("flat", "packed"):
+    for form in FORMS:
         cmd = [sys.executable, __file__, "--form", form, "--roots", str(a.roots), "--leaves", str(a.leaves),
                "--tokens", str(a.tokens), "--shared", str(a.shared), "--micro-batch-tokens", str(a.micro_batch_tokens),
-               "--device", a.device]
+               "--device", a.device, "--repeat", str(a.repeat)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
         out[form] = json.loads(res.stdout.strip().splitlines()[-1])
-    flat, packed = out["flat"], out["packed"]
+    flat, packed, dense = out["flat"], out["packed"], out["packed-dense"]
     ideal = packed["logical_tokens"] / packed["packed_tokens"]
     speed = flat["seconds"] / packed["seconds"]
     print(f"[tree-packed step] {a.roots} roots x {a.leaves} leaves, {a.tokens} tokens, {a.shared:.0%} shared, "
@@ -130,6 +150,10 @@ def main() -> None:
     print(f"  peak memory: flat {flat['peak_bytes'] / 2**20:,.0f} MiB  packed {packed['peak_bytes'] / 2**20:,.0f} MiB  "
           f"-> packed/flat {packed['peak_bytes'] / max(1.0, flat['peak_bytes']):.2f} (goal <= 0.5)")
     print(f"  step time flat/packed {speed:.2f}x, ideal {ideal:.2f}x -> {speed / ideal:.2f} of ideal (goal >= 0.8)")
+    print(f"  the same packed step with the dense [W, W] mask per root instead of tree attention: "
+          f"{dense['peak_bytes'] / 2**20:,.0f} MiB, flat/packed-dense {flat['seconds'] / dense['seconds']:.2f}x "
+          f"({flat['seconds'] / dense['seconds'] / ideal:.2f} of ideal)")
+    print(f"  ({load()})")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ plus the index map back to rows) and
    and returns the step's statistics.
 
 A packed batch is run root by root: each root's packed subtree is one row of a padded ``[R, W]``
-forward with its own float additive ``[W, W]`` mask and explicit position ids, and the roots are
-grouped by the token budget like flat micro-batches, so memory grows with the sum over roots, not
-with the square of the batch. It takes this path when its largest root fits the budget (or
-``packed="always"``); otherwise its flat view is micro-batched. Both give the same loss and gradients.
+forward with explicit position ids, and the roots are grouped by the token budget like flat
+micro-batches, so memory grows with the sum over roots, not with the square of the batch. Inside a
+row each token attends to its own path only: by tree attention (:mod:`fr_agents.tree.attention`,
+block-sparse, no ``[W, W]`` mask, for models that pick their attention through transformers'
+interface and run sdpa), else by a float additive ``[W, W]`` mask. It takes this path when its
+largest root fits the budget (or ``packed="always"``); otherwise its flat view is micro-batched.
+All give the same loss and gradients.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from fr_agents.config import OptimConfig, TrainConfig
+from fr_agents.tree.attention import supports_tree_attention, tree_attention, used_tree_attention
 from fr_agents.tree.batch import token_logprobs
 from trainer.objective import (
     centered_advantages,
@@ -174,6 +178,9 @@ class Learner:
             uses the batch's ``branch_rows``).
         grad_clip: max gradient norm; <= 0 disables clipping (the norm is still reported).
         packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
+        tree_attention: packed forwards use block-sparse tree attention when the model supports
+            it (:func:`~fr_agents.tree.attention.supports_tree_attention`); False: the dense
+            per-root mask (same result, attention cost ``W**2`` per root).
         scheduler: an LR scheduler stepped after every optimizer step.
         version: the policy version of the current weights; +1 per step.
         before_micro_batch: a hook called before every flat micro-batch of a step (the elastic
@@ -199,6 +206,7 @@ class Learner:
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         packed: str = "auto",
+        tree_attention: bool = True,
         baseline: str = "batch",
         scheduler: Any = None,
         version: int = 0,
@@ -232,6 +240,7 @@ class Learner:
         self.micro_batch_tokens = micro_batch_tokens
         self.grad_clip = grad_clip
         self.packed = packed
+        self.tree_attention = tree_attention and supports_tree_attention(model)
         self.baseline = baseline
         self.version = version
         self.before_micro_batch = before_micro_batch
@@ -341,6 +350,7 @@ class Learner:
             raise
         stats = self._merge_stats(chunks, flat, rewards, advantages)
         stats["packed"] = float(use_packed)
+        stats["tree_attention"] = float(use_packed and self.tree_attention)
         loss = stats["loss"]
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
@@ -556,17 +566,28 @@ class Learner:
     def _packed_chunk(
         self, batch: Any, roots: list[int], advantages: Tensor, b: int, num_tokens: int, device: torch.device
     ) -> dict[str, Any]:
-        """One forward over the packed tokens of ``roots`` (one padded row per root, each with its
-        own ancestor-causal mask); per-leaf log-probs are gathered from the flattened logits."""
+        """One forward over the packed tokens of ``roots`` (one padded row per root, each token
+        attending to its own path); per-leaf log-probs are gathered from the flattened logits."""
         flat = batch.flat
         dtype = self.params[0].dtype if self.params else torch.float32
-        part = batch.root_chunk(roots, dtype)
+        part = batch.root_chunk(roots, dtype, dense_mask=not self.tree_attention)
         ids = part["input_ids"].to(device)
-        out = self.model(
-            input_ids=ids,
-            position_ids=part["position_ids"].to(device),
-            attention_mask=part["attention_mask"].to(device),
-        )
+        out = None
+        if self.tree_attention:
+            layout = batch.tree_layout(roots).to(device)
+            with tree_attention(self.model):
+                out = self.model(input_ids=ids, position_ids=part["position_ids"].to(device), tree_layout=layout)
+            if not used_tree_attention(layout):  # the model dropped the keyword: its forward was plain causal
+                logger.warning("%s does not pass attention keywords to its layers; packed steps use the dense mask",
+                               type(self.model).__name__)
+                self.tree_attention, out = False, None
+                part = batch.root_chunk(roots, dtype)
+        if out is None:
+            out = self.model(
+                input_ids=ids,
+                position_ids=part["position_ids"].to(device),
+                attention_mask=part["attention_mask"].to(device),
+            )
         logits = out.logits.reshape(-1, out.logits.shape[-1])
         scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*W, V]
         rows = part["rows"]

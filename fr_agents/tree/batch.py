@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fr_agents.tree.attention import BLOCK, TreeLayout
 from fr_agents.tree.trajectory import Trajectory
 
 
@@ -165,12 +166,15 @@ class PackedBatch:
         chunks.append(current)
         return chunks
 
-    def root_chunk(self, roots: Sequence[int], dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    def root_chunk(
+        self, roots: Sequence[int], dtype: torch.dtype = torch.float32, dense_mask: bool = True
+    ) -> dict[str, Tensor]:
         """The inputs of one per-root forward over ``roots``: ``input_ids``/``position_ids``
         ``[R, W]`` (right-padded), the float additive ``attention_mask`` ``[R, 1, W, W]`` (each
-        root's ancestor-causal mask; a padding slot attends only to itself), ``rows`` (the leaves
-        of these roots, ``[b]``) and ``prev`` (``[b, T]``: the index into the flattened ``[R*W]``
-        logits predicting each token of those leaves)."""
+        root's ancestor-causal mask; a padding slot attends only to itself; only with
+        ``dense_mask``, else see :meth:`tree_layout`), ``rows`` (the leaves of these roots,
+        ``[b]``) and ``prev`` (``[b, T]``: the index into the flattened ``[R*W]`` logits
+        predicting each token of those leaves)."""
         if not dtype.is_floating_point:
             raise ValueError(f"dtype: the packed mask must be a float dtype (bool is wrong under eager), got {dtype}")
         spans = [self.root_spans[r] for r in roots]
@@ -178,22 +182,33 @@ class PackedBatch:
         n_roots = len(spans)
         ids = torch.zeros(n_roots, width, dtype=torch.long)
         pos = torch.zeros(n_roots, width, dtype=torch.long)
-        mask = torch.full((n_roots, 1, width, width), torch.finfo(dtype).min, dtype=dtype)
         to_chunk = torch.full((self.num_tokens,), -1, dtype=torch.long)
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
         for i, (a, b) in enumerate(spans):
             n = b - a
             ids[i, :n] = self.input_ids[0, a:b]
             pos[i, :n] = self.position_ids[0, a:b]
-            seg = self.node_of[a:b]
-            allowed = self.segment_ancestors[seg][:, seg] & causal[:n, :n]
-            mask[i, 0, :n, :n].masked_fill_(allowed, 0.0)
-            pad = torch.arange(n, width)
-            mask[i, 0, pad, pad] = 0.0
             to_chunk[a:b] = torch.arange(i * width, i * width + n)
         assert self.leaf_root is not None
         rows = torch.nonzero(torch.isin(self.leaf_root, torch.tensor(list(roots), dtype=torch.long))).flatten()
-        return {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "rows": rows, "prev": to_chunk[self.prev_index[rows]]}
+        out = {"input_ids": ids, "position_ids": pos, "rows": rows, "prev": to_chunk[self.prev_index[rows]]}
+        if dense_mask:
+            mask = torch.full((n_roots, 1, width, width), torch.finfo(dtype).min, dtype=dtype)
+            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            for i, (a, b) in enumerate(spans):
+                n = b - a
+                seg = self.node_of[a:b]
+                mask[i, 0, :n, :n].masked_fill_(self.segment_ancestors[seg][:, seg] & causal[:n, :n], 0.0)
+                pad = torch.arange(n, width)
+                mask[i, 0, pad, pad] = 0.0
+            out["attention_mask"] = mask
+        return out
+
+    def tree_layout(self, roots: Sequence[int], block: int = BLOCK) -> TreeLayout:
+        """The block-sparse attention layout of :meth:`root_chunk` ``(roots)`` (same row order and
+        width): what :mod:`fr_agents.tree.attention` computes instead of the dense mask."""
+        spans = [self.root_spans[r] for r in roots]
+        width = max(b - a for a, b in spans)
+        return TreeLayout.build([self.node_of[a:b] for a, b in spans], self.segment_ancestors, width, block)
 
     def gather_logprobs(self, logits: Tensor) -> Tensor:
         """Per-leaf log-probs ``[B, T]`` from packed logits ``[1, N, V]`` (0 at t=0 and padding)."""

@@ -161,6 +161,7 @@ def test_packed_step_equals_flat_step(attn: str) -> None:
         build_flat(trajs)
     )
     assert s_packed["packed"] == 1.0 and s_flat["packed"] == 0.0
+    assert s_packed["tree_attention"] == float(attn == "sdpa")  # eager models keep the dense mask
     assert s_packed["forward_tokens"] < sum(len(t.token_ids) for t in trajs)  # shared tokens once
     for key in ("loss", "grad_norm", "seq_kl_max", "ratio_mean", "retained_tokens"):
         assert s_packed[key] == pytest.approx(s_flat[key], rel=1e-6, abs=1e-9), key

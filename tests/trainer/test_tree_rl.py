@@ -117,6 +117,7 @@ def test_per_root_packed_step_gradients_equal_flat_on_a_branching_batch(attn: st
     s_packed = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=budget, **kw).step(packed)
     s_flat = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(build_flat(trajs))
     assert s_packed["packed"] == 1.0 and s_flat["packed"] == 0.0 and s_packed["micro_batches"] == 2
+    assert s_packed["tree_attention"] == float(attn == "sdpa")
     assert s_packed["forward_tokens"] < sum(len(t.token_ids) for t in trajs)
     for key in ("loss", "grad_norm", "seq_kl_max", "ratio_mean"):
         assert s_packed[key] == pytest.approx(s_flat[key], rel=1e-6, abs=1e-9), key

@@ -1,0 +1,193 @@
+"""Tree attention: every packed token attends to its own path, and nothing else is computed.
+
+A per-root packed row (:meth:`fr_agents.tree.batch.PackedBatch.root_chunk`) lays one root's
+subtree out depth first, each node a contiguous *segment*. With a dense ``[W, W]`` mask the
+attention costs ``W**2`` per root although most pairs are masked: sibling branches never see each
+other. For 16 leaves that share 80% of 256 tokens, the dense row computes as many scores as the 16
+unshared rows of the flat form, so only the MLPs gain from packing.
+
+Here the row is cut into *query blocks*: up to ``block`` consecutive tokens of one segment. A
+block's keys are the tokens of its segment's ancestors plus its own segment up to the block's last
+token; within the own segment the mask is causal. Blocks with about the same number of keys are
+stacked into one ``scaled_dot_product_attention`` call (a *bucket*, keys padded up to a multiple of
+``block``). The cost is the sum over tokens of their path length, padded per bucket, instead of
+``W**2`` per root. The result is the same attention, so log-probs and gradients equal the dense
+mask's (and the flat form's) to round-off.
+
+How it reaches the model: transformers' attention interface. :func:`tree_attention` registers
+:func:`tree_attention_forward` under the name ``"fr_tree"`` and switches the model to it for the
+duration of one forward; the :class:`TreeLayout` travels as the ``tree_layout`` keyword, which the
+model passes to every attention layer. A call without a layout (another caller of the same model)
+is plain ``sdpa``. Each call counts itself on the layout (``calls``), so the caller can tell whether
+the model really routed the layout to its attention layers (:func:`used_tree_attention`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor
+
+NAME = "fr_tree"
+BLOCK = 64  # query tokens per block, and the key padding step of a bucket
+
+
+@dataclass
+class Bucket:
+    """Query blocks with about the same number of keys, run as one attention call.
+
+    Indices are into the flattened ``[R * W]`` positions of a padded per-root chunk."""
+
+    q_index: Tensor  # long [G, Bq]: the block's query positions (padding repeats a real one)
+    q_valid: Tensor  # bool [G, Bq]: real query slots
+    k_index: Tensor  # long [G, Ck]: the block's key positions (padding: any position, masked)
+    allowed: Tensor  # bool [G, Bq, Ck]: query may attend key
+
+    def to(self, device: torch.device) -> Bucket:
+        return Bucket(*(t.to(device) for t in (self.q_index, self.q_valid, self.k_index, self.allowed)))
+
+
+@dataclass
+class TreeLayout:
+    """Which packed positions each query block attends to, for one ``[R, W]`` chunk of roots."""
+
+    rows: int
+    width: int
+    buckets: list[Bucket]
+    calls: int = field(default=0, compare=False)  # attention layers that used this layout
+
+    @property
+    def scores(self) -> int:
+        """Query x key pairs computed per head and layer (padding included): the cost measure."""
+        return sum(b.allowed.numel() for b in self.buckets)
+
+    def to(self, device: torch.device) -> TreeLayout:
+        return TreeLayout(self.rows, self.width, [b.to(device) for b in self.buckets])
+
+    @classmethod
+    def build(
+        cls, segments: Sequence[Tensor], ancestors: Tensor, width: int, block: int = BLOCK
+    ) -> TreeLayout:
+        """The layout of rows whose token ``p`` belongs to segment ``segments[row][p]``.
+
+        ``ancestors[s, a]`` is True when segment ``a`` is ``s`` or an ancestor of ``s``; each
+        segment's tokens are contiguous and every ancestor's tokens come before them (depth-first
+        order). Rows shorter than ``width`` are right-padded; padding positions get no block (their
+        output is 0 and nothing reads it)."""
+        if block < 1:
+            raise ValueError(f"block: must be >= 1, got {block}")
+        blocks: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}
+        for r, seg in enumerate(segments):
+            n = int(seg.numel())
+            if n > width:
+                raise ValueError(f"segments: row {r} has {n} tokens, more than the width {width}")
+            if n == 0:
+                continue
+            base = r * width
+            starts = [0, *(torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1).tolist()]
+            ends = [*starts[1:], n]
+            for a, b in zip(starts, ends, strict=True):
+                s = int(seg[a])
+                before = torch.nonzero(ancestors[s][seg[:a]]).flatten()  # ancestor tokens, in order
+                for q0 in range(a, b, block):
+                    q1 = min(q0 + block, b)
+                    keys = torch.cat([before, torch.arange(a, q1)])
+                    # causal inside the own segment; every ancestor token is earlier than any query
+                    allowed = keys[None, :] <= torch.arange(q0, q1)[:, None]
+                    padded = -(-keys.numel() // block) * block
+                    blocks.setdefault(padded, []).append((torch.arange(q0, q1) + base, keys + base, allowed))
+        buckets = []
+        for ck, group in sorted(blocks.items()):
+            g, bq = len(group), max(q.numel() for q, _, _ in group)
+            q_index = torch.zeros(g, bq, dtype=torch.long)
+            q_valid = torch.zeros(g, bq, dtype=torch.bool)
+            k_index = torch.zeros(g, ck, dtype=torch.long)
+            allowed = torch.zeros(g, bq, ck, dtype=torch.bool)
+            for i, (q, k, ok) in enumerate(group):
+                q_index[i, : q.numel()] = q
+                q_index[i, q.numel() :] = q[0]
+                q_valid[i, : q.numel()] = True
+                k_index[i, : k.numel()] = k
+                allowed[i, : q.numel(), : k.numel()] = ok
+                allowed[i, q.numel() :, 0] = True  # a padding query sees one key: no all-masked row (NaN)
+            buckets.append(Bucket(q_index, q_valid, k_index, allowed))
+        return cls(len(segments), width, buckets)
+
+
+def tree_attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    tree_layout: TreeLayout | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """The ``"fr_tree"`` attention: block-sparse over ``tree_layout``; plain sdpa without one.
+
+    ``query`` is ``[R, H, W, D]``, ``key``/``value`` ``[R, Hkv, W, D]``; returns ``[R, W, H, D]``
+    as transformers' attention functions do."""
+    if tree_layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    r, h, w, d = query.shape
+    if (r, w) != (tree_layout.rows, tree_layout.width):
+        raise ValueError(f"tree_layout: built for [{tree_layout.rows}, {tree_layout.width}], the input is [{r}, {w}]")
+    if key.shape[1] != h:  # grouped-query attention: each key head serves h // hkv query heads
+        key = key.repeat_interleave(h // key.shape[1], dim=1)
+        value = value.repeat_interleave(h // value.shape[1], dim=1)
+    q, k, v = (t.transpose(0, 1).reshape(h, r * w, d) for t in (query, key, value))
+    out = query.new_zeros(h, r * w, d)
+    for b in tree_layout.buckets:
+        qg, kg, vg = (t[:, idx].transpose(0, 1) for t, idx in ((q, b.q_index), (k, b.k_index), (v, b.k_index)))
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=b.allowed[:, None], dropout_p=dropout, scale=scaling)
+        o = o.transpose(0, 1)[:, b.q_valid]  # [H, real queries, D]
+        out = out.index_copy(1, b.q_index[b.q_valid], o)
+    tree_layout.calls += 1
+    return out.reshape(h, r, w, d).permute(1, 2, 0, 3).contiguous(), None
+
+
+def register() -> None:
+    """Make ``"fr_tree"`` known to transformers (attention and its mask builder, plain sdpa's)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, tree_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def supports_tree_attention(model: Any) -> bool:
+    """Whether ``model`` selects its attention through transformers' interface (so it can run
+    ``"fr_tree"``) and runs sdpa now (what ``"fr_tree"`` does without a layout)."""
+    cfg = getattr(model, "config", None)
+    return (
+        cfg is not None
+        and getattr(cfg, "_attn_implementation", None) == "sdpa"
+        and callable(getattr(model, "set_attn_implementation", None))
+    )
+
+
+@contextmanager
+def tree_attention(model: Any) -> Iterator[None]:
+    """Run ``model`` with ``"fr_tree"`` attention inside the block, and its own after."""
+    register()
+    base = model.config._attn_implementation
+    model.set_attn_implementation(NAME)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(base)
+
+
+def used_tree_attention(layout: TreeLayout) -> bool:
+    """Whether a forward passed ``layout`` to its attention layers (a model that drops extra
+    keywords would have run plain causal attention over the packed row instead)."""
+    return layout.calls > 0
