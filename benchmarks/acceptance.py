@@ -4,7 +4,8 @@ Every run starts from the *same* warm-started math-tiny checkpoint (built once: 
 start, then ``trainer.steps=0``), trains ``--steps`` FlashREINFORCE steps with one ``(lag, delta)``
 pair, and reports
 
-* the acceptance rate (share of rows the sequence trust gate admits) per window of steps;
+* the acceptance rate (share of rows the sequence trust gate admits) and the batch reward per
+  window of steps (the collapse guard is off: a collapse is a result here, not a stop);
 * held-out success (greedy, the preset's held-out subset) every ``--eval-every`` steps and at the end.
 
 Runs are compared at equal *steps* (equal samples), so the figures do not depend on how busy the
@@ -71,6 +72,9 @@ def one_run(work: Path, start: Path, lag: int, delta: str, steps: int, eval_ever
             f"trainer.eval_every={eval_every}",
             f"rollout.max_policy_lag={lag}",
             f"objective.delta={delta}",
+            # a stability study observes a collapse instead of stopping at it (the batch reward
+            # per window shows where the guard would have fired)
+            "trainer.collapse_guard=false",
         ],
     )
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -78,7 +82,8 @@ def one_run(work: Path, start: Path, lag: int, delta: str, steps: int, eval_ever
     windows = []
     for a in range(0, len(st), window):
         chunk = st[a : a + window]
-        windows.append((chunk[0]["step"], chunk[-1]["step"], sum(r["acceptance"] for r in chunk) / len(chunk)))
+        windows.append((chunk[0]["step"], chunk[-1]["step"], sum(r["acceptance"] for r in chunk) / len(chunk),
+                        sum(r["reward"] for r in chunk) / len(chunk)))
     evals = [(r["step"], r["success"]) for r in rows if r.get("kind") == "eval" and r.get("name") != "after_rl"]
     return {"lag": lag, "delta": delta, "acceptance": windows, "evals": evals,
             "mean_acceptance": sum(r["acceptance"] for r in st) / max(1, len(st))}
@@ -110,12 +115,13 @@ def main() -> int:
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as ex:
         results = list(ex.map(lambda p: one_run(work, start, p[0], p[1], args.steps, args.eval_every, args.window), parsed))
     load1 = os.getloadavg()
-    print("\n| lag | delta | acceptance per window | mean | held-out success (step: %) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("\n| lag | delta | acceptance per window | mean | batch reward per window | held-out success (step: %) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in results:
-        acc = " ".join(f"{a}-{b}: {v:.2f}" for a, b, v in r["acceptance"])
+        acc = " ".join(f"{a}-{b}: {v:.2f}" for a, b, v, _ in r["acceptance"])
+        rew = " ".join(f"{a}-{b}: {w:.2f}" for a, b, _, w in r["acceptance"])
         ev = " ".join(f"{s}: {100 * v:.1f}" for s, v in r["evals"])
-        print(f"| {r['lag']} | {r['delta']} | {acc} | {r['mean_acceptance']:.2f} | {ev} |")
+        print(f"| {r['lag']} | {r['delta']} | {acc} | {r['mean_acceptance']:.2f} | {rew} | {ev} |")
     print(f"\nload average at start {load0[0]:.1f}, at end {load1[0]:.1f} (figures are per step, not per second)")
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": results, "load": [load0, load1]}, indent=1))
