@@ -17,7 +17,7 @@ as mean and spread over ``--seeds``.
 
 Learner cost: the last tree batch of each tree run is stepped (on a copy of the final model) in its
 flat form and in its per-root packed form; the figure is learner seconds per logical token (sum of
-root-to-leaf lengths), flat over packed (goal >= 2x). Ratios are the result, not absolute times.
+root-to-leaf lengths), flat over packed (goal >= 2x), the median of 5 steps of each form. Ratios are the result, not absolute times.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def train(run: Path, overrides: list[str]) -> dict[str, float]:
             "temperature": cfg.rollout.temperature}
 
 
-def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int) -> tuple[float, float]:
-    """(flat, packed) learner seconds per logical token on the run's last batch."""
+def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int, repeat: int = 5) -> tuple[float, float]:
+    """(flat, packed) learner seconds per logical token on the run's last batch (median of ``repeat``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -89,16 +89,18 @@ def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: 
     trajs = tree.trajectories(leaves)
     ckpt = run / "checkpoints" / f"step_{steps:06d}"
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-    out = []
-    for form in ("flat", "packed"):
-        m = copy.deepcopy(model)
-        batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
-        logical = float((batch.flat if form == "packed" else batch).lengths.sum())
-        learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
-                          micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
-        t0 = time.perf_counter()
-        learner.step(batch)
-        out.append((time.perf_counter() - t0) / logical)
+    times: dict[str, list[float]] = {"flat": [], "packed": []}
+    logical = float(build_flat(trajs).lengths.sum())
+    for _ in range(repeat):  # alternate the forms so that a change of load hits both alike
+        for form in times:
+            m = copy.deepcopy(model)
+            batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
+            learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
+                              micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
+            t0 = time.perf_counter()
+            learner.step(batch)
+            times[form].append((time.perf_counter() - t0) / logical)
+    out = [statistics.median(times["flat"]), statistics.median(times["packed"])]
     ledger.close()
     tree.close()
     return out[0], out[1]

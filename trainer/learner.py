@@ -572,28 +572,33 @@ class Learner:
         dtype = self.params[0].dtype if self.params else torch.float32
         part = batch.root_chunk(roots, dtype, dense_mask=not self.tree_attention)
         ids = part["input_ids"].to(device)
+        rows, width = part["rows"], ids.shape[1]
+        # the output head runs only on the columns whose logits predict a policy token of some row
+        # (as the flat path's policy_logits does); ``prev`` is re-indexed into those columns
+        prev = part["prev"]
+        keep = torch.unique(prev[flat.action_mask[rows]] % width)
+        keep = keep if keep.numel() else torch.zeros(1, dtype=torch.long)
+        column = torch.full((width,), -1, dtype=torch.long)
+        column[keep] = torch.arange(keep.numel())
+        kept = column[prev % width] >= 0  # [b, T]: tokens whose log-prob is computed
+        prev = ((prev // width) * keep.numel() + column[prev % width].clamp(min=0)).to(device)
+        inputs = {"input_ids": ids, "position_ids": part["position_ids"].to(device), "logits_to_keep": keep.to(device)}
         out = None
         if self.tree_attention:
             layout = batch.tree_layout(roots).to(device)
             with tree_attention(self.model):
-                out = self.model(input_ids=ids, position_ids=part["position_ids"].to(device), tree_layout=layout)
+                out = self.model(**inputs, tree_layout=layout)
             if not used_tree_attention(layout):  # the model dropped the keyword: its forward was plain causal
                 logger.warning("%s does not pass attention keywords to its layers; packed steps use the dense mask",
                                type(self.model).__name__)
                 self.tree_attention, out = False, None
                 part = batch.root_chunk(roots, dtype)
         if out is None:
-            out = self.model(
-                input_ids=ids,
-                position_ids=part["position_ids"].to(device),
-                attention_mask=part["attention_mask"].to(device),
-            )
+            out = self.model(**inputs, attention_mask=part["attention_mask"].to(device))
         logits = out.logits.reshape(-1, out.logits.shape[-1])
-        scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*W, V]
-        rows = part["rows"]
-        prev = part["prev"].to(device)
+        scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*K, V]
         lp = token_logprobs(scaled, flat.token_ids[rows].to(device), prev)  # [b, T]
-        valid = flat.attention_mask[rows].to(device).clone()
+        valid = flat.attention_mask[rows].to(device) & kept.to(device)
         valid[:, 0] = False
         lp = lp * valid
         entropies = _entropy(scaled)[prev] if self._filtering else None
