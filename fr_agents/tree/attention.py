@@ -34,7 +34,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 NAME = "fr_tree"
-BLOCK = 64  # query tokens per block, and the key padding step of a bucket
+BLOCK = 128  # query tokens per block, and the key padding step of a bucket
 
 
 @dataclass
