@@ -11,8 +11,10 @@ tree baseline. Linear FlashREINFORCE samples one path per prompt.
 
 Equal budget: the linear run takes ``--steps`` steps and generates ``T`` policy tokens (counted once
 each in its store: a shared prefix is generated once). A 2-step pilot of the tree run measures its
-tokens per step, and the tree run gets as many steps as give about ``T`` tokens; both totals are
-printed. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
+tokens per step, and the tree run gets as many steps as give about ``T`` tokens; since tokens per
+step change as the policy learns, the tree run is then resumed (exact resume) for the tokens still
+missing until it has generated at least 95% of ``T``. Both totals are printed, with the tree run's
+leaves trained per step (after merging identical siblings and J_max) and merges per step. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
 as mean and spread over ``--seeds``.
 
 Learner cost: the last tree batch of each tree run is stepped (on a copy of the final model) in its
@@ -61,17 +63,23 @@ def generated_policy_tokens(run: Path) -> int:
     return total
 
 
-def train(run: Path, overrides: list[str]) -> dict[str, float]:
+def train(run: Path, overrides: list[str], resume: bool = False) -> dict[str, float]:
+    import json
+
     from fr_agents.config import load_config
     from trainer.loop import run_training
 
     cfg = load_config("math-tiny", overrides)
-    res = run_training(cfg, run, console=False)
+    res = run_training(cfg, run, console=False, resume=resume)
     if not res.ok:
         raise RuntimeError(f"{run}: {res.stop_reason}")
     after = res.evals.get("after_rl", {})
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = {r["step"]: r for r in rows if r.get("kind") == "step"}  # a resumed run logs each step once more at most
     return {"success": float(after.get("success", math.nan)), "tokens": float(generated_policy_tokens(run)), "steps": res.steps,
-            "temperature": cfg.rollout.temperature}
+            "temperature": cfg.rollout.temperature,
+            "leaves_per_step": statistics.mean(r["leaves"] for r in steps.values()) if steps else math.nan,
+            "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values()) if steps else math.nan}
 
 
 def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int, repeat: int = 5) -> tuple[float, float]:
@@ -138,10 +146,18 @@ def main() -> None:
         per_step = max(1.0, pilot["tokens"] / 2)
         steps = max(1, round(lin["tokens"] / per_step))
         tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"])
+        # tokens per step drift as the policy learns: resume (exactly) for the missing tokens, at the
+        # run's own rate so far, until the tree run has generated at least 95% of the linear run's
+        for _ in range(6):
+            if tree["tokens"] >= 0.95 * lin["tokens"]:
+                break
+            steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
+            tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
         flat_s, packed_s = learner_cost(out / f"tree-{seed}", steps, tree["temperature"], 0)
         rows.append((seed, lin, tree, flat_s / packed_s))
         print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
-              f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} | "
+              f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
+              f"(leaves trained per step {tree['leaves_per_step']:.1f}, merged siblings per step {tree['merged_per_step']:.1f}) | "
               f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x", flush=True)
     print(f"[tree RL] math-tiny, two attempts, {len(a.seeds)} seeds, runs in {out}")
     print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
