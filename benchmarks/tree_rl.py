@@ -17,9 +17,11 @@ missing until it has generated at least 95% of ``T``. Both totals are printed, w
 leaves trained per step (after merging identical siblings and J_max) and merges per step. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
 as mean and spread over ``--seeds``.
 
-Learner cost: the last tree batch of each tree run is stepped (on a copy of the final model) in its
-flat form and in its per-root packed form; the figure is learner seconds per logical token (sum of
-root-to-leaf lengths), flat over packed (goal >= 2x), the median of 5 steps of each form. Ratios are the result, not absolute times.
+Learner cost: the last 20 tree batches of each tree run are stepped (on copies of the final model)
+in their flat form and in their per-root packed form; the figure is learner seconds per logical
+token (sum of root-to-leaf lengths), flat over packed (goal >= 2x), with the batches' ideal ratio
+(logical / packed tokens), the most packing can save on them. ``--cost-only`` measures it again on
+the tree runs of an earlier ``--out`` folder. Ratios are the result, not absolute times.
 """
 
 from __future__ import annotations
@@ -82,8 +84,11 @@ def train(run: Path, overrides: list[str], resume: bool = False) -> dict[str, fl
             "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values()) if steps else math.nan}
 
 
-def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int, repeat: int = 5) -> tuple[float, float]:
-    """(flat, packed) learner seconds per logical token on the run's last batch (median of ``repeat``)."""
+def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int, batches: int = 20,
+                 repeat: int = 3) -> tuple[float, float, float]:
+    """(flat, packed) learner seconds per logical token over the run's last ``batches`` batches, each
+    stepped in both forms on the final model (median of ``repeat`` per batch and form), and the
+    batches' ideal ratio (logical / packed tokens: what packing could save at best)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -93,25 +98,31 @@ def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: 
     from trainer.ledger import EpisodeLedger
 
     ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
-    leaves = sorted({r[1] for r in ledger.batch_rows(steps - 1)})
-    trajs = tree.trajectories(leaves)
-    ckpt = run / "checkpoints" / f"step_{steps:06d}"
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-    times: dict[str, list[float]] = {"flat": [], "packed": []}
-    logical = float(build_flat(trajs).lengths.sum())
-    for _ in range(repeat):  # alternate the forms so that a change of load hits both alike
-        for form in times:
-            m = copy.deepcopy(model)
-            batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
-            learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
-                              micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
-            t0 = time.perf_counter()
-            learner.step(batch)
-            times[form].append((time.perf_counter() - t0) / logical)
-    out = [statistics.median(times["flat"]), statistics.median(times["packed"])]
+    model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step_{steps:06d}", dtype=torch.float32)
+    seconds = {"flat": 0.0, "packed": 0.0}
+    logical = packed_tokens = 0
+    for k in range(max(0, steps - batches), steps):
+        trajs = tree.trajectories(sorted({r[1] for r in ledger.batch_rows(k)}))
+        if not trajs:
+            continue
+        probe = build_packed(trajs)
+        logical += int(probe.flat.lengths.sum())
+        packed_tokens += probe.num_tokens
+        times: dict[str, list[float]] = {"flat": [], "packed": []}
+        for _ in range(repeat):  # alternate the forms so that a change of load hits both alike
+            for form in times:
+                m = copy.deepcopy(model)
+                batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
+                learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
+                                  micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
+                t0 = time.perf_counter()
+                learner.step(batch)
+                times[form].append(time.perf_counter() - t0)
+        for form in seconds:
+            seconds[form] += statistics.median(times[form])
     ledger.close()
     tree.close()
-    return out[0], out[1]
+    return seconds["flat"] / max(1, logical), seconds["packed"] / max(1, logical), logical / max(1, packed_tokens)
 
 
 def spread(xs: list[float]) -> str:
@@ -128,7 +139,24 @@ def main() -> None:
     p.add_argument("--warm-start", type=int, default=500, help="warm-start demos (both runs, reported apart)")
     p.add_argument("--quick", action="store_true", help="tiny sizes that prove the script works")
     p.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
+    p.add_argument("--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out")
     a = p.parse_args()
+    if a.cost_only:
+        if not a.out:
+            p.error("--cost-only: needs --out, the folder of an earlier run")
+        costs = []
+        for seed in a.seeds:
+            run = Path(a.out) / f"tree-{seed}"
+            step = int((run / "checkpoints" / "LATEST").read_text().strip().rsplit("_", 1)[-1])
+            from fr_agents.config import load_config
+
+            temperature = load_config("math-tiny", TWO_ATTEMPTS).rollout.temperature  # the runs' own (not overridden)
+            flat_s, packed_s, ideal = learner_cost(run, step, temperature, 0)
+            costs.append((flat_s / packed_s, ideal))
+            print(f"seed {seed}: learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
+        print(f"  learner s per logical token, flat / packed (last 20 batches of each tree run): "
+              f"{spread([c[0] for c in costs])}x (goal >= 2); ideal {spread([c[1] for c in costs])}x")
+        return
     if a.quick:
         a.seeds, a.steps, a.batch_size, a.branch, a.eval_episodes, a.warm_start = [0], 3, 8, 4, 20, 64
     out = Path(a.out or tempfile.mkdtemp(prefix="tree_rl_"))
@@ -153,16 +181,17 @@ def main() -> None:
                 break
             steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
             tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
-        flat_s, packed_s = learner_cost(out / f"tree-{seed}", steps, tree["temperature"], 0)
-        rows.append((seed, lin, tree, flat_s / packed_s))
+        flat_s, packed_s, ideal = learner_cost(out / f"tree-{seed}", tree["steps"], tree["temperature"], 0)
+        rows.append((seed, lin, tree, flat_s / packed_s, ideal))
         print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
               f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
               f"(leaves trained per step {tree['leaves_per_step']:.1f}, merged siblings per step {tree['merged_per_step']:.1f}) | "
-              f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x", flush=True)
+              f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
     print(f"[tree RL] math-tiny, two attempts, {len(a.seeds)} seeds, runs in {out}")
     print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
     print(f"  generated policy tokens  linear {spread([r[1]['tokens'] for r in rows])}   tree {spread([r[2]['tokens'] for r in rows])}")
-    print(f"  learner s per logical token, flat / packed: {spread([r[3] for r in rows])}x (goal >= 2)")
+    print(f"  learner s per logical token, flat / packed (last 20 batches of each tree run): {spread([r[3] for r in rows])}x "
+          f"(goal >= 2); ideal (logical / packed tokens) {spread([r[4] for r in rows])}x")
 
 
 if __name__ == "__main__":
