@@ -14,7 +14,13 @@ each in its store: a shared prefix is generated once). A 2-step pilot of the tre
 tokens per step, and the tree run gets as many steps as give about ``T`` tokens; since tokens per
 step change as the policy learns, the tree run is then resumed (exact resume) for the tokens still
 missing until it has generated at least 95% of ``T``. Both totals are printed, with the tree run's
-leaves trained per step (after merging identical siblings and J_max) and merges per step. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
+leaves trained per step (after merging identical siblings and J_max) and merges per step.
+
+``trainer.batch_size`` counts leaves at full branching, so when most forked siblings are identical
+(and merged) a tree step trains on far fewer leaves than a linear one, and the tree run takes many
+more, smaller optimizer steps for the same tokens. ``--match-leaves`` gives the tree run a larger
+``trainer.batch_size``, from a 4-step pilot's leaves per step, so that both train on about
+``--batch-size`` leaves per step. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
 as mean and spread over ``--seeds``.
 
 Learner cost: the last 20 tree batches of each tree run are stepped (on copies of the final model)
@@ -139,6 +145,9 @@ def main() -> None:
     p.add_argument("--warm-start", type=int, default=500, help="warm-start demos (both runs, reported apart)")
     p.add_argument("--quick", action="store_true", help="tiny sizes that prove the script works")
     p.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
+    p.add_argument("--match-leaves", action="store_true",
+                   help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, about "
+                        "--batch-size leaves per step survive merging and J_max, as the linear run trains on")
     p.add_argument("--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out")
     a = p.parse_args()
     if a.cost_only:
@@ -164,14 +173,21 @@ def main() -> None:
               f"warm_start.examples={a.warm_start}", "model.tiny_size=micro"]
     if a.quick:
         common += ["warm_start.epochs=2", "model.tiny_size=nano"]
-    tree_over = [f"rollout.branch_factor={a.branch}", "rollout.branch_at=[1]", "trainer.max_per_root=5",
+    base_over = [f"rollout.branch_factor={a.branch}", "rollout.branch_at=[1]", "trainer.max_per_root=5",
                  "objective.baseline=tree"]
     rows = []
     for seed in a.seeds:
+        tree_over = list(base_over)
         s = [f"trainer.seed={seed}", f"model.tiny_seed={seed}"]
         lin = train(out / f"linear-{seed}", [*common, *s, f"trainer.steps={a.steps}"])
-        pilot = train(out / f"pilot-{seed}", [*common, *s, *tree_over, "trainer.steps=2", "trainer.eval_episodes=0"])
-        per_step = max(1.0, pilot["tokens"] / 2)
+        pilot_steps = 4 if a.match_leaves else 2
+        pilot = train(out / f"pilot-{seed}", [*common, *s, *tree_over, f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
+        per_step = max(1.0, pilot["tokens"] / pilot_steps)
+        tree_batch = a.batch_size
+        if a.match_leaves:  # schedule more episodes so that about batch_size leaves survive merging and J_max
+            tree_batch = max(a.branch, round(a.batch_size * a.batch_size / pilot["leaves_per_step"] / a.branch) * a.branch)
+            per_step *= tree_batch / a.batch_size
+        tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
         steps = max(1, round(lin["tokens"] / per_step))
         tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"])
         # tokens per step drift as the policy learns: resume (exactly) for the missing tokens, at the
@@ -185,7 +201,8 @@ def main() -> None:
         rows.append((seed, lin, tree, flat_s / packed_s, ideal))
         print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
               f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
-              f"(leaves trained per step {tree['leaves_per_step']:.1f}, merged siblings per step {tree['merged_per_step']:.1f}) | "
+              f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f}, merged siblings per step "
+              f"{tree['merged_per_step']:.1f}) | "
               f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
     print(f"[tree RL] math-tiny, two attempts, {len(a.seeds)} seeds, runs in {out}")
     print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
