@@ -166,12 +166,14 @@ def register() -> None:
 
 def supports_tree_attention(model: Any) -> bool:
     """Whether ``model`` selects its attention through transformers' interface (so it can run
-    ``"fr_tree"``) and runs sdpa now (what ``"fr_tree"`` does without a layout)."""
+    ``"fr_tree"``), runs sdpa now (what ``"fr_tree"`` does without a layout) and has no
+    sliding-window layers (tree attention sees the whole path)."""
     cfg = getattr(model, "config", None)
     return (
         cfg is not None
         and getattr(cfg, "_attn_implementation", None) == "sdpa"
         and callable(getattr(model, "set_attn_implementation", None))
+        and "sliding_attention" not in (getattr(cfg, "layer_types", None) or [])
     )
 
 

@@ -17,7 +17,12 @@ import torch.nn.functional as F  # noqa: N812
 transformers = pytest.importorskip("transformers")
 
 from fr_agents.tree import TrajectoryTree  # noqa: E402
-from fr_agents.tree.attention import TreeLayout, tree_attention, tree_attention_forward  # noqa: E402
+from fr_agents.tree.attention import (  # noqa: E402
+    TreeLayout,
+    supports_tree_attention,
+    tree_attention,
+    tree_attention_forward,
+)
 from fr_agents.tree.batch import build_packed  # noqa: E402
 
 
@@ -105,3 +110,17 @@ def test_layout_refuses_rows_wider_than_the_width_and_a_bad_block() -> None:
         TreeLayout.build([torch.zeros(5, dtype=torch.long)], anc, width=4)
     with pytest.raises(ValueError, match="block"):
         TreeLayout.build([torch.zeros(3, dtype=torch.long)], anc, width=4, block=0)
+
+
+def test_only_sdpa_models_without_sliding_windows_take_tree_attention() -> None:
+    def qwen2(attn: str, **kw: object) -> torch.nn.Module:
+        cfg = transformers.Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, **kw)
+        cfg._attn_implementation = attn
+        return transformers.Qwen2ForCausalLM(cfg)
+
+    assert supports_tree_attention(qwen2("sdpa"))
+    assert not supports_tree_attention(qwen2("eager"))
+    windowed = qwen2("sdpa", use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    assert "sliding_attention" in windowed.config.layer_types
+    assert not supports_tree_attention(windowed)
