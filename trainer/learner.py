@@ -594,7 +594,13 @@ class Learner:
                 self.tree_attention, out = False, None
                 part = batch.root_chunk(roots, dtype)
         if out is None:
-            out = self.model(**inputs, attention_mask=part["attention_mask"].to(device))
+            mask = part["attention_mask"].to(device)
+            try:
+                out = self.model(**inputs, attention_mask=mask)
+            except TypeError:  # a model whose forward takes no logits_to_keep: keep the columns here
+                del inputs["logits_to_keep"]
+                out = self.model(**inputs, attention_mask=mask)
+                out.logits = out.logits[:, keep.to(device)]
         logits = out.logits.reshape(-1, out.logits.shape[-1])
         scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*K, V]
         lp = token_logprobs(scaled, flat.token_ids[rows].to(device), prev)  # [b, T]

@@ -169,6 +169,30 @@ def test_packed_step_equals_flat_step(attn: str) -> None:
     assert packed_batch.consumed
 
 
+class _NoLogitsToKeep(Qwen2ForCausalLM):
+    """A FAKE older-style model: its forward refuses ``logits_to_keep`` (a fault the installed
+    transformers cannot produce: all its causal LMs take it)."""
+
+    def forward(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        if "logits_to_keep" in kwargs:
+            raise TypeError("forward() got an unexpected keyword argument 'logits_to_keep'")
+        return super().forward(*args, **kwargs)
+
+
+def test_packed_step_of_a_model_without_logits_to_keep_equals_the_usual_packed_step() -> None:
+    src = tiny_model("eager")
+    model = _NoLogitsToKeep(src.config).to(torch.float64)
+    model.load_state_dict(src.state_dict())
+    trajs = make_trajectories(model)
+    ref = copy.deepcopy(src)
+    s_fallback = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
+    s_usual = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
+    assert s_fallback["packed"] == 1.0 and s_fallback["tree_attention"] == 0.0
+    assert s_fallback["loss"] == pytest.approx(s_usual["loss"], rel=1e-12)
+    assert moved(model, src) > 1e-4
+    params_close(model, ref, 1e-12)
+
+
 def test_packed_batch_over_budget_falls_back_to_flat_micro_batches() -> None:
     model = tiny_model()
     trajs = make_trajectories(model)
