@@ -12,7 +12,7 @@ tree baseline. Linear FlashREINFORCE samples one path per prompt.
 Equal budget: the linear run takes ``--steps`` steps and generates ``T`` policy tokens (counted once
 each in its store: a shared prefix is generated once). A 2-step pilot of the tree run measures its
 tokens per step, and the tree run gets as many steps as give about ``T`` tokens; since tokens per
-step change as the policy learns, the tree run is then resumed (exact resume) for the tokens still
+step change as the policy learns, the tree run is then resumed from its last checkpoint for the tokens still
 missing until it has generated at least 95% of ``T``. Both totals are printed, with the tree run's
 leaves trained per step (after merging identical siblings and J_max) and merges per step.
 
@@ -190,7 +190,7 @@ def main() -> None:
         tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
         steps = max(1, round(lin["tokens"] / per_step))
         tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"])
-        # tokens per step drift as the policy learns: resume (exactly) for the missing tokens, at the
+        # tokens per step drift as the policy learns: resume for the missing tokens, at the
         # run's own rate so far, until the tree run has generated at least 95% of the linear run's
         for _ in range(6):
             if tree["tokens"] >= 0.95 * lin["tokens"]:
