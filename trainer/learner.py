@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from fr_agents.config import OptimConfig, TrainConfig
-from fr_agents.tree.attention import supports_tree_attention, tree_attention, used_tree_attention
+from fr_agents.tree.attention import supports_tree_attention, tree_attention
 from fr_agents.tree.batch import token_logprobs
 from trainer.objective import (
     centered_advantages,
@@ -571,8 +571,7 @@ class Learner:
         flat = batch.flat
         dtype = self.params[0].dtype if self.params else torch.float32
         part = batch.root_chunk(roots, dtype, dense_mask=not self.tree_attention)
-        ids = part["input_ids"].to(device)
-        rows, width = part["rows"], ids.shape[1]
+        rows, width = part["rows"], part["input_ids"].shape[1]
         # the output head runs only on the columns whose logits predict a policy token of some row
         # (as the flat path's policy_logits does); ``prev`` is re-indexed into those columns
         prev = part["prev"]
@@ -582,25 +581,7 @@ class Learner:
         column[keep] = torch.arange(keep.numel())
         kept = column[prev % width] >= 0  # [b, T]: tokens whose log-prob is computed
         prev = ((prev // width) * keep.numel() + column[prev % width].clamp(min=0)).to(device)
-        inputs = {"input_ids": ids, "position_ids": part["position_ids"].to(device), "logits_to_keep": keep.to(device)}
-        out = None
-        if self.tree_attention:
-            layout = batch.tree_layout(roots).to(device)
-            with tree_attention(self.model):
-                out = self.model(**inputs, tree_layout=layout)
-            if not used_tree_attention(layout):  # the model dropped the keyword: its forward was plain causal
-                logger.warning("%s does not pass attention keywords to its layers; packed steps use the dense mask",
-                               type(self.model).__name__)
-                self.tree_attention, out = False, None
-                part = batch.root_chunk(roots, dtype)
-        if out is None:
-            mask = part["attention_mask"].to(device)
-            try:
-                out = self.model(**inputs, attention_mask=mask)
-            except TypeError:  # a model whose forward takes no logits_to_keep: keep the columns here
-                del inputs["logits_to_keep"]
-                out = self.model(**inputs, attention_mask=mask)
-                out.logits = out.logits[:, keep.to(device)]
+        out = self._packed_forward(batch, roots, part, keep.to(device), dtype, device)
         logits = out.logits.reshape(-1, out.logits.shape[-1])
         scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*K, V]
         lp = token_logprobs(scaled, flat.token_ids[rows].to(device), prev)  # [b, T]
@@ -622,7 +603,35 @@ class Learner:
             num_tokens,
         )
         loss.backward()
-        return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": ids.numel()}
+        return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": part["input_ids"].numel()}
+
+    def _packed_forward(
+        self, batch: Any, roots: list[int], part: dict[str, Tensor], keep: Tensor, dtype: torch.dtype,
+        device: torch.device,
+    ) -> Any:
+        """The model's output (logits of the ``keep`` columns) for one chunk of roots: tree attention
+        when the learner uses it, else the dense per-root mask of ``part`` (built here if missing)."""
+        inputs = {"input_ids": part["input_ids"].to(device), "position_ids": part["position_ids"].to(device),
+                  "logits_to_keep": keep}
+        if self.tree_attention:
+            layout = batch.tree_layout(roots).to(device)
+            with tree_attention(self.model):
+                out = self.model(**inputs, tree_layout=layout)
+            if layout.calls:
+                return out
+            # the model dropped the keyword, so that forward was plain causal attention: discard it
+            logger.warning("%s does not pass attention keywords to its layers; packed steps use the dense mask",
+                           type(self.model).__name__)
+            self.tree_attention = False
+            part = batch.root_chunk(roots, dtype)
+        mask = part["attention_mask"].to(device)
+        try:
+            return self.model(**inputs, attention_mask=mask)
+        except TypeError:  # a model whose forward takes no logits_to_keep: keep the columns here
+            del inputs["logits_to_keep"]
+            out = self.model(**inputs, attention_mask=mask)
+            out.logits = out.logits[:, keep]
+            return out
 
     def _merge_stats(
         self, chunks: list[dict[str, Any]], flat: Any, rewards: Tensor, advantages: Tensor

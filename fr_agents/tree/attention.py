@@ -19,11 +19,12 @@ How it reaches the model: transformers' attention interface. :func:`tree_attenti
 duration of one forward; the :class:`TreeLayout` travels as the ``tree_layout`` keyword, which the
 model passes to every attention layer. A call without a layout (another caller of the same model)
 is plain ``sdpa``. Each call counts itself on the layout (``calls``), so the caller can tell whether
-the model really routed the layout to its attention layers (:func:`used_tree_attention`).
+the model really routed the layout to its attention layers (``calls == 0``: it did not).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -155,6 +156,7 @@ def tree_attention_forward(
     return out.reshape(h, r, w, d).permute(1, 2, 0, 3).contiguous(), None
 
 
+@functools.cache
 def register() -> None:
     """Make ``"fr_tree"`` known to transformers (attention and its mask builder, plain sdpa's)."""
     from transformers import AttentionInterface
@@ -188,8 +190,3 @@ def tree_attention(model: Any) -> Iterator[None]:
     finally:
         model.set_attn_implementation(base)
 
-
-def used_tree_attention(layout: TreeLayout) -> bool:
-    """Whether a forward passed ``layout`` to its attention layers (a model that drops extra
-    keywords would have run plain causal attention over the packed row instead)."""
-    return layout.calls > 0
