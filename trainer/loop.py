@@ -43,6 +43,7 @@ from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
+from trainer.parts import all_cores
 from trainer.rollout_thread import RolloutThread
 
 log = logging.getLogger(__name__)
@@ -172,12 +173,13 @@ class Trainer:
         else:
             from trainer.warm_start import run_warm_start
 
-            if ev := self.evaluate("before", 0):
-                evals["before"] = ev
-            if cfg.warm_start.examples > 0:
-                run_warm_start(cfg, self.model, self.runner, self.demo_tasks, self.metrics, state, self.run_dir)
-                if ev := self.evaluate("after_warm_start", 0):
-                    evals["after_warm_start"] = ev
+            with all_cores():  # nothing else runs yet
+                if ev := self.evaluate("before", 0):
+                    evals["before"] = ev
+                if cfg.warm_start.examples > 0:
+                    run_warm_start(cfg, self.model, self.runner, self.demo_tasks, self.metrics, state, self.run_dir)
+                    if ev := self.evaluate("after_warm_start", 0):
+                        evals["after_warm_start"] = ev
             state.extra["evals"] = evals
         self.board.publish(self.learner.version, self.model)
         self.last_ckpt = self._checkpoint(state) if not resume else latest_checkpoint(self.run_dir)
@@ -258,7 +260,8 @@ class Trainer:
         event; closes the metrics sink. Returns the RL seconds (resumed runs included)."""
         self._spend_rl_time(state)
         if ok:
-            ev = self.evaluate("after_rl", state.step)
+            with all_cores():  # the rollout side has stopped
+                ev = self.evaluate("after_rl", state.step)
             if ev:
                 evals["after_rl"] = ev
             state.extra["evals"] = evals

@@ -16,7 +16,9 @@ learner model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,24 @@ from fr_agents.config import TrainConfig, leaves_per_tree
 
 STORE_FILE = "store.sqlite"
 LEDGER_FILE = "episodes.sqlite"
+
+
+@contextlib.contextmanager
+def all_cores() -> Iterator[None]:
+    """Give torch every core for a phase that runs alone in the process, then restore the count.
+
+    ``trainer.threads`` sizes the learner for RL, where the rollout side shares the process (and,
+    on a small machine, the cores). The held-out evaluations before and after RL and the warm start
+    run with nothing beside them, so they use every core instead of idling the rest.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(before, os.cpu_count() or 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def model_dir(cfg: TrainConfig) -> Path | str:
@@ -161,7 +181,6 @@ def build_learner_side(
     its hook), an empty weight board, the metrics sink, the held-out evaluator (``eval_episodes``)
     and the periodic avg@k evaluator (``eval_k``), both on one bench."""
     import logging
-    import os
 
     import torch
 

@@ -202,7 +202,8 @@ def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[
         max_minutes=ws.max_minutes,
     )
     model.train()
+    threads = torch.get_num_threads()
     state.warm_start["result"] = {"examples": res.examples, "steps": res.steps, "loss": res.final_loss, "seconds": res.seconds,
-                                  "demos": ws.demos, "collect_seconds": collect_s}
+                                  "demos": ws.demos, "collect_seconds": collect_s, "threads": threads}
     metrics.event("warm_start", examples=res.examples, steps=res.steps, loss=res.final_loss, seconds=res.seconds,
-                  demos=ws.demos, collect_seconds=collect_s)
+                  demos=ws.demos, collect_seconds=collect_s, threads=threads)

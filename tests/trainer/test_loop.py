@@ -105,3 +105,28 @@ def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
     res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
     assert res.ok and res.stop_reason == "time budget"
     assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
+
+
+def test_phases_that_run_alone_use_every_core_and_rl_uses_trainer_threads(tmp_path: Path) -> None:
+    """The warm start runs on every core, each RL step on ``trainer.threads``, and the caller's
+    thread count is what it was once the run is over."""
+    import os
+
+    from trainer.hooks import TrainerHooks
+    from trainer.loop import Trainer
+
+    seen: list[int] = []
+
+    class Threads(TrainerHooks):
+        def around_step(self, step):
+            seen.append(torch.get_num_threads())
+            return step()
+
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "trainer.steps=2", "warm_start.examples=4", "warm_start.epochs=1"])
+    res = Trainer(cfg, tmp_path, console=False, hooks=Threads()).run()
+    assert res.ok and res.steps == 2
+    (ws,) = [r for r in _rows(tmp_path) if r["kind"] == "warm_start"]
+    assert ws["threads"] == os.cpu_count()
+    assert seen == [1, 1]
+    assert torch.get_num_threads() == 1
