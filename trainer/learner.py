@@ -679,8 +679,14 @@ class Learner:
         stats.update(seq_kl_mean=float(kl.mean()), seq_kl_max=float(kl.max()))
         if self.algo == "flashreinforce":
             retained = int(per_row["retained_tokens"].sum())
+            admitted = per_row["admitted"].to(torch.float64)
+            pos, neg = adv > 0, adv < 0
             stats.update(
-                acceptance_rate=float(per_row["admitted"].to(torch.float64).mean()),
+                acceptance_rate=float(admitted.mean()),
+                # which side the gate drops: rows that the step pushes up (better than the baseline)
+                # and rows that it pushes down; nan when the batch has no such row
+                acceptance_positive=float(admitted[pos].mean()) if bool(pos.any()) else math.nan,
+                acceptance_negative=float(admitted[neg].mean()) if bool(neg.any()) else math.nan,
                 retained_tokens=float(retained),
                 retained_fraction=retained / total,
             )

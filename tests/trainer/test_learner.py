@@ -381,3 +381,28 @@ def test_policy_logits_equal_the_plain_forward_with_a_shared_prefix() -> None:
     torch.testing.assert_close(lp_fast, lp_plain, rtol=1e-5, atol=1e-5)
     for a, b in zip(g_fast, g_plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_acceptance_is_also_reported_per_sign_of_the_advantage() -> None:
+    """acceptance_positive / acceptance_negative: the admitted share of the rows above and below the
+    baseline, computed here from each row's own sequence KL against the gate."""
+    from trainer.objective import binary_kl
+
+    model = tiny_model()
+    trajs = make_trajectories(model, noise=0.3)
+    flat = build_flat(trajs)
+    with torch.no_grad():
+        logits = model(input_ids=flat.token_ids, attention_mask=flat.attention_mask).logits[:, :-1]
+        lp = torch.log_softmax(logits, -1).gather(-1, flat.token_ids[:, 1:, None])[..., 0]
+    mask = flat.action_mask[:, 1:]
+    d = binary_kl(flat.behavior_logprobs[:, 1:].where(mask, 0.0), lp.where(mask, 0.0)).where(mask, 0.0)
+    kl = (d.sum(-1) / mask.sum(-1)).clamp_min(0.0)
+    delta = float(kl.median())
+    admitted = kl <= delta
+    adv = flat.rewards - flat.rewards.mean()
+    stats = Learner(model, delta=delta).step(flat)
+    assert stats["acceptance_positive"] == pytest.approx(float(admitted[adv > 0].float().mean()))
+    assert stats["acceptance_negative"] == pytest.approx(float(admitted[adv < 0].float().mean()))
+    assert 0.0 < stats["acceptance_rate"] < 1.0
+    same = Learner(tiny_model()).step(build_flat(make_trajectories(model, rewards=[1.0] * 8)))
+    assert math.isnan(same["acceptance_positive"]) and math.isnan(same["acceptance_negative"])
