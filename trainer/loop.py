@@ -173,13 +173,13 @@ class Trainer:
         else:
             from trainer.warm_start import run_warm_start
 
-            with all_cores():  # nothing else runs yet
-                if ev := self.evaluate("before", 0):
-                    evals["before"] = ev
-                if cfg.warm_start.examples > 0:
+            if ev := self.evaluate("before", 0):
+                evals["before"] = ev
+            if cfg.warm_start.examples > 0:
+                with all_cores():  # supervised steps with nothing beside them
                     run_warm_start(cfg, self.model, self.runner, self.demo_tasks, self.metrics, state, self.run_dir)
-                    if ev := self.evaluate("after_warm_start", 0):
-                        evals["after_warm_start"] = ev
+                if ev := self.evaluate("after_warm_start", 0):
+                    evals["after_warm_start"] = ev
             state.extra["evals"] = evals
         self.board.publish(self.learner.version, self.model)
         self.last_ckpt = self._checkpoint(state) if not resume else latest_checkpoint(self.run_dir)
@@ -260,8 +260,7 @@ class Trainer:
         event; closes the metrics sink. Returns the RL seconds (resumed runs included)."""
         self._spend_rl_time(state)
         if ok:
-            with all_cores():  # the rollout side has stopped
-                ev = self.evaluate("after_rl", state.step)
+            ev = self.evaluate("after_rl", state.step)
             if ev:
                 evals["after_rl"] = ev
             state.extra["evals"] = evals

@@ -107,7 +107,7 @@ def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
     assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
 
 
-def test_phases_that_run_alone_use_every_core_and_rl_uses_trainer_threads(tmp_path: Path) -> None:
+def test_the_warm_start_uses_every_core_and_rl_uses_trainer_threads(tmp_path: Path) -> None:
     """The warm start runs on every core, each RL step on ``trainer.threads``, and the caller's
     thread count is what it was once the run is over."""
     import os
