@@ -392,10 +392,9 @@ def test_acceptance_is_also_reported_per_sign_of_the_advantage() -> None:
     trajs = make_trajectories(model, noise=0.3)
     flat = build_flat(trajs)
     with torch.no_grad():
-        logits = model(input_ids=flat.token_ids, attention_mask=flat.attention_mask).logits[:, :-1]
-        lp = torch.log_softmax(logits, -1).gather(-1, flat.token_ids[:, 1:, None])[..., 0]
-    mask = flat.action_mask[:, 1:]
-    d = binary_kl(flat.behavior_logprobs[:, 1:].where(mask, 0.0), lp.where(mask, 0.0)).where(mask, 0.0)
+        lp = flat.gather_logprobs(model(input_ids=flat.token_ids, attention_mask=flat.attention_mask).logits)
+    mask = flat.action_mask
+    d = binary_kl(flat.behavior_logprobs.where(mask, 0.0), lp.where(mask, 0.0)).where(mask, 0.0)
     kl = (d.sum(-1) / mask.sum(-1)).clamp_min(0.0)
     delta = float(kl.median())
     admitted = kl <= delta
