@@ -202,6 +202,11 @@ class WarmStartConfig:
     lr: float = _opt(1e-3, help="learning rate of the warm start", rule=_positive)
     batch_size: int = _opt(32, help="demos per warm-start step", rule=_at_least(1))
     max_minutes: float = _opt(0.0, help="wall-time cap of the warm start (0: none)", rule=_at_least(0))
+    stratify: str = _opt("first", help="how the demos are drawn from the train split: first (the first `examples` train "
+                                      "tasks) or answer_length (as many from each gold-answer length as the others, each "
+                                      "in train order, so a minority length is shown as often as the majority; a length "
+                                      "with too few tasks gives all it has and train order fills the rest)",
+                         choices=("first", "answer_length"))
     demos: str = _opt("gold", help="what a demo is: gold (the prompt, then the gold answer as the first reply) or expert "
                                    "(the env's scripted expert played through the real env, tool calls and all; "
                                    "the loss is on its replies only)", choices=("gold", "expert"))
@@ -372,7 +377,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return {}
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
+        return _read_override_texts(dict(value))
     if tp is Any:
         return value
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
@@ -503,8 +508,27 @@ class _Whole(dict):
     """A mapping given whole on the command line (``env.kwargs={...}``): it replaces, never merges."""
 
 
+class _OverrideText(str):
+    """A scalar as typed on the command line (``trainer.steps=10``). A typed field converts the text
+    itself; an entry of a free-form mapping (``tasks.params.size=600``, ``env.kwargs.call_timeout=3``)
+    has no type to convert to, so it is read as YAML, as the same line in a preset file would be."""
+
+
+def _read_override_texts(value: Any) -> Any:
+    """``value`` with every :class:`_OverrideText` inside it read as a YAML scalar."""
+    if isinstance(value, _OverrideText):
+        try:
+            return yaml.safe_load(str(value)) if str(value).strip() else str(value)
+        except yaml.YAMLError:
+            return str(value)
+    if isinstance(value, dict):
+        return {k: _read_override_texts(v) for k, v in value.items()}
+    return value
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """Turn ``["a.b=1", "c=x"]`` into a nested mapping ``{"a": {"b": "1"}, "c": "x"}``.
+    """Turn ``["a.b=1", "c=x"]`` into a nested mapping ``{"a": {"b": "1"}, "c": "x"}`` (the texts
+    are :class:`_OverrideText`, so that entries of free-form mappings can be read as YAML).
 
     A value written as a whole mapping (``env.kwargs={}``) replaces the preset's mapping; a dotted
     key into one (``env.kwargs.answer_format=plain``) changes that entry only.
@@ -520,7 +544,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             cur = cur.setdefault(part, {})
             if not isinstance(cur, dict):
                 raise ConfigError(f"override '{item}': '{part}' is not a section")
-        parsed: Any = value
+        parsed: Any = _OverrideText(value)
         if value.startswith(("[", "{")):
             try:
                 parsed = yaml.safe_load(value)

@@ -117,7 +117,22 @@ def test_env_kwargs_given_whole_replace_the_preset_mapping() -> None:
     assert load_config("math-tiny", ["env.kwargs={}"]).env.kwargs == {}
     assert load_config("math-tiny", ["env.kwargs={format_reward: 0.5}"]).env.kwargs == {"format_reward": 0.5}
     merged = load_config("math-tiny", ["env.kwargs.format_reward=0.5"]).env.kwargs
-    assert merged == {"answer_format": "plain", "format_reward": "0.5"}
+    assert merged == {"answer_format": "plain", "format_reward": 0.5}
+
+
+def test_a_dotted_entry_of_a_free_form_mapping_is_read_as_yaml_like_the_preset_file() -> None:
+    """``tasks.params.size=600`` is the number 600, as ``size: 600`` in a YAML preset is; it used to
+    reach the task source as the text '600' and fail there."""
+    cfg = load_config("python-tool-tiny", ["tasks.params.size=600", "tasks.params.ops=['+']", "env.kwargs.call_timeout=3",
+                                           "env.kwargs.backend=docker", "env.kwargs.tool_prompt=", "tasks.params.order=random"])
+    assert cfg.tasks.params["size"] == 600 and type(cfg.tasks.params["size"]) is int
+    assert cfg.tasks.params["ops"] == ["+"] and cfg.tasks.params["order"] == "random"
+    assert cfg.env.kwargs["call_timeout"] == 3 and cfg.env.kwargs["backend"] == "docker"
+    assert cfg.env.kwargs["tool_prompt"] == "" and type(cfg.env.kwargs["backend"]) is str
+    from envs.tasks import get_task_source
+
+    source = get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
+    assert len(source.split("train")) + len(source.split("test")) == 600
 
 
 def test_each_value_rule_has_one_home() -> None:
