@@ -71,12 +71,51 @@ def env_factory(cfg: TrainConfig) -> Any:
 
 
 def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Any) -> tuple[list[Any], list[Any]]:
-    """The warm-start demos are the first ``warm_start.examples`` train tasks; RL prompts are the
-    rest, so RL never sees a label and the pool stays unlabelled from its point of view."""
-    n = cfg.warm_start.examples
-    demos = list(train_tasks[:n]) if n else []
-    rl = list(train_tasks[n:]) if n < len(train_tasks) else list(train_tasks)
+    """The warm-start demos are ``warm_start.examples`` train tasks; RL prompts are the rest, in
+    train order, so RL never sees a label and the pool stays unlabelled from its point of view.
+
+    ``warm_start.stratify`` says which tasks: ``first`` takes the first ones; ``answer_length`` takes
+    an equal share from each gold-answer length (see :func:`stratified_indices`).
+    """
+    n = min(cfg.warm_start.examples, len(train_tasks))
+    if not n:
+        return [], list(train_tasks)
+    if cfg.warm_start.stratify == "answer_length":
+        picked = stratified_indices([len(t["answer"]) for t in train_tasks], n)
+    else:
+        picked = list(range(n))
+    chosen = set(picked)
+    demos = [train_tasks[i] for i in picked]
+    rl = [t for i, t in enumerate(train_tasks) if i not in chosen] or list(train_tasks)
     return demos, rl
+
+
+def stratified_indices(keys: list[Any], n: int) -> list[int]:
+    """``n`` indices into ``keys``, as many for each distinct key as for any other, each key's taken
+    in order; a key with too few items gives all it has and the first items not yet taken fill the
+    rest. The result is sorted (train order), so it is deterministic for a given split.
+
+    >>> stratified_indices([8, 8, 8, 7, 8, 7], 4)
+    [0, 1, 3, 5]
+    """
+    by_key: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_key.setdefault(k, []).append(i)
+    picked: set[int] = set()
+    left = min(n, len(keys))
+    groups = sorted(by_key.values(), key=len)  # the smallest first, so what they lack goes to the others
+    for g_i, idx in enumerate(groups):
+        share = left // (len(groups) - g_i)
+        take = idx[:share]
+        picked.update(take)
+        left -= len(take)
+    for i in range(len(keys)):
+        if left <= 0:
+            break
+        if i not in picked:
+            picked.add(i)
+            left -= 1
+    return sorted(picked)
 
 
 @dataclass
