@@ -127,6 +127,11 @@ class TasksConfig:
     train_split: str = _opt("train", help="split whose tasks RL (and the warm start) trains on")
     test_split: str = _opt("test", help="split of the held-out evaluation (never trained on)")
     seed: int = _opt(0, help="seed of the task order and of the held-out subset")
+    balance: str = _opt("natural", help="how training draws from the train split: natural (as the split comes: the warm "
+                                        "start's demos are its first tasks, RL gets the rest) or answer_length (every gold-answer "
+                                        "length counts alike: the demos take an equal share of each length and RL prompts keep "
+                                        "as many of each length as the rarest has, each in train order; the held-out split is "
+                                        "never balanced)", choices=("natural", "answer_length"))
 
 
 @dataclass
@@ -202,11 +207,6 @@ class WarmStartConfig:
     lr: float = _opt(1e-3, help="learning rate of the warm start", rule=_positive)
     batch_size: int = _opt(32, help="demos per warm-start step", rule=_at_least(1))
     max_minutes: float = _opt(0.0, help="wall-time cap of the warm start (0: none)", rule=_at_least(0))
-    stratify: str = _opt("first", help="how the demos are drawn from the train split: first (the first `examples` train "
-                                      "tasks) or answer_length (as many from each gold-answer length as the others, each "
-                                      "in train order, so a minority length is shown as often as the majority; a length "
-                                      "with too few tasks gives all it has and train order fills the rest)",
-                         choices=("first", "answer_length"))
     demos: str = _opt("gold", help="what a demo is: gold (the prompt, then the gold answer as the first reply) or expert "
                                    "(the env's scripted expert played through the real env, tool calls and all; "
                                    "the loss is on its replies only)", choices=("gold", "expert"))

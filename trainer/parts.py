@@ -17,7 +17,9 @@ learner model.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,22 +73,29 @@ def env_factory(cfg: TrainConfig) -> Any:
 
 
 def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Any) -> tuple[list[Any], list[Any]]:
-    """The warm-start demos are ``warm_start.examples`` train tasks; RL prompts are the rest, in
+    """The warm-start demos are ``warm_start.examples`` train tasks; RL prompts are the others, in
     train order, so RL never sees a label and the pool stays unlabelled from its point of view.
 
-    ``warm_start.stratify`` says which tasks: ``first`` takes the first ones; ``answer_length`` takes
-    an equal share from each gold-answer length (see :func:`stratified_indices`).
+    ``tasks.balance`` says which: ``natural`` gives the demos the first tasks and RL the rest;
+    ``answer_length`` makes every gold-answer length count alike (:func:`stratified_indices` for the
+    demos, :func:`balanced_indices` for the RL prompts), so that a minority length is not traded
+    away for the majority.
     """
     n = min(cfg.warm_start.examples, len(train_tasks))
-    if not n:
-        return [], list(train_tasks)
-    if cfg.warm_start.stratify == "answer_length":
-        picked = stratified_indices([len(t["answer"]) for t in train_tasks], n)
+    everything = range(len(train_tasks))
+    if cfg.tasks.balance == "answer_length":
+        keys = [len(t["answer"]) for t in train_tasks]
+        picked = stratified_indices(keys, n)
+        chosen = set(picked)
+        rest = balanced_indices(keys, [i for i in everything if i not in chosen])
+        logging.getLogger(__name__).info(
+            "tasks.balance=answer_length: demos %s, RL prompts %s (answer length: tasks)",
+            dict(sorted(Counter(keys[i] for i in picked).items())), dict(sorted(Counter(keys[i] for i in rest).items())))
     else:
         picked = list(range(n))
-    chosen = set(picked)
+        rest = list(range(n, len(train_tasks)))
     demos = [train_tasks[i] for i in picked]
-    rl = [t for i, t in enumerate(train_tasks) if i not in chosen] or list(train_tasks)
+    rl = [train_tasks[i] for i in rest] or list(train_tasks)
     return demos, rl
 
 
@@ -98,9 +107,7 @@ def stratified_indices(keys: list[Any], n: int) -> list[int]:
     >>> stratified_indices([8, 8, 8, 7, 8, 7], 4)
     [0, 1, 3, 5]
     """
-    by_key: dict[Any, list[int]] = {}
-    for i, k in enumerate(keys):
-        by_key.setdefault(k, []).append(i)
+    by_key = _by_key(keys, range(len(keys)))
     picked: set[int] = set()
     left = min(n, len(keys))
     groups = sorted(by_key.values(), key=len)  # the smallest first, so what they lack goes to the others
@@ -116,6 +123,27 @@ def stratified_indices(keys: list[Any], n: int) -> list[int]:
             picked.add(i)
             left -= 1
     return sorted(picked)
+
+
+def balanced_indices(keys: list[Any], among: list[int]) -> list[int]:
+    """The indices of ``among`` kept so that every key has as many as the rarest key has: each key's
+    first ones, in order; the result is sorted.
+
+    >>> balanced_indices([8, 8, 7, 8, 7, 8], [0, 1, 2, 3, 4, 5])
+    [0, 1, 2, 4]
+    """
+    by_key = _by_key(keys, among)
+    if not by_key:
+        return []
+    m = min(len(v) for v in by_key.values())
+    return sorted(i for idx in by_key.values() for i in idx[:m])
+
+
+def _by_key(keys: list[Any], among: Any) -> dict[Any, list[int]]:
+    out: dict[Any, list[int]] = {}
+    for i in among:
+        out.setdefault(keys[i], []).append(i)
+    return out
 
 
 @dataclass
