@@ -127,11 +127,11 @@ class TasksConfig:
     train_split: str = _opt("train", help="split whose tasks RL (and the warm start) trains on")
     test_split: str = _opt("test", help="split of the held-out evaluation (never trained on)")
     seed: int = _opt(0, help="seed of the task order and of the held-out subset")
-    balance: str = _opt("natural", help="how training draws from the train split: natural (as the split comes: the warm "
-                                        "start's demos are its first tasks, RL gets the rest) or answer_length (every gold-answer "
-                                        "length counts alike: the demos take an equal share of each length and RL prompts keep "
-                                        "as many of each length as the rarest has, each in train order; the held-out split is "
-                                        "never balanced)", choices=("natural", "answer_length"))
+    balance: str = _opt("natural", help="which train tasks RL prompts come from: natural (every one the warm start's demos "
+                                        "left, in train order) or answer_length (of those, as many of each gold-answer length as "
+                                        "the rarest length has, each length's first ones), so a minority length counts as much "
+                                        "as the majority; the held-out split is never balanced",
+                         choices=("natural", "answer_length"))
 
 
 @dataclass
@@ -207,6 +207,10 @@ class WarmStartConfig:
     lr: float = _opt(1e-3, help="learning rate of the warm start", rule=_positive)
     batch_size: int = _opt(32, help="demos per warm-start step", rule=_at_least(1))
     max_minutes: float = _opt(0.0, help="wall-time cap of the warm start (0: none)", rule=_at_least(0))
+    balance: str = _opt("natural", help="which train tasks are the demos: natural (the first `examples`) or answer_length "
+                                        "(an equal share of each gold-answer length, each length's first ones; a length with "
+                                        "too few gives all it has and train order fills the rest)",
+                         choices=("natural", "answer_length"))
     demos: str = _opt("gold", help="what a demo is: gold (the prompt, then the gold answer as the first reply) or expert "
                                    "(the env's scripted expert played through the real env, tool calls and all; "
                                    "the loss is on its replies only)", choices=("gold", "expert"))

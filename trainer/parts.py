@@ -73,27 +73,27 @@ def env_factory(cfg: TrainConfig) -> Any:
 
 
 def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Any) -> tuple[list[Any], list[Any]]:
-    """The warm-start demos are ``warm_start.examples`` train tasks; RL prompts are the others, in
-    train order, so RL never sees a label and the pool stays unlabelled from its point of view.
+    """The warm-start demos are ``warm_start.examples`` train tasks; RL prompts come from the others,
+    in train order, so RL never sees a label and the pool stays unlabelled from its point of view.
 
-    ``tasks.balance`` says which: ``natural`` gives the demos the first tasks and RL the rest;
-    ``answer_length`` makes every gold-answer length count alike (:func:`stratified_indices` for the
-    demos, :func:`balanced_indices` for the RL prompts), so that a minority length is not traded
-    away for the majority.
+    ``warm_start.balance`` picks the demos: ``natural`` the first ones, ``answer_length`` an equal
+    share of each gold-answer length (:func:`stratified_indices`). ``tasks.balance`` picks the RL
+    prompts among the rest: ``natural`` all of them, ``answer_length`` as many of each length as the
+    rarest has (:func:`balanced_indices`).
     """
     n = min(cfg.warm_start.examples, len(train_tasks))
-    everything = range(len(train_tasks))
+    by_length = "answer_length" in (cfg.warm_start.balance, cfg.tasks.balance)
+    keys = [len(t["answer"]) for t in train_tasks] if by_length else []
+    picked = stratified_indices(keys, n) if cfg.warm_start.balance == "answer_length" else list(range(n))
+    chosen = set(picked)
+    rest = [i for i in range(len(train_tasks)) if i not in chosen]
     if cfg.tasks.balance == "answer_length":
-        keys = [len(t["answer"]) for t in train_tasks]
-        picked = stratified_indices(keys, n)
-        chosen = set(picked)
-        rest = balanced_indices(keys, [i for i in everything if i not in chosen])
+        rest = balanced_indices(keys, rest)
+    if by_length:
         logging.getLogger(__name__).info(
-            "tasks.balance=answer_length: demos %s, RL prompts %s (answer length: tasks)",
-            dict(sorted(Counter(keys[i] for i in picked).items())), dict(sorted(Counter(keys[i] for i in rest).items())))
-    else:
-        picked = list(range(n))
-        rest = list(range(n, len(train_tasks)))
+            "answer lengths (length: tasks): demos %s (warm_start.balance=%s), RL prompts %s (tasks.balance=%s)",
+            dict(sorted(Counter(keys[i] for i in picked).items())), cfg.warm_start.balance,
+            dict(sorted(Counter(keys[i] for i in rest).items())), cfg.tasks.balance)
     demos = [train_tasks[i] for i in picked]
     rl = [train_tasks[i] for i in rest] or list(train_tasks)
     return demos, rl

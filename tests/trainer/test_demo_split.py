@@ -1,5 +1,5 @@
-"""How the train split is cut into warm-start demos and RL prompts (``warm_start.examples`` and
-``tasks.balance``), on the real arithmetic source of python-tool-tiny."""
+"""How the train split is cut into warm-start demos and RL prompts (``warm_start.examples``,
+``warm_start.balance`` and ``tasks.balance``), on the real arithmetic source of python-tool-tiny."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def _ids(tasks) -> list[str]:
 
 
 def test_natural_balance_gives_the_demos_the_first_train_tasks_and_rl_the_rest() -> None:
-    cfg = load_config("python-tool-tiny", ["warm_start.examples=50", "tasks.balance=natural", "tasks.params.size=600"])
+    cfg = load_config("python-tool-tiny", ["warm_start.examples=50", "warm_start.balance=natural", "tasks.balance=natural",
+                                           "tasks.params.size=600"])
     train = _train(cfg)
     demos, rl = demo_and_rl_tasks(cfg, train)
     assert _ids(demos) == _ids(train[:50])
@@ -30,7 +31,8 @@ def test_natural_balance_gives_the_demos_the_first_train_tasks_and_rl_the_rest()
 
 
 def test_answer_length_balance_shows_each_length_alike_in_demos_and_rl_prompts_in_train_order() -> None:
-    cfg = load_config("python-tool-tiny", ["warm_start.examples=40", "tasks.balance=answer_length", "tasks.params.size=600"])
+    cfg = load_config("python-tool-tiny", ["warm_start.examples=40", "warm_start.balance=answer_length",
+                                           "tasks.balance=answer_length", "tasks.params.size=600"])
     train = _train(cfg)
     lengths = Counter(len(t["answer"]) for t in train)
     assert set(lengths) == {7, 8} and lengths[7] < lengths[8] / 2  # 4-digit products: 7 digits are a minority
@@ -50,6 +52,20 @@ def test_answer_length_balance_shows_each_length_alike_in_demos_and_rl_prompts_i
     assert not set(_ids(demos)) & set(_ids(rl))
 
 
+def test_each_balance_acts_on_its_own_part_of_the_split() -> None:
+    base = ["warm_start.examples=40", "tasks.params.size=600"]
+    demos_only = load_config("python-tool-tiny", [*base, "warm_start.balance=answer_length", "tasks.balance=natural"])
+    train = _train(demos_only)
+    demos, rl = demo_and_rl_tasks(demos_only, train)
+    assert Counter(len(t["answer"]) for t in demos) == {7: 20, 8: 20}
+    assert _ids(rl) == [i for i in _ids(train) if i not in set(_ids(demos))]  # RL: all the rest
+    rl_only = load_config("python-tool-tiny", [*base, "warm_start.balance=natural", "tasks.balance=answer_length"])
+    demos, rl = demo_and_rl_tasks(rl_only, train)
+    assert _ids(demos) == _ids(train[:40])
+    counts = Counter(len(t["answer"]) for t in rl)
+    assert counts[7] == counts[8] == sum(len(t["answer"]) == 7 for t in train[40:])
+
+
 def test_a_length_with_too_few_tasks_gives_all_it_has_and_train_order_fills_the_rest() -> None:
     keys = [8, 8, 8, 8, 7, 8, 8, 6, 8]
     picked = stratified_indices(keys, 6)
@@ -65,3 +81,5 @@ def test_a_length_with_too_few_tasks_gives_all_it_has_and_train_order_fills_the_
 def test_an_unknown_balance_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match="tasks.balance"):
         load_config("python-tool-tiny", ["tasks.balance=digits"])
+    with pytest.raises(ConfigError, match="warm_start.balance"):
+        load_config("python-tool-tiny", ["warm_start.balance=digits"])
