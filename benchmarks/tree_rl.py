@@ -1,6 +1,6 @@
 """Tree RL vs linear FlashREINFORCE at equal generated policy tokens, and the learner's cost per token.
 
-Run: ``python benchmarks/tree_rl.py [--quick] [--seeds 0 1 2] [--steps 60]``.
+Run: ``python benchmarks/tree_rl.py [--quick] [--task two-attempts|tool-result] [--seeds 0 1 2] [--steps 60]``.
 
 The task: ``math-tiny`` (sums with the in-code tiny model) as a **two-attempt** task
 (``MathVerifier-v0(max_turns=2)``): a wrong first answer gets ``"Your answer X is incorrect. Try
@@ -8,6 +8,11 @@ again."`` and the agent answers again, so the second attempt matters and it is w
 tree episode shares the prompt, the first attempt and the feedback, and forks ``--branch`` second
 attempts there (``rollout.branch_at=[1]``), trained with ``trainer.max_per_root=5`` (J_max) and the
 tree baseline. Linear FlashREINFORCE samples one path per prompt.
+
+``--task tool-result`` runs the same comparison on ``python-tool-tiny`` (4-digit products through the
+bwrap sandbox, the preset's expert warm start): there a tree forks the answer turn after the tool
+result (``rollout.branch_at=[1]``), so every leaf of a root shares the prompt, the tool call and what
+the sandbox printed, about 70 of its ~80 tokens; it is where packing has the most to save.
 
 Equal budget: the linear run takes ``--steps`` steps and generates ``T`` policy tokens (counted once
 each in its store: a shared prefix is generated once). A 2-step pilot of the tree run measures its
@@ -54,6 +59,20 @@ TWO_ATTEMPTS = [
 ]
 
 
+# python-tool-tiny as it ships (expert warm start, bwrap sandbox), with the same run-shape switches: a
+# tree forks the answer turn after the tool result, so every leaf of a root shares the prompt, the tool
+# call and what the sandbox printed (~70 of its ~80 tokens)
+TOOL_RESULT = [
+    "trainer.max_minutes=0",
+    "trainer.checkpoint_every=0",
+    "trainer.plot_every=1000",
+    "trainer.collapse_guard=false",
+]
+
+# --task: (preset, overrides)
+TASKS = {"two-attempts": ("math-tiny", TWO_ATTEMPTS), "tool-result": ("python-tool-tiny", TOOL_RESULT)}
+
+
 def generated_policy_tokens(run: Path) -> int:
     """Policy tokens stored in the run's tree, each node once (what the rollout generated)."""
     from fr_agents.tree import TrajectoryTree
@@ -71,13 +90,14 @@ def generated_policy_tokens(run: Path) -> int:
     return total
 
 
-def train(run: Path, overrides: list[str], resume: bool = False) -> dict[str, float]:
+def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> dict[str, float]:
     import json
 
     from fr_agents.config import load_config
     from trainer.loop import run_training
 
-    cfg = load_config("math-tiny", overrides)
+    preset, fixed = TASKS[task]
+    cfg = load_config(preset, [*fixed, *overrides])
     res = run_training(cfg, run, console=False, resume=resume)
     if not res.ok:
         raise RuntimeError(f"{run}: {res.stop_reason}")
@@ -138,11 +158,15 @@ def spread(xs: list[float]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--task", choices=sorted(TASKS), default="two-attempts",
+                   help="two-attempts: math-tiny with a second attempt after a wrong answer (the fork); tool-result: "
+                        "python-tool-tiny, forked after the sandbox's reply")
     p.add_argument("--steps", type=int, default=60, help="steps of the linear run")
     p.add_argument("--batch-size", type=int, default=32, help="leaves per step (both runs)")
     p.add_argument("--branch", type=int, default=8, help="second attempts forked per tree")
     p.add_argument("--eval-episodes", type=int, default=200)
-    p.add_argument("--warm-start", type=int, default=500, help="warm-start demos (both runs, reported apart)")
+    p.add_argument("--warm-start", type=int, default=0,
+                   help="warm-start demos (both runs, reported apart; 0: 500 for two-attempts, the preset's for tool-result)")
     p.add_argument("--quick", action="store_true", help="tiny sizes that prove the script works")
     p.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
     p.add_argument("--match-leaves", action="store_true",
@@ -159,7 +183,8 @@ def main() -> None:
             step = int((run / "checkpoints" / "LATEST").read_text().strip().rsplit("_", 1)[-1])
             from fr_agents.config import load_config
 
-            temperature = load_config("math-tiny", TWO_ATTEMPTS).rollout.temperature  # the runs' own (not overridden)
+            preset, fixed = TASKS[a.task]
+            temperature = load_config(preset, fixed).rollout.temperature  # the runs' own (not overridden)
             flat_s, packed_s, ideal = learner_cost(run, step, temperature, 0)
             costs.append((flat_s / packed_s, ideal))
             print(f"seed {seed}: learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
@@ -168,20 +193,26 @@ def main() -> None:
         return
     if a.quick:
         a.seeds, a.steps, a.batch_size, a.branch, a.eval_episodes, a.warm_start = [0], 3, 8, 4, 20, 64
+    if not a.warm_start:
+        from fr_agents.config import load_config
+
+        a.warm_start = 500 if a.task == "two-attempts" else load_config(TASKS[a.task][0]).warm_start.examples
     out = Path(a.out or tempfile.mkdtemp(prefix="tree_rl_"))
-    common = [*TWO_ATTEMPTS, f"trainer.batch_size={a.batch_size}", f"trainer.eval_episodes={a.eval_episodes}",
+    common = [f"trainer.batch_size={a.batch_size}", f"trainer.eval_episodes={a.eval_episodes}",
               f"warm_start.examples={a.warm_start}", "model.tiny_size=micro"]
     if a.quick:
         common += ["warm_start.epochs=2", "model.tiny_size=nano"]
+        if a.task == "tool-result":  # nano's smaller vocabulary spells the expert's call in more tokens
+            common += ["rollout.max_new_tokens=40", "rollout.max_context=160"]
     base_over = [f"rollout.branch_factor={a.branch}", "rollout.branch_at=[1]", "trainer.max_per_root=5",
                  "objective.baseline=tree"]
     rows = []
     for seed in a.seeds:
         tree_over = list(base_over)
         s = [f"trainer.seed={seed}", f"model.tiny_seed={seed}"]
-        lin = train(out / f"linear-{seed}", [*common, *s, f"trainer.steps={a.steps}"])
+        lin = train(out / f"linear-{seed}", a.task, [*common, *s, f"trainer.steps={a.steps}"])
         pilot_steps = 4 if a.match_leaves else 2
-        pilot = train(out / f"pilot-{seed}", [*common, *s, *tree_over, f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
+        pilot = train(out / f"pilot-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
         per_step = max(1.0, pilot["tokens"] / pilot_steps)
         tree_batch = a.batch_size
         if a.match_leaves:  # schedule more episodes so that about batch_size leaves survive merging and J_max
@@ -189,14 +220,14 @@ def main() -> None:
             per_step *= tree_batch / a.batch_size
         tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
         steps = max(1, round(lin["tokens"] / per_step))
-        tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"])
+        tree = train(out / f"tree-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"])
         # tokens per step drift as the policy learns: resume for the missing tokens, at the
         # run's own rate so far, until the tree run has generated at least 95% of the linear run's
         for _ in range(6):
             if tree["tokens"] >= 0.95 * lin["tokens"]:
                 break
             steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
-            tree = train(out / f"tree-{seed}", [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
+            tree = train(out / f"tree-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
         flat_s, packed_s, ideal = learner_cost(out / f"tree-{seed}", tree["steps"], tree["temperature"], 0)
         rows.append((seed, lin, tree, flat_s / packed_s, ideal))
         print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
@@ -204,7 +235,7 @@ def main() -> None:
               f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f}, merged siblings per step "
               f"{tree['merged_per_step']:.1f}) | "
               f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
-    print(f"[tree RL] math-tiny, two attempts, {len(a.seeds)} seeds, runs in {out}")
+    print(f"[tree RL] {TASKS[a.task][0]} ({a.task}), {len(a.seeds)} seeds, runs in {out}")
     print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
     print(f"  generated policy tokens  linear {spread([r[1]['tokens'] for r in rows])}   tree {spread([r[2]['tokens'] for r in rows])}")
     print(f"  learner s per logical token, flat / packed (last 20 batches of each tree run): {spread([r[3] for r in rows])}x "
