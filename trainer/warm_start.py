@@ -20,6 +20,7 @@ A demo is exactly what a perfect rollout would produce, in one of two kinds (``w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -158,9 +159,12 @@ def expert_demos(cfg: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], st
         seed, option = reset_args(task, cfg.trainer.seed + i)
         seeds.append(seed)
         tasks.append(option)
+    # one path per demo: the expert plays each task once, whatever rollout.branch_factor and the
+    # tree budget say of RL episodes (forked copies of a scripted episode would multiply the demos)
+    once = dataclasses.replace(runner.options, branch_factor=1, branch_at=(), tree_budget_tokens=0)
     with TrajectoryTree.open(store) as tree:
         results = run_episodes_sync(
-            runner.make_env, None, runner.tokenizer, tree, len(tasks), runner.options,
+            runner.make_env, None, runner.tokenizer, tree, len(tasks), once,
             concurrency=max(1, cfg.rollout.concurrency), seeds=seeds, tasks=tasks, actor=expert_actor,
         )
         won = [leaf.leaf_id for r in results for leaf in r.leaves if leaf.reward > 0]

@@ -111,3 +111,25 @@ def test_expert_demos_need_an_env_with_an_expert(tmp_path: Path) -> None:
     cfg = load_config("math-tiny", ["warm_start.demos=expert", "model.tiny_size=nano"])
     with pytest.raises(ConfigError, match=r"MathVerifier-v0 \(warm_start\.demos=expert\) has no expert"):
         build_rollout_side(cfg, tmp_path, with_engine=False)
+
+
+def test_a_branching_run_plays_each_expert_demo_once(tmp_path: Path) -> None:
+    """RL episodes fork (rollout.branch_factor=4 at the answer turn, a tree budget); the expert's demo
+    episodes do not: one demo per task, each a single path, as in a linear run."""
+    ok, why = bwrap_available()
+    if not ok:
+        pytest.skip(f"bwrap backend unavailable: {why}")
+    torch.set_num_threads(1)
+    overrides = ["model.tiny_size=nano", "warm_start.examples=3", "rollout.concurrency=3", "rollout.max_new_tokens=40",
+                 "rollout.branch_factor=4", "rollout.branch_at=[1]", "rollout.tree_budget_tokens=500"]
+    cfg = load_config("python-tool-tiny", overrides)
+    side = build_rollout_side(cfg, tmp_path, with_engine=False)
+    try:
+        demos = expert_demos(cfg, side.runner, side.demo_tasks, tmp_path / DEMO_STORE)
+        with TrajectoryTree.open(tmp_path / DEMO_STORE) as tree:
+            leaves = tree.leaf_ids()
+            roots = {tree.trajectories([leaf])[0].path[0] for leaf in leaves}
+    finally:
+        side.close()
+    assert len(demos) == 3
+    assert len(leaves) == 3 and len(roots) == 3
