@@ -18,7 +18,9 @@ Equal budget: the linear run takes ``--steps`` steps and generates ``T`` policy 
 each in its store: a shared prefix is generated once). A 2-step pilot of the tree run measures its
 tokens per step, and the tree run gets as many steps as give about ``T`` tokens; since tokens per
 step change as the policy learns, the tree run is then resumed from its last checkpoint for the tokens still
-missing until it has generated at least 95% of ``T``. Both totals are printed, with the tree run's
+missing until it has generated at least 95% of ``T``. Caveat: siblings whose sampled
+continuations are identical are stored once as well, though the engine sampled each of them, so
+where most forks agree (``merged`` per step is high) the tree run samples more than it is charged. Both totals are printed, with the tree run's
 leaves trained per step (after merging identical siblings and J_max) and merges per step.
 
 ``trainer.batch_size`` counts leaves at full branching, so when most forked siblings are identical
