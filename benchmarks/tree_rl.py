@@ -50,26 +50,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# the run's shape, whatever the task: a fixed number of steps, no mid-run checkpoints or plots, no
+# collapse guard (a comparison reports what each run reaches)
+RUN_SHAPE = [
+    "trainer.max_minutes=0",
+    "trainer.checkpoint_every=0",
+    "trainer.plot_every=1000",
+    "trainer.collapse_guard=false",
+]
+
 TWO_ATTEMPTS = [
     "env.kwargs={answer_format: plain, max_turns: 2, feedback: true}",
     "env.max_turns=2",
     "rollout.max_context=96",
-    "trainer.max_minutes=0",
-    "trainer.checkpoint_every=0",
-    "trainer.plot_every=1000",
-    "trainer.collapse_guard=false",
+    *RUN_SHAPE,
 ]
 
 
-# python-tool-tiny as it ships (expert warm start, bwrap sandbox), with the same run-shape switches: a
-# tree forks the answer turn after the tool result, so every leaf of a root shares the prompt, the tool
-# call and what the sandbox printed (~70 of its ~80 tokens)
-TOOL_RESULT = [
-    "trainer.max_minutes=0",
-    "trainer.checkpoint_every=0",
-    "trainer.plot_every=1000",
-    "trainer.collapse_guard=false",
-]
+# python-tool-tiny as it ships (expert warm start, bwrap sandbox): a tree forks the answer turn after
+# the tool result, so every leaf of a root shares the prompt, the tool call and what the sandbox
+# printed (~70 of its ~80 tokens)
+TOOL_RESULT = RUN_SHAPE
 
 # --task: (preset, overrides)
 TASKS = {"two-attempts": ("math-tiny", TWO_ATTEMPTS), "tool-result": ("python-tool-tiny", TOOL_RESULT)}
