@@ -194,6 +194,7 @@ def main() -> None:
     from trainer.ledger import EpisodeLedger
 
     overrides = [
+        "trainer.backend=local",  # the elastic runtime's hooks act inside the rollout
         "model.tiny_size=micro", "tasks.params={digits: 2}", f"trainer.batch_size={a.batch}",
         f"rollout.concurrency={a.batch}", "rollout.max_policy_lag=1", f"trainer.steps={a.steps}",
         "trainer.max_minutes=0", "trainer.eval_episodes=0", "warm_start.examples=0",

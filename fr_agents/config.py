@@ -243,8 +243,10 @@ class TrainerConfig:
     eval_bench_provider: str = _opt("envs.benches:eval_bench_for", help="module:attr of (cfg) -> Bench for the eval_k evaluation")
     collapse_guard: bool = _opt(True, help="stop when the batch reward falls below half its starting level")
     seed: int = _opt(0, help="seed of the schedule, the sampling and the model's initial state")
-    backend: str = _opt("local", help="local (threads in this process) or ray (learner and rollout workers as Ray actors)",
-                        choices=("local", "ray"))
+    backend: str = _opt("process", help="process (the rollout in a child process beside the learner: no shared GIL, "
+                        "the default), local (the rollout in a thread of the learner's process; needed by trainer.elastic "
+                        "and by hooks that act inside the rollout) or ray (learner and rollout workers as Ray actors)",
+                        choices=("process", "local", "ray"))
     elastic: bool = _opt(False, help="move CPU slots between the rollout and train pools as the load shifts (local, hf)")
     devices: int = _opt(3, help="slots in both elastic pools together (trainer.elastic only)")
     rollout_devices: int = _opt(0, help="slots that start in the rollout pool (0: devices - 1; trainer.elastic only)")
@@ -444,7 +446,7 @@ def _validate(cfg: TrainConfig) -> None:
     r, t, o = cfg.rollout, cfg.trainer, cfg.objective
     if t.elastic:
         if t.backend != "local":
-            bad("trainer.elastic", f"elastic pools run on the local backend, not {t.backend!r}")
+            bad("trainer.elastic", f"elastic pools run on the local backend (trainer.backend=local), not {t.backend!r}")
         if r.engine != "hf":
             bad("trainer.elastic", f"elastic pools need rollout.engine=hf (one model copy per slot), got {r.engine!r}")
         if t.devices < 2:

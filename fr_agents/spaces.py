@@ -8,6 +8,7 @@ accepts any ``str`` up to ``max_length`` characters (any characters at all) whil
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,22 @@ from gymnasium import spaces
 _SAMPLE_CHARSET = "".join(chr(c) for c in range(32, 127))
 
 
+@functools.cache
+def _charset_fields() -> dict[str, Any]:
+    """The charset fields ``Text`` derives from ``_SAMPLE_CHARSET`` (its ``_char*`` attributes),
+    derived once: every env builds two spaces per episode, and deriving them costs ~80 us each."""
+    full = spaces.Text(1, charset=_SAMPLE_CHARSET)
+    return {k: v for k, v in vars(full).items() if k.startswith("_char")}
+
+
 class AnyText(spaces.Text):
     """A text space containing every ``str`` with ``min_length <= len(s) <= max_length``."""
 
     def __init__(self, max_length: int = 65536, min_length: int = 0, seed: int | None = None) -> None:
-        super().__init__(max_length=max_length, min_length=min_length, charset=_SAMPLE_CHARSET, seed=seed)
+        # Text's own checks of the lengths and the seed, on a one-character charset; then the
+        # sampling charset's fields, derived once and shared (they are never modified).
+        super().__init__(max_length=max_length, min_length=min_length, charset=_SAMPLE_CHARSET[0], seed=seed)
+        self.__dict__.update(_charset_fields())
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length

@@ -38,12 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fr_agents.config import TrainConfig
+from fr_agents.config import ConfigError, TrainConfig
 from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
-from trainer.parts import all_cores
+from trainer.parts import all_cores, rollout_threads
+from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,12 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console
         self.hooks = hooks or TrainerHooks()
+        inside = [h for h in ("engine", "episode_done") if getattr(type(self.hooks), h) is not getattr(TrainerHooks, h)]
+        if cfg.trainer.backend == "process" and inside:
+            raise ConfigError(
+                f"trainer.backend: the hooks {type(self.hooks).__name__}.{'/'.join(inside)} act inside the rollout, "
+                "which trainer.backend=process runs in a child process; use trainer.backend=local"
+            )
         self.lag = cfg.rollout.max_policy_lag
         self.guards = Guards(self.lag, cfg.trainer.collapse_guard)
         self._ready = threading.Condition()
@@ -123,6 +130,13 @@ class Trainer:
         self.train_tasks, self.test_tasks = side.train_tasks, side.test_tasks
         self.demo_tasks, self.rl_tasks = side.demo_tasks, side.rl_tasks
         self.schedule, self.runner = side.schedule, side.runner
+        self.rollout_process = None
+        if cfg.trainer.backend == "process":  # spawned now: it builds its side while this one evaluates and warm starts
+            self.rollout_process = RolloutProcess(
+                cfg=cfg, run_dir=self.run_dir, last_batch=cfg.trainer.steps, board=self.board,
+                on_batch_done=self._on_batch_done, threads=rollout_threads(cfg),
+            )
+            self.rollout_process.start()
 
     # ------------------------------------------------------------------ evaluation
 
@@ -161,7 +175,10 @@ class Trainer:
         cfg = self.cfg
         self._build()
         self.hooks.run_started(self)
-        engine = type(self.runner.engine).__name__ if self.runner.engine is not None else f"{cfg.rollout.engine} (rollout workers)"
+        engine = (
+            type(self.runner.engine).__name__ if self.runner.engine is not None
+            else f"{cfg.rollout.engine} (rollout {'process' if cfg.trainer.backend == 'process' else 'workers'})"
+        )
         self.metrics.event("start", engine=engine, backend=cfg.trainer.backend, resume=resume)
         state = TrainerState()
         evals: dict[str, dict[str, float]] = {}
@@ -183,6 +200,8 @@ class Trainer:
             state.extra["evals"] = evals
         self.board.publish(self.learner.version, self.model)
         self.last_ckpt = self._checkpoint(state) if not resume else latest_checkpoint(self.run_dir)
+        if self.rollout_process is not None:  # set-up, not RL time (it overlapped the warm start, if any)
+            self.rollout_process.wait_ready()
         self._rl_started = time.monotonic()
         self._last_step_end = time.perf_counter()
         return state, evals
@@ -274,7 +293,27 @@ class Trainer:
             self._batches_done = max(self._batches_done, k) if k >= 0 else self._batches_done
             self._ready.notify_all()
 
-    def _wait_batch(self, k: int, rollout: RolloutThread, deadline: float) -> bool:
+    def _rollout(self, first_batch: int) -> RolloutThread | RolloutProcess:
+        """The rollout beside this learner, from ``first_batch`` on (not started yet): a thread
+        here (``trainer.backend=local``) or the child process spawned by :meth:`_build`, which has
+        its own interpreter (``process``, :mod:`trainer.rollout_process`; :meth:`_run` begins it)."""
+        cfg = self.cfg
+        if self.rollout_process is not None:
+            return self.rollout_process
+        return RolloutThread(
+            schedule=self.schedule,
+            first_batch=first_batch,
+            last_batch=cfg.trainer.steps,
+            board=self.board,
+            ledger=self.ledger,
+            set_weights=self.runner.set_weights,
+            run_episode=self.runner.run,
+            concurrency=cfg.rollout.concurrency,
+            on_batch_done=self._on_batch_done,
+            on_episode_done=self.hooks.episode_done,
+        )
+
+    def _wait_batch(self, k: int, rollout: RolloutThread | RolloutProcess, deadline: float) -> bool:
         """Wait until batch ``k`` is complete; False when the time budget has run out (checked
         first: a learner that always finds its batch ready must stop on time too)."""
         if time.monotonic() > deadline:
@@ -286,7 +325,7 @@ class Trainer:
                     if rollout.error is not None:
                         raise RuntimeError(f"rollout failed: {rollout.error!r}") from rollout.error
                     if not rollout.is_alive() and self._batches_done < k:
-                        raise RuntimeError("rollout thread ended before producing the batch")
+                        raise RuntimeError(f"rollout ({self.cfg.trainer.backend}) ended before producing the batch")
                     if time.monotonic() > deadline:
                         return False
                     self._ready.wait(timeout=0.5)
@@ -303,22 +342,19 @@ class Trainer:
     def _run(self, resume: bool) -> TrainResult:
         cfg = self.cfg
         t0 = time.perf_counter()
-        state, evals = self.open_run(resume)
+        try:
+            state, evals = self.open_run(resume)
+        except BaseException:
+            if getattr(self, "rollout_process", None) is not None:
+                self.rollout_process.join(timeout=10)
+            raise
         deadline = self.rl_deadline(state)
-        rollout = RolloutThread(
-            schedule=self.schedule,
-            first_batch=state.step,
-            last_batch=cfg.trainer.steps,
-            board=self.board,
-            ledger=self.ledger,
-            set_weights=self.runner.set_weights,
-            run_episode=self.runner.run,
-            concurrency=cfg.rollout.concurrency,
-            on_batch_done=self._on_batch_done,
-            on_episode_done=self.hooks.episode_done,
-        )
+        rollout = self._rollout(state.step)
         self._batches_done = state.step - 1
-        rollout.start()
+        if isinstance(rollout, RolloutThread):
+            rollout.start()
+        else:
+            rollout.begin(state.step)
         self.hooks.rollout_started(rollout)
         stop_reason, ok = "steps", True
         try:

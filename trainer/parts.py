@@ -52,6 +52,17 @@ def all_cores() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def learner_threads(cfg: TrainConfig) -> int:
+    """Torch threads of the learner and its held-out evaluations: ``trainer.threads``, or half the cores."""
+    return cfg.trainer.threads or max(1, (os.cpu_count() or 2) // 2)
+
+
+def rollout_threads(cfg: TrainConfig) -> int:
+    """Torch threads of a rollout process (``trainer.backend=process``): the cores the learner
+    leaves, at least one."""
+    return max(1, (os.cpu_count() or 1) - learner_threads(cfg))
+
+
 def model_dir(cfg: TrainConfig) -> Path | str:
     """The local directory (or hub id) of ``model.name``; the tiny model is built in code on first use."""
     from fr_agents.models import resolve_model, tiny_dir
@@ -261,7 +272,7 @@ def build_learner_side(
     from trainer.weights import WeightBoard
 
     run_dir = Path(run_dir)
-    torch.set_num_threads(cfg.trainer.threads or max(1, (os.cpu_count() or 2) // 2))
+    torch.set_num_threads(learner_threads(cfg))
     torch.manual_seed(cfg.trainer.seed)
     where = model_dir(cfg)
     model, tokenizer = load_policy(str(where), cfg.model.dtype, cfg.trainer.device)

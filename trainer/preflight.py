@@ -256,8 +256,12 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     elif t.device == "cpu":
         threads = t.threads or max(1, cores // 2)
         lines.append(f"learner: main thread, cpu, {threads} torch thread(s)")
+        where = (
+            f"in a child process of its own ({max(1, cores - threads)} torch thread(s), no GIL shared with the learner)"
+            if t.backend == "process" else "in a background thread of the learner's process (one shared GIL)"
+        )
         lines.append(
-            f"rollout: {cfg.rollout.engine} engine on an asyncio loop in a background thread, cpu, "
+            f"rollout: {cfg.rollout.engine} engine on an asyncio loop {where}, cpu, "
             f"up to {cfg.rollout.concurrency} concurrent episodes"
         )
     else:

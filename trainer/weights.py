@@ -8,6 +8,7 @@ with (the admission rule of bounded staleness) and loads it into its engine.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,14 +24,30 @@ class WeightBoard:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._weights: dict[int, dict[str, torch.Tensor]] = {}
+        self._listeners: list[Callable[..., None]] = []
         self.stopped = False
 
-    def publish(self, version: int, model_or_sd: Any) -> None:
+    def publish(self, version: int, model_or_sd: Any, *, copy: bool = True) -> None:
+        """Hold ``version`` (a model's or a state dict's CPU copy; ``copy=False``: the given CPU
+        tensors themselves, for a receiver that already holds its own)."""
         sd = model_or_sd.state_dict() if hasattr(model_or_sd, "state_dict") else model_or_sd
-        copy = {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+        held = {k: v.detach().to("cpu", copy=copy) for k, v in sd.items()}
         with self._cond:
-            self._weights[version] = copy
+            self._weights[version] = held
             self._cond.notify_all()
+            listeners = list(self._listeners)
+        for fn in listeners:
+            fn("publish", version, held)
+
+    def add_listener(self, fn: Callable[..., None]) -> None:
+        """Call ``fn(event, version, weights)`` on every ``publish`` (weights given), ``drop_below``
+        and ``stop`` (weights None) from now on; the versions held now are replayed to it first, in
+        order. The rollout process is fed this way (:mod:`trainer.rollout_process`)."""
+        with self._cond:
+            held = sorted(self._weights.items())
+            self._listeners.append(fn)
+        for version, weights in held:
+            fn("publish", version, weights)
 
     def wait_for(self, version: int, timeout: float | None = None) -> dict[str, torch.Tensor]:
         """Block until ``version`` is published (the admission rule); raises when stopping."""
@@ -50,8 +67,14 @@ class WeightBoard:
         with self._cond:
             for v in [v for v in self._weights if v < version]:
                 del self._weights[v]
+            listeners = list(self._listeners)
+        for fn in listeners:
+            fn("drop", version, None)
 
     def stop(self) -> None:
         with self._cond:
             self.stopped = True
             self._cond.notify_all()
+            listeners = list(self._listeners)
+        for fn in listeners:
+            fn("stop", None, None)

@@ -4,8 +4,8 @@ How it works
 ------------
 Every ``generate()`` call (from any number of concurrent episodes) puts a request on a queue and
 awaits a future. One background thread owns the model and runs *waves*: it takes every pending
-request (waiting ``batch_wait_s`` for stragglers so that episodes stepping their envs at the same
-moment land in one batch), left-pads the prompts into one batch, runs the prefill, then decodes
+request (a wave starts once no request has arrived for ``batch_wait_s``, or ``max_wait_s`` after its
+first, so that a burst of episodes stepping their envs at the same moment lands in one batch), left-pads the prompts into one batch, runs the prefill, then decodes
 one token per step for all rows with a shared KV cache. Rows that finish (stop token, stop string,
 ``max_tokens``) are dropped from the batch and the cache between steps, and their futures resolve
 at once, so a fast episode does not wait for the slowest row of its wave.
@@ -73,6 +73,7 @@ class HFEngine(Engine):
         *,
         max_batch_size: int = 64,
         batch_wait_s: float = 0.002,
+        max_wait_s: float = 0.05,
         seed: int = 0,
         version: int = 0,
         on_token: Callable[[int], None] | None = None,
@@ -89,6 +90,7 @@ class HFEngine(Engine):
         self.pad_id = int(pad) if pad is not None else 0
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_wait_s = max(max_wait_s, batch_wait_s)
         self.version = version
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -185,7 +187,8 @@ class HFEngine(Engine):
         if first is None:
             return None
         batch = [first]
-        deadline = time.monotonic() + self.batch_wait_s
+        start = time.monotonic()
+        deadline = start + self.batch_wait_s
         while len(batch) < self.max_batch_size:
             timeout = deadline - time.monotonic()
             try:
@@ -196,6 +199,8 @@ class HFEngine(Engine):
                 self._queue.put(None)
                 break
             batch.append(item)
+            # a burst is still arriving: wait batch_wait_s past this arrival, within max_wait_s in all
+            deadline = min(start + self.max_wait_s, time.monotonic() + self.batch_wait_s)
         return batch
 
     def _loop(self) -> None:

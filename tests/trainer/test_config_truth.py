@@ -161,6 +161,7 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
     from fr_agents.models import tiny_dir
     from fr_agents.policy.hf import HFEngine
     from trainer.loop import Trainer
+    from trainer.parts import build_rollout_side
 
     cfg = load_config(
         "math-tiny",
@@ -190,12 +191,16 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
     )
     t = Trainer(cfg, tmp_path, console=False)
     t._build()
+    # the rollout side as the rollout process builds it (trainer.backend=process, the default);
+    # the learner's process holds no engine of its own
+    rollout = build_rollout_side(cfg, tmp_path / "rollout")
     try:
         assert Path(t.model_dir) == tiny_dir("nano", 3)
         assert next(t.model.parameters()).dtype == torch.float64
-        assert isinstance(t.runner.engine, HFEngine)
-        assert next(t.runner.engine.model.parameters()).dtype == torch.float64
-        assert t.runner.engine.max_batch_size == 3
+        assert t.runner.engine is None
+        assert isinstance(rollout.runner.engine, HFEngine)
+        assert next(rollout.runner.engine.model.parameters()).dtype == torch.float64
+        assert rollout.runner.engine.max_batch_size == 3
         env = t.make_env()
         assert env.unwrapped.format_reward == 0.25
         env.close()
@@ -219,6 +224,7 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
         assert torch.get_num_threads() == 1
     finally:
         t.rollout_side.close()
+        rollout.close()
 
 
 def test_run_level_keys_take_effect(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from trainer.elastic.controller import Move, Telemetry
 from trainer.ledger import EpisodeLedger
 
 BASE = [
+    "trainer.backend=local",  # the elastic runtime's hooks act inside the rollout
     "model.tiny_size=nano",
     "tasks.params={digits: 1}",
     "env.kwargs={answer_format: plain, format_reward: 0.1}",
@@ -86,16 +87,18 @@ def test_elastic_trainer_moves_slots_mid_run_and_consumes_every_episode(tmp_path
 
 
 def test_elastic_switch_is_validated() -> None:
-    cfg = load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=4", "trainer.rollout_devices=3"])
+    cfg = load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=local", "trainer.devices=4", "trainer.rollout_devices=3"])
     assert cfg.trainer.elastic and cfg.trainer.devices == 4
     with pytest.raises(ConfigError, match="trainer.elastic"):
         load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=ray"])
+    with pytest.raises(ConfigError, match="trainer.elastic: .*trainer.backend=local.*'process'"):
+        load_config("math-tiny", ["trainer.elastic=true"])  # the default backend runs the rollout in a child
     with pytest.raises(ConfigError, match="trainer.elastic"):
-        load_config("math-tiny", ["trainer.elastic=true", "rollout.engine=vllm"])
+        load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=local", "rollout.engine=vllm"])
     with pytest.raises(ConfigError, match="trainer.devices"):
-        load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=1"])
+        load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=local", "trainer.devices=1"])
     with pytest.raises(ConfigError, match="trainer.rollout_devices"):
-        load_config("math-tiny", ["trainer.elastic=true", "trainer.devices=3", "trainer.rollout_devices=3"])
+        load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=local", "trainer.devices=3", "trainer.rollout_devices=3"])
 
 
 def test_a_step_grows_onto_a_slot_lent_while_it_runs(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def test_missing_model_and_env_fail_preflight(capsys: pytest.CaptureFixture[str]
 
 
 def test_elastic_dry_run_states_the_pools(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
-    args = ["train", "math-tiny", "trainer.elastic=true", "trainer.devices=4", "trainer.rollout_devices=3"]
+    args = ["train", "math-tiny", "trainer.elastic=true", "trainer.backend=local", "trainer.devices=4", "trainer.rollout_devices=3"]
     assert main([*args, "--dry-run", f"run.out_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "pools: 4 CPU slots, 3 rollout / 1 train at the start" in out

@@ -1,0 +1,262 @@
+"""``trainer.backend=process``: the embedded loop's rollout in a child process of its own.
+
+The rollout thread (:mod:`trainer.rollout_thread`) and the learner share one interpreter, so
+they share one GIL. On a small model both sides are mostly Python (the learner's module calls,
+the rollout's engine waves, env steps, tree and ledger writes, asyncio), and measured on 2 cores
+the learner thread ran at about half a core while it waited for the lock: the loop was bound by
+the GIL, not by the cores. Here the same rollout code runs in a spawned child::
+
+    learner process (main thread)                  rollout process (spawned, dies with its parent)
+    ─────────────────────────────                  ────────────────────────────────────────────────
+    WeightBoard.publish(v) ──── pipe: weights ───► its own WeightBoard ─► RolloutThread.run():
+    WeightBoard.drop_below / stop ── pipe ───────►   the rollout side of the config (engine, envs,
+    _on_batch_done(k) ◄──────── pipe: "done" k ───   tree and ledger writes), batch by batch
+    rollout.error ◄───────────── pipe: "error" ───   (a failure, with its traceback)
+
+Nothing else changes: the schedule, the admission rule (batch ``k`` samples with version
+``k - max_policy_lag``), the ledger's acknowledgements and the tree's durable writes are the
+thread's own code, run on the child's copy of the rollout side; the tree and the ledger are the
+run directory's SQLite files (WAL), which both processes open. Weights travel as CPU tensors over
+the pipe; torch moves them to shared memory, so a version is copied once, not per reader.
+
+The child takes the cores the learner leaves (``cores - trainer.threads``, at least one torch
+thread). It is killed by the kernel when the learner process dies (``PR_SET_PDEATHSIG``), as the
+rollout thread dies with it, so a crash of the run leaves no rollout behind; what the ledger
+acknowledged is on disk either way.
+
+Hooks that act inside the rollout (:meth:`~trainer.hooks.TrainerHooks.engine`,
+:meth:`~trainer.hooks.TrainerHooks.episode_done`) need the rollout in the learner's process
+(``trainer.backend=local``); :class:`~trainer.loop.Trainer` refuses the combination.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class RolloutProcessError(RuntimeError):
+    """The rollout process failed; the message carries its traceback."""
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere a no-op)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() == 1:  # the parent died before the request took effect
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int) -> None:
+    """The rollout process: build the rollout side, wait for the first batch, then run the
+    rollout thread's loop here."""
+    _die_with_parent()
+    logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
+    import torch
+
+    from trainer.parts import build_rollout_side
+    from trainer.rollout_thread import RolloutThread
+    from trainer.weights import WeightBoard
+
+    torch.set_num_threads(max(1, threads))
+    send_lock = threading.Lock()
+
+    def send(*msg: Any) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    board = WeightBoard()
+
+    def receive() -> None:
+        while True:
+            try:
+                event, version, weights = conn.recv()
+            except (EOFError, OSError):
+                board.stop()
+                return
+            if event == "publish":
+                board.publish(version, weights, copy=False)
+            elif event == "drop":
+                board.drop_below(version)
+            else:
+                board.stop()
+                return
+
+    side = None
+    try:
+        side = build_rollout_side(cfg, run_dir)
+        send("ready", None)
+        try:
+            event, first_batch, _ = conn.recv()  # ("begin", the first batch, None) once the learner is ready
+        except (EOFError, OSError):
+            return
+        if event != "begin":
+            return
+        threading.Thread(target=receive, name="rollout-weights", daemon=True).start()
+        rollout: RolloutThread | None = None
+
+        def done(k: int) -> None:
+            if k >= 0:
+                send("done", k)
+            else:
+                err = rollout.error if rollout is not None else None
+                text = "".join(traceback.format_exception(err)) if err is not None else "rollout failed"
+                send("error", text)
+
+        rollout = RolloutThread(
+            schedule=side.schedule,
+            first_batch=first_batch,
+            last_batch=last_batch,
+            board=board,
+            ledger=side.ledger,
+            set_weights=side.runner.set_weights,
+            run_episode=side.runner.run,
+            concurrency=cfg.rollout.concurrency,
+            on_batch_done=done,
+        )
+        rollout.run()  # this process's main thread runs the loop; errors are sent by done(-1)
+    except BaseException as e:  # noqa: BLE001 - building the side failed: tell the learner
+        send("error", "".join(traceback.format_exception(e)))
+    finally:
+        if side is not None:
+            side.close()
+        try:
+            send("exit", None)
+        except (OSError, ValueError):
+            pass
+
+
+class RolloutProcess:
+    """The learner's handle on the rollout process; the surface of
+    :class:`~trainer.rollout_thread.RolloutThread` that the loop uses (``start``, ``join``,
+    ``is_alive``, ``error``, ``next_batch``).
+
+    ``board``: the learner's weight board; every version published on it (and those it holds
+    when the process starts) is sent to the child, and its ``drop_below``/``stop`` follow.
+    ``on_batch_done(k)``: called from a reader thread when batch ``k`` is whole (``-1``: the
+    process failed or ended early; see ``error``).
+    ``threads``: torch threads of the child.
+
+    :meth:`start` spawns the child early (it builds its rollout side meanwhile); :meth:`wait_ready`
+    waits for that; :meth:`begin` sets the first batch, once the learner knows it (after a resume,
+    the checkpoint's step).
+    """
+
+    def __init__(
+        self,
+        *,
+        cfg: Any,
+        run_dir: str | Path,
+        last_batch: int,
+        board: Any,
+        on_batch_done: Callable[[int], None],
+        threads: int,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = str(run_dir)
+        self.next_batch = 0
+        self.last_batch = last_batch
+        self.board = board
+        self.on_batch_done = on_batch_done
+        self.threads = threads
+        self.error: BaseException | None = None
+        self._send_lock = threading.Lock()
+        self._exited = threading.Event()
+        self._ready = threading.Event()
+        self._stopping = False
+        self._proc: Any = None
+        self._conn: Any = None
+
+    def start(self) -> None:
+        """Spawn the child; it builds its rollout side (imports, tokenizer, engine) at once, so
+        that this overlaps the learner's evaluations and warm start, then waits for :meth:`begin`."""
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds torch threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_child_main,
+            args=(self.cfg, self.run_dir, self.last_batch, child, self.threads),
+            name="fr-rollout",
+            daemon=True,
+        )
+        self._proc.start()
+        child.close()
+        threading.Thread(target=self._read, name="rollout-process-reader", daemon=True).start()
+
+    def wait_ready(self) -> None:
+        """Block until the child has built its rollout side; raises its error when it failed."""
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
+        if self._exited.is_set():
+            raise RolloutProcessError(f"the rollout process ended (exit code {self._proc.exitcode}) while starting")
+
+    def begin(self, first_batch: int) -> None:
+        """Start rolling out at batch ``first_batch``; from now on the board's versions are sent."""
+        self.next_batch = first_batch
+        self._forward("begin", first_batch, None)
+        self.board.add_listener(self._forward)
+
+    def _forward(self, event: str, version: int | None, weights: Any) -> None:
+        with self._send_lock:
+            if self._exited.is_set():
+                return
+            try:
+                self._conn.send((event, version, weights))
+            except (OSError, ValueError):  # the child is gone; the reader reports why
+                pass
+
+    def _read(self) -> None:
+        try:
+            while True:
+                kind, value = self._conn.recv()
+                if kind == "ready":
+                    self._ready.set()
+                elif kind == "done":
+                    self.next_batch = value + 1
+                    self.on_batch_done(value)
+                elif kind == "error":
+                    self.error = RolloutProcessError(f"the rollout process failed:\n{value}")
+                    self.on_batch_done(-1)
+                elif kind == "exit":
+                    break
+        except (EOFError, OSError):
+            if not self._stopping and self.error is None and self.next_batch < self.last_batch:
+                code = self._proc.exitcode if self._proc is not None else None
+                self.error = RolloutProcessError(f"the rollout process ended (exit code {code}) before batch {self.next_batch}")
+                self.on_batch_done(-1)
+        finally:
+            self._exited.set()
+            self._ready.set()  # wake wait_ready; it reports the error
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Stop the child (its in-flight episodes end first, as the thread's do) and wait for it;
+        a child still alive after ``timeout`` is terminated."""
+        self._stopping = True
+        self._forward("stop", None, None)
+        if self._proc is None:
+            return
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            log.warning("rollout process did not stop within %ss; terminating it", timeout)
+            self._proc.terminate()
+            self._proc.join(5)
+        self._exited.wait(5)
+        self._conn.close()
