@@ -31,6 +31,7 @@ Hooks that act inside the rollout (:meth:`~trainer.hooks.TrainerHooks.engine`,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -135,10 +136,8 @@ def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int
     finally:
         if side is not None:
             side.close()
-        try:
+        with contextlib.suppress(OSError, ValueError):
             send("exit", None)
-        except (OSError, ValueError):
-            pass
 
 
 class RolloutProcess:
@@ -215,10 +214,8 @@ class RolloutProcess:
         with self._send_lock:
             if self._exited.is_set():
                 return
-            try:
+            with contextlib.suppress(OSError, ValueError):  # the child is gone; the reader reports why
                 self._conn.send((event, version, weights))
-            except (OSError, ValueError):  # the child is gone; the reader reports why
-                pass
 
     def _read(self) -> None:
         try:
