@@ -252,7 +252,8 @@ class TrainerConfig:
     rollout_devices: int = _opt(0, help="slots that start in the rollout pool (0: devices - 1; trainer.elastic only)")
     device: str = _opt("cpu", help="device of the learner and the rollout engine: cpu or cuda")
     threads: int = _opt(0, help="torch threads of the learner and the held-out evaluations (0: half the cores); the warm "
-                       "start runs alone and uses every core", rule=_at_least(0))
+                       "start runs alone and uses every core; with trainer.backend=process the rollout process takes the "
+                       "cores left (at least one thread)", rule=_at_least(0))
     log_every: int = _opt(1, help="steps between progress lines on the console", rule=_at_least(1))
     plot_every: int = _opt(100, help="steps between redraws of curves.png (a redraw rereads metrics.jsonl and "
                            "renders with matplotlib on the learner's thread: tenths of a second, so not every few steps; "

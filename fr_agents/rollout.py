@@ -377,6 +377,7 @@ class _Runner:
         self.seed = seed
         self.reset_options = reset_options
         self.on_event = on_event
+        self.env: Any = None  # the episode's env once made (start)
         stops = options.stop_token_ids if options.stop_token_ids is not None else default_stop_ids(tokenizer)
         self.stop_ids = tuple(int(t) for t in stops)
         self.sampling = SamplingOptions(
@@ -396,7 +397,15 @@ class _Runner:
     # ------------------------------------------------------------------ start
 
     async def start(self, env: Any) -> EpisodeResult:
-        obs, info = await _in_thread(lambda: env.reset(seed=self.seed, options=self.reset_options))
+        """Reset ``env`` (``None``: make it with ``make_env`` first, in the same env-thread call),
+        store the prompt as the tree's root and run the episode."""
+
+        def make_and_reset() -> tuple[Any, Any]:
+            self.env = env if env is not None else self.make_env()  # type: ignore[misc]
+            return self.env.reset(seed=self.seed, options=self.reset_options)
+
+        obs, info = await _in_thread(make_and_reset)
+        env = self.env
         obs = _check_obs(env, obs, "reset()")
         messages = prompt_messages(obs, self.opt.system_prompt)
         text, ids = encode_prompt(self.tok, obs, self.opt.system_prompt)
@@ -675,8 +684,10 @@ async def run_episode(
     on_event: EventFn | None = None,
     actor: Actor | None = None,
 ) -> EpisodeResult:
-    """Run one episode of ``env`` (already made) and store it in ``tree``.
+    """Run one episode of ``env`` and store it in ``tree``.
 
+    ``env``: the env, already made; or ``None`` with ``make_env``, which then makes it in the same
+    env-thread call that resets it (one thread hop less per episode).
     ``task`` is passed as ``reset(options={"task": task})``; ``make_env`` makes a fresh env for
     replay-forking (default: ``gymnasium.make(env.spec)`` when the env has a spec). The env is
     closed at the end of each branch. ``actor`` (e.g. :func:`expert_actor`) replies instead of
@@ -685,6 +696,8 @@ async def run_episode(
     options = options or RolloutOptions()
     if seed is None:
         seed = random.randrange(2**31)
+    if env is None and make_env is None:
+        raise ValueError("env: give an env, or None together with make_env")
     if make_env is None and getattr(env, "spec", None) is not None:
         import gymnasium
 
@@ -704,7 +717,9 @@ async def run_episode(
     try:
         return await runner.start(env)
     except BaseException:
-        env.close()
+        made = runner.env if runner.env is not None else env
+        if made is not None:
+            made.close()
         raise
 
 
@@ -738,9 +753,8 @@ async def run_episodes(
 
     async def one(i: int) -> EpisodeResult:
         async with gate:
-            env = await _in_thread(make_env)
             res = await run_episode(
-                env,
+                None,
                 engine,
                 tokenizer,
                 tree,

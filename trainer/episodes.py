@@ -13,7 +13,6 @@ same way the rollout builds prompts.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 from dataclasses import dataclass
@@ -199,9 +198,8 @@ class EpisodeRunner:
 
         task = self.tasks[spec.task_index]
         reset_seed, task_option = reset_args(task, spec.seed % (2**31))
-        env = await asyncio.to_thread(self.make_env)
         result = await run_episode(
-            env,
+            None,  # made by make_env in the env thread that resets it
             SeededEngine(self.engine, lambda n, seed=spec.seed: derive_seed("sample", seed, n) % (2**63)),
             self.tokenizer,
             self.tree,

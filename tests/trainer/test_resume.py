@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -125,8 +126,12 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
         time.sleep(0.05)
     assert pb.poll() is None, "run B ended before it could be killed mid-run"
     assert (b / "checkpoints" / "step_000002").exists()
+    children = psutil.Process(pb.pid).children()  # the rollout process (trainer.backend=process) among them
+    assert children, "the run has a rollout process"
     pb.send_signal(signal.SIGKILL)
     pb.communicate(timeout=60)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"processes outlived the killed run: {[p.cmdline() for p in alive]}"
     killed_at = _steps_logged(b)
     assert 3 <= killed_at < 6
 
