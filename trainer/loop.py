@@ -202,6 +202,7 @@ class Trainer:
         self.last_ckpt = self._checkpoint(state) if not resume else latest_checkpoint(self.run_dir)
         if self.rollout_process is not None:  # set-up, not RL time (it overlapped the warm start, if any)
             self.rollout_process.wait_ready()
+            self.metrics.event("rollout", backend=cfg.trainer.backend, **self.rollout_process.info)
         self._rl_started = time.monotonic()
         self._last_step_end = time.perf_counter()
         return state, evals

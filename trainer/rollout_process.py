@@ -101,7 +101,7 @@ def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int
     side = None
     try:
         side = build_rollout_side(cfg, run_dir)
-        send("ready", None)
+        send("ready", {"engine": type(side.runner.engine).__name__, "pid": os.getpid()})
         try:
             event, first_batch, _ = conn.recv()  # ("begin", the first batch, None) once the learner is ready
         except (EOFError, OSError):
@@ -177,6 +177,7 @@ class RolloutProcess:
         self._send_lock = threading.Lock()
         self._exited = threading.Event()
         self._ready = threading.Event()
+        self.info: dict[str, Any] = {}  # from the child once ready: its engine's class name and pid
         self._stopping = False
         self._proc: Any = None
         self._conn: Any = None
@@ -222,6 +223,7 @@ class RolloutProcess:
             while True:
                 kind, value = self._conn.recv()
                 if kind == "ready":
+                    self.info = value
                     self._ready.set()
                 elif kind == "done":
                     self.next_batch = value + 1

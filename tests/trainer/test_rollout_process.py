@@ -42,6 +42,8 @@ def test_the_rollout_runs_in_a_child_process_that_ends_with_the_run(tmp_path: Pa
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     (start,) = [r for r in rows if r["kind"] == "start"]
     assert start["backend"] == "process" and start["engine"] == "hf (rollout process)"
+    (ready,) = [r for r in rows if r["kind"] == "rollout"]
+    assert ready["engine"] == "HFEngine" and ready["pid"] == child.pid
     steps = [r for r in rows if r["kind"] == "step"]
     assert [r["leaves"] for r in steps] == [8.0, 8.0, 8.0] and [r["lag_max"] for r in steps] == [0, 1, 1]
 

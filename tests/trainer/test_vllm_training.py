@@ -40,7 +40,8 @@ def test_vllm_trains_math_tiny_with_token_true_log_probs(tmp_path: Path) -> None
     )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [x["engine"] for x in rows if x["kind"] == "start"] == ["VLLMEngine"]
+    # the rollout process (trainer.backend=process, the default) reports the engine it built
+    assert [x["engine"] for x in rows if x["kind"] == "rollout"] == ["VLLMEngine"]
     assert [x["step"] for x in rows if x["kind"] == "step"] == list(range(1, STEPS + 1))
 
     torch.set_num_threads(1)
