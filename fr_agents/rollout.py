@@ -61,7 +61,9 @@ import concurrent.futures
 import contextlib
 import copy
 import logging
+import queue
 import random
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -73,9 +75,83 @@ from fr_agents.policy.base import Engine, Generation, SamplingOptions
 log = logging.getLogger(__name__)
 
 _ENV_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="fr-env")
-# Tree writes (SQLite commits) run on one writer thread so that
-# they never stall the event loop; one thread keeps each episode's writes in order.
-_TREE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fr-tree")
+
+
+class _TreeWriter:
+    """The tree's writer thread, with group commit.
+
+    Tree writes (SQLite) run on one thread so that they never stall the event loop, and in the
+    order they were queued, so each episode's writes stay in order. The thread takes every write
+    queued at that moment (up to ``max_group``) and runs a run of writes to the same tree inside
+    one transaction (``TrajectoryTree.group``): each write is its own savepoint (a write that
+    raises is undone alone and its caller gets the error), and the run commits once. Futures
+    resolve after that commit, so a write is in the database when its caller resumes. Measured
+    on math-tiny's rollout: one commit per write (three per episode) cost ~1.5 ms of the writer's
+    CPU per episode.
+    """
+
+    def __init__(self, max_group: int = 256) -> None:
+        self.max_group = max_group
+        self._queue: queue.SimpleQueue[tuple[Any, Callable[[], Any], concurrent.futures.Future]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def submit(self, tree: Any, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Queue ``fn()`` (a write to ``tree``); its future resolves once the write is committed."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="fr-tree", daemon=True)
+                self._thread.start()
+        self._queue.put((tree, fn, fut))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while len(items) < self.max_group:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            start = 0
+            while start < len(items):  # runs of consecutive writes to the same tree
+                end = start + 1
+                while end < len(items) and items[end][0] is items[start][0]:
+                    end += 1
+                self._commit(items[start:end])
+                start = end
+
+    @staticmethod
+    def _commit(run: list[tuple[Any, Callable[[], Any], concurrent.futures.Future]]) -> None:
+        tree = run[0][0]
+        group = getattr(tree, "group", None)
+        outcomes: list[tuple[bool, Any] | None] = []
+        try:
+            with group() if callable(group) else contextlib.nullcontext():
+                for _, fn, fut in run:
+                    if not fut.set_running_or_notify_cancel():
+                        outcomes.append(None)
+                        continue
+                    try:
+                        outcomes.append((True, fn()))
+                    except BaseException as e:  # noqa: BLE001 - this write's own error, for its caller
+                        outcomes.append((False, e))
+        except BaseException as e:  # noqa: BLE001 - the commit failed: none of the run is stored
+            for _, _, fut in run:
+                if fut.running():
+                    fut.set_exception(e)
+            return
+        for (_, _, fut), outcome in zip(run, outcomes, strict=True):
+            if outcome is not None:
+                ok, value = outcome
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+
+
+_TREE_WRITER = _TreeWriter()
 # fsyncs of finished trajectories run here, off the tree's writer thread: episodes that finish
 # together share one fsync (TrajectoryTree.sync is a group sync)
 _SYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fr-sync")
@@ -312,7 +388,8 @@ async def _in_thread(fn: Callable[..., Any], *a: Any) -> Any:
 
 
 async def _tree(fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(_TREE_POOL, lambda: fn(*a, **kw))
+    """Run the tree write ``fn(*a, **kw)`` (a bound method of the tree) on the tree's writer thread."""
+    return await asyncio.wrap_future(_TREE_WRITER.submit(getattr(fn, "__self__", None), lambda: fn(*a, **kw)))
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:

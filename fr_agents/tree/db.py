@@ -145,7 +145,22 @@ class Database:
 
         ``durable=True`` returns only after the commit is on disk (a group :meth:`sync` of the WAL
         after the commit, which is what ``synchronous=FULL`` would do at the commit itself).
+        Inside :meth:`group` on this thread it is a savepoint of the group's transaction instead:
+        rolled back alone on an exception, committed (and, when durable, synced) with the group.
         """
+        group = getattr(self._local, "group", None)
+        if group is not None:
+            c = self.conn()
+            c.execute("SAVEPOINT w")
+            try:
+                yield c
+            except BaseException:
+                c.execute("ROLLBACK TO w")
+                c.execute("RELEASE w")
+                raise
+            c.execute("RELEASE w")
+            group["durable"] = group["durable"] or durable
+            return
         with self._lock if self.path is None else _nullctx():
             c = self.conn()
             c.execute("BEGIN IMMEDIATE")
@@ -156,6 +171,31 @@ class Database:
                 raise
             c.execute("COMMIT")
         if durable:
+            self.sync()
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Group commit: the writes this thread makes inside the block share one transaction.
+
+        Each :meth:`write` inside is a savepoint, so a write that raises is undone alone and the
+        others stand; all of them commit together when the block ends (or none, when the commit
+        itself fails). A durable write inside makes the block sync once after that commit. A
+        writer that takes queued writes in runs (the rollout's tree writer) commits, and writes
+        WAL pages, once per run instead of once per write.
+        """
+        with self._lock if self.path is None else _nullctx():
+            c = self.conn()
+            c.execute("BEGIN IMMEDIATE")
+            state = self._local.group = {"durable": False}
+            try:
+                yield
+            except BaseException:
+                self._local.group = None
+                c.execute("ROLLBACK")
+                raise
+            self._local.group = None
+            c.execute("COMMIT")
+        if state["durable"]:
             self.sync()
 
     def sync(self) -> None:

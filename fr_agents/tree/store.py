@@ -262,6 +262,11 @@ class TrajectoryTree:
             self.sync()
         return node
 
+    def group(self) -> Any:
+        """A context in which this thread's writes commit together (one transaction; each write
+        is its own savepoint, so a write that raises is undone alone). See ``Database.group``."""
+        return self._db.group()
+
     def sync(self) -> None:
         """Make every write this process committed so far durable (one fsync of the WAL, shared by
         the threads that ask at the same time; nothing to do for a memory tree)."""

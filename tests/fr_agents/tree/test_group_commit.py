@@ -1,0 +1,76 @@
+"""Group commit: writes inside ``TrajectoryTree.group()`` share one transaction, each a savepoint;
+the rollout's tree writer commits a run of queued writes at once and resolves each caller after
+the commit."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from fr_agents.rollout import _TreeWriter
+from fr_agents.tree import DuplicateLeafError, TrajectoryTree
+
+
+def _leaves_seen_by_another_connection(path: Path) -> int:
+    with sqlite3.connect(path) as c:
+        return int(c.execute("SELECT COUNT(*) FROM leaves").fetchone()[0])
+
+
+def _episode(tree: TrajectoryTree, prompt: list[int], reply: list[int]) -> int:
+    root = tree.add_root(prompt)
+    node = tree.append(root, reply, [-0.5] * len(reply), True, 0)
+    return tree.finish(node, 1.0, durable=False)
+
+
+def test_writes_in_a_group_commit_together_and_a_failing_write_is_undone_alone(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    tree = TrajectoryTree.open(path)
+    done = _episode(tree, [1, 2], [3, 4])
+    with tree.group():
+        first = _episode(tree, [1, 2], [5, 6])
+        with pytest.raises(DuplicateLeafError):
+            tree.finish(done, 0.0)  # raises inside its own savepoint
+        with pytest.raises(ValueError, match="unknown node"):
+            tree.append(10_000, [7], [-1.0], True, 0)
+        second = _episode(tree, [9], [8])
+        assert _leaves_seen_by_another_connection(path) == 1, "nothing is visible before the group commits"
+    assert _leaves_seen_by_another_connection(path) == 3
+    assert sorted(tree.leaf_ids()) == sorted([done, first, second])
+    assert tree.trajectory(first).token_ids == [1, 2, 5, 6] and tree.trajectory(done).reward == 1.0
+    tree.close()
+
+
+def test_a_group_that_raises_stores_none_of_its_writes(tmp_path: Path) -> None:
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    with pytest.raises(RuntimeError, match="stop"), tree.group():
+        _episode(tree, [1], [2])
+        raise RuntimeError("stop")
+    assert tree.leaf_ids() == [] and tree.roots() == []
+    _episode(tree, [1], [2])  # the thread is out of the group: plain transactions again
+    assert len(tree.leaf_ids()) == 1
+    tree.close()
+
+
+def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_its_own_outcome(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    tree = TrajectoryTree.open(path)
+    done = _episode(tree, [1], [2])
+    writer = _TreeWriter()
+    gate = threading.Event()
+    blocker = writer.submit(tree, gate.wait)  # holds the writer so that the writes below queue up
+    futures = [writer.submit(tree, lambda i=i: _episode(tree, [i + 10], [i + 20])) for i in range(5)]
+    failing = writer.submit(tree, lambda: tree.finish(done, 0.0))
+    seen_at_resolve: list[int] = []
+    futures[0].add_done_callback(lambda _f: seen_at_resolve.append(_leaves_seen_by_another_connection(path)))
+    gate.set()
+    assert blocker.result(timeout=30) is True
+    leaves = [f.result(timeout=30) for f in futures]
+    with pytest.raises(DuplicateLeafError):
+        failing.result(timeout=30)
+    assert seen_at_resolve == [6], "a caller resumes only once its run is committed"
+    assert sorted(tree.leaf_ids()) == sorted([done, *leaves])
+    assert [tree.trajectory(x).token_ids for x in leaves] == [[i + 10, i + 20] for i in range(5)]
+    tree.close()
