@@ -6,13 +6,15 @@ elastic runtime (:mod:`trainer.elastic.runtime`) is the example: it hands the ep
 :class:`~trainer.elastic.pools.ElasticPool` instead of the plain engine (:meth:`engine`), counts
 finished episodes (:meth:`episode_done`), sizes each learner step to its train pool
 (:meth:`around_step`, :meth:`before_micro_batch`) and watches the learner wait
-(:meth:`waiting`). Nobody reassigns a method of another object.
+(:meth:`waiting`). Nobody reassigns a method of another object. :meth:`engine` and
+:meth:`episode_done` act inside the rollout, so they need it in the learner's process
+(``trainer.backend=local``); the trainer refuses them with ``process``.
 
 When each hook runs::
 
     build:   engine(base, tokenizer)            once, when the rollout side is built
     start:   run_started(trainer)               the parts exist, before the warm start
-             rollout_started(thread)            the rollout thread runs
+             rollout_started(rollout)           the rollout (thread or process) runs
     loop:    waiting(True) ... waiting(False)   the learner waits for batch k
              around_step(step)                  wraps one learner step (call step() once)
              before_micro_batch()               inside the step, before each micro-batch

@@ -1,8 +1,11 @@
 """The asynchronous training loop: rollout and learning at the same time, bounded staleness.
 
-Two threads share a durable :class:`~fr_agents.tree.TrajectoryTree` in the run directory::
+The rollout and the learner share a durable :class:`~fr_agents.tree.TrajectoryTree` in the run
+directory. The rollout runs in a child process of its own (``trainer.backend=process``, the default:
+:mod:`trainer.rollout_process`, no GIL shared with the learner) or in a thread beside the learner
+(``local``); either way it is the same loop::
 
-    rollout thread (asyncio)                          main thread (learner)
+    rollout (asyncio)                                 main thread (learner)
     ─────────────────────────                         ─────────────────────
     for batch k = s, s+1, …:                          for step k = s, s+1, …:
       wait until version k-lag is published  ◄─────┐    wait until batch k is complete
@@ -294,14 +297,15 @@ class Trainer:
             self._batches_done = max(self._batches_done, k) if k >= 0 else self._batches_done
             self._ready.notify_all()
 
-    def _rollout(self, first_batch: int) -> RolloutThread | RolloutProcess:
-        """The rollout beside this learner, from ``first_batch`` on (not started yet): a thread
-        here (``trainer.backend=local``) or the child process spawned by :meth:`_build`, which has
-        its own interpreter (``process``, :mod:`trainer.rollout_process`; :meth:`_run` begins it)."""
+    def _start_rollout(self, first_batch: int) -> RolloutThread | RolloutProcess:
+        """Start the rollout beside this learner at batch ``first_batch``: a thread here
+        (``trainer.backend=local``), or the child process spawned by :meth:`_build`, which has its
+        own interpreter (``process``, :mod:`trainer.rollout_process`)."""
         cfg = self.cfg
         if self.rollout_process is not None:
+            self.rollout_process.begin(first_batch)
             return self.rollout_process
-        return RolloutThread(
+        thread = RolloutThread(
             schedule=self.schedule,
             first_batch=first_batch,
             last_batch=cfg.trainer.steps,
@@ -313,6 +317,8 @@ class Trainer:
             on_batch_done=self._on_batch_done,
             on_episode_done=self.hooks.episode_done,
         )
+        thread.start()
+        return thread
 
     def _wait_batch(self, k: int, rollout: RolloutThread | RolloutProcess, deadline: float) -> bool:
         """Wait until batch ``k`` is complete; False when the time budget has run out (checked
@@ -345,17 +351,13 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             state, evals = self.open_run(resume)
-        except BaseException:
+        except BaseException:  # the rollout process (if any) was spawned by the build: stop it
             if getattr(self, "rollout_process", None) is not None:
                 self.rollout_process.join(timeout=10)
             raise
         deadline = self.rl_deadline(state)
-        rollout = self._rollout(state.step)
         self._batches_done = state.step - 1
-        if isinstance(rollout, RolloutThread):
-            rollout.start()
-        else:
-            rollout.begin(state.step)
+        rollout = self._start_rollout(state.step)
         self.hooks.rollout_started(rollout)
         stop_reason, ok = "steps", True
         try:
