@@ -12,22 +12,11 @@ import pytest
 import torch
 
 from fr_agents.config import ConfigError, load_config
+from tests.trainer.test_loop import BASE as LOOP_BASE
 from trainer.hooks import TrainerHooks
 from trainer.loop import Trainer
 
-BASE = [
-    "trainer.backend=process",
-    "model.tiny_size=nano",
-    "tasks.params={digits: 1}",
-    "env.kwargs={answer_format: plain, format_reward: 0.1}",
-    "trainer.batch_size=8",
-    "rollout.concurrency=8",
-    "trainer.checkpoint_every=0",
-    "trainer.eval_episodes=0",
-    "trainer.collapse_guard=false",
-    "warm_start.examples=0",
-    "trainer.threads=1",
-]
+BASE = [*LOOP_BASE, "trainer.backend=process"]
 
 
 def test_the_rollout_runs_in_a_child_process_that_ends_with_the_run(tmp_path: Path) -> None:
