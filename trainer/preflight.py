@@ -254,10 +254,11 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
             f"{t.batch_size}); each holds one {cfg.rollout.engine} engine (one policy copy) and no optimizer"
         )
     elif t.device == "cpu":
-        threads = t.threads or max(1, cores // 2)
-        lines.append(f"learner: main thread, cpu, {threads} torch thread(s)")
+        from trainer.parts import learner_threads, rollout_threads
+
+        lines.append(f"learner: main thread, cpu, {learner_threads(cfg)} torch thread(s)")
         where = (
-            f"in a child process of its own ({max(1, cores - threads)} torch thread(s), no GIL shared with the learner)"
+            f"in a child process of its own ({rollout_threads(cfg)} torch thread(s), no GIL shared with the learner)"
             if t.backend == "process" else "in a background thread of the learner's process (one shared GIL)"
         )
         lines.append(
