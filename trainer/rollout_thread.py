@@ -1,5 +1,8 @@
 """The embedded loop's rollout thread: scheduled batches on an asyncio loop, within the lag bound.
 
+It runs beside the learner (``trainer.backend=local``), or as the main loop of the rollout process
+(``process``, :mod:`trainer.rollout_process`), fed by that process's own weight board.
+
 Batch ``k`` starts once version ``schedule.sampling_version(k)`` is on the :class:`WeightBoard`
 (the admission rule); its episodes run concurrently (at most ``concurrency`` at once) and each
 finished one is recorded in the ledger. Episodes the ledger already holds (a resumed run) are not
