@@ -93,6 +93,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console
         self.hooks = hooks or TrainerHooks()
+        self.rollout_process: RolloutProcess | None = None  # trainer.backend=process: spawned by _build
         inside = [h for h in ("engine", "episode_done") if getattr(type(self.hooks), h) is not getattr(TrainerHooks, h)]
         if cfg.trainer.backend == "process" and inside:
             raise ConfigError(
@@ -133,7 +134,6 @@ class Trainer:
         self.train_tasks, self.test_tasks = side.train_tasks, side.test_tasks
         self.demo_tasks, self.rl_tasks = side.demo_tasks, side.rl_tasks
         self.schedule, self.runner = side.schedule, side.runner
-        self.rollout_process = None
         if cfg.trainer.backend == "process":  # spawned now: it builds its side while this one evaluates and warm starts
             self.rollout_process = RolloutProcess(
                 cfg=cfg, run_dir=self.run_dir, last_batch=cfg.trainer.steps, board=self.board,
@@ -352,7 +352,7 @@ class Trainer:
         try:
             state, evals = self.open_run(resume)
         except BaseException:  # the rollout process (if any) was spawned by the build: stop it
-            if getattr(self, "rollout_process", None) is not None:
+            if self.rollout_process is not None:
                 self.rollout_process.join(timeout=10)
             raise
         deadline = self.rl_deadline(state)

@@ -109,15 +109,12 @@ def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int
         if event != "begin":
             return
         threading.Thread(target=receive, name="rollout-weights", daemon=True).start()
-        rollout: RolloutThread | None = None
 
-        def done(k: int) -> None:
+        def done(k: int) -> None:  # called inside rollout.run(); k = -1 after it set its error
             if k >= 0:
                 send("done", k)
             else:
-                err = rollout.error if rollout is not None else None
-                text = "".join(traceback.format_exception(err)) if err is not None else "rollout failed"
-                send("error", text)
+                send("error", "".join(traceback.format_exception(rollout.error)))
 
         rollout = RolloutThread(
             schedule=side.schedule,
@@ -235,8 +232,9 @@ class RolloutProcess:
                     break
         except (EOFError, OSError):
             if not self._stopping and self.error is None and self.next_batch < self.last_batch:
-                code = self._proc.exitcode if self._proc is not None else None
-                self.error = RolloutProcessError(f"the rollout process ended (exit code {code}) before batch {self.next_batch}")
+                self.error = RolloutProcessError(
+                    f"the rollout process ended (exit code {self._proc.exitcode}) before batch {self.next_batch}"
+                )
                 self.on_batch_done(-1)
         finally:
             self._exited.set()

@@ -35,9 +35,7 @@ class WeightBoard:
         with self._cond:
             self._weights[version] = held
             self._cond.notify_all()
-            listeners = list(self._listeners)
-        for fn in listeners:
-            fn("publish", version, held)
+        self._tell("publish", version, held)
 
     def add_listener(self, fn: Callable[..., None]) -> None:
         """Call ``fn(event, version, weights)`` on every ``publish`` (weights given), ``drop_below``
@@ -67,14 +65,16 @@ class WeightBoard:
         with self._cond:
             for v in [v for v in self._weights if v < version]:
                 del self._weights[v]
-            listeners = list(self._listeners)
-        for fn in listeners:
-            fn("drop", version, None)
+        self._tell("drop", version, None)
 
     def stop(self) -> None:
         with self._cond:
             self.stopped = True
             self._cond.notify_all()
+        self._tell("stop", None, None)
+
+    def _tell(self, event: str, version: int | None, weights: dict[str, torch.Tensor] | None) -> None:
+        with self._cond:
             listeners = list(self._listeners)
         for fn in listeners:
-            fn("stop", None, None)
+            fn(event, version, weights)

@@ -5,10 +5,11 @@ How it works
 Every ``generate()`` call (from any number of concurrent episodes) puts a request on a queue and
 awaits a future. One background thread owns the model and runs *waves*: it takes every pending
 request (a wave starts once no request has arrived for ``batch_wait_s``, or ``max_wait_s`` after its
-first, so that a burst of episodes stepping their envs at the same moment lands in one batch), left-pads the prompts into one batch, runs the prefill, then decodes
-one token per step for all rows with a shared KV cache. Rows that finish (stop token, stop string,
-``max_tokens``) are dropped from the batch and the cache between steps, and their futures resolve
-at once, so a fast episode does not wait for the slowest row of its wave.
+first, so that a burst of episodes stepping their envs at the same moment lands in one batch),
+left-pads the prompts into one batch, runs the prefill, then decodes one token per step for all
+rows with a shared KV cache. Rows that finish (stop token, stop string, ``max_tokens``) are dropped
+from the batch and the cache between steps, and their futures resolve at once, so a fast episode
+does not wait for the slowest row of its wave.
 
 Sampling is exact: logits are cast to float32, divided by the temperature, normalised with
 ``log_softmax``; the token is drawn from exactly that distribution and its log-prob is recorded.
