@@ -69,12 +69,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from fr_agents import defaults
+from fr_agents import defaults, hops
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
 
 log = logging.getLogger(__name__)
 
-_ENV_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="fr-env")
+_ENV_POOL = hops.HopPool(max_workers=64, name="fr-env")
+
+
+_Write = tuple[Any, Callable[[], Any], Callable[["hops.Outcome"], None], bool]  # (tree, write, tell, durable)
 
 
 class _TreeWriter:
@@ -84,27 +87,48 @@ class _TreeWriter:
     order they were queued, so each episode's writes stay in order. The thread takes every write
     queued at that moment (up to ``max_group``) and runs a run of writes to the same tree inside
     one transaction (``TrajectoryTree.group``): each write is its own savepoint (a write that
-    raises is undone alone and its caller gets the error), and the run commits once. Futures
-    resolve after that commit, so a write is in the database when its caller resumes. Measured
+    raises is undone alone and its caller gets the error), and the run commits once. Callers
+    are told after that commit, so a write is in the database when its caller resumes. Measured
     on math-tiny's rollout: one commit per write (three per episode) cost ~1.5 ms of the writer's
     CPU per episode.
+
+    A write submitted ``durable=True`` (a finished trajectory) resolves only after the run it
+    committed with is also fsynced (``tree.sync()``): one fsync per run, however many durable
+    writes it holds, and no second thread hop per episode to ask for it.
     """
 
     def __init__(self, max_group: int = 256) -> None:
         self.max_group = max_group
-        self._queue: queue.SimpleQueue[tuple[Any, Callable[[], Any], concurrent.futures.Future]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Write] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def submit(self, tree: Any, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        """Queue ``fn()`` (a write to ``tree``); its future resolves once the write is committed."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+    def put(self, tree: Any, fn: Callable[[], Any], tell: Callable[[hops.Outcome], None], *, durable: bool = False) -> None:
+        """Queue ``fn()`` (a write to ``tree``); ``tell(outcome)`` runs on the writer thread once the
+        write is committed (``durable``: and fsynced)."""
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="fr-tree", daemon=True)
                 self._thread.start()
-        self._queue.put((tree, fn, fut))
+        self._queue.put((tree, fn, tell, durable))
+
+    def submit(self, tree: Any, fn: Callable[[], Any], *, durable: bool = False) -> concurrent.futures.Future:
+        """:meth:`put` for threads: the returned future resolves once the write is committed."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def tell(outcome: hops.Outcome) -> None:
+            ok, value = outcome
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+        self.put(tree, fn, tell, durable=durable)
         return fut
+
+    async def write(self, tree: Any, fn: Callable[[], Any], *, durable: bool = False) -> Any:
+        """:meth:`put` for the event loop: the result of ``fn()`` once it is committed."""
+        box = hops.inbox()
+        fut = box.loop.create_future()
+        self.put(tree, fn, lambda outcome: box.put(fut, outcome), durable=durable)
+        return await fut
 
     def _run(self) -> None:
         while True:
@@ -123,38 +147,27 @@ class _TreeWriter:
                 start = end
 
     @staticmethod
-    def _commit(run: list[tuple[Any, Callable[[], Any], concurrent.futures.Future]]) -> None:
+    def _commit(run: list[_Write]) -> None:
         tree = run[0][0]
         group = getattr(tree, "group", None)
-        outcomes: list[tuple[bool, Any] | None] = []
+        outcomes: list[hops.Outcome] = []
         try:
             with group() if callable(group) else contextlib.nullcontext():
-                for _, fn, fut in run:
-                    if not fut.set_running_or_notify_cancel():
-                        outcomes.append(None)
-                        continue
-                    try:
-                        outcomes.append((True, fn()))
-                    except BaseException as e:  # noqa: BLE001 - this write's own error, for its caller
-                        outcomes.append((False, e))
+                for _, fn, _, _ in run:
+                    outcomes.append(hops.run(fn))  # this write's own error goes to its caller
         except BaseException as e:  # noqa: BLE001 - the commit failed: none of the run is stored
-            for _, _, fut in run:
-                if fut.running():
-                    fut.set_exception(e)
-            return
-        for (_, _, fut), outcome in zip(run, outcomes, strict=True):
-            if outcome is not None:
-                ok, value = outcome
-                if ok:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(value)
+            outcomes = [(False, e)] * len(run)
+        else:
+            sync = getattr(tree, "sync", None)
+            if callable(sync) and any(w[3] for w in run):
+                failed = hops.run(sync)
+                if not failed[0]:  # not durable: the durable writes fail with it
+                    outcomes = [failed if w[3] else o for w, o in zip(run, outcomes, strict=True)]
+        for (_, _, tell, _), outcome in zip(run, outcomes, strict=True):
+            tell(outcome)
 
 
 _TREE_WRITER = _TreeWriter()
-# fsyncs of finished trajectories run here, off the tree's writer thread: episodes that finish
-# together share one fsync (TrajectoryTree.sync is a group sync)
-_SYNC_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fr-sync")
 
 
 class TokenDriftError(RuntimeError):
@@ -384,12 +397,17 @@ def _partial(info: dict[str, Any]) -> float | None:
 
 
 async def _in_thread(fn: Callable[..., Any], *a: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(_ENV_POOL, fn, *a)
+    return await _ENV_POOL.call(fn, *a)
 
 
 async def _tree(fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
     """Run the tree write ``fn(*a, **kw)`` (a bound method of the tree) on the tree's writer thread."""
-    return await asyncio.wrap_future(_TREE_WRITER.submit(getattr(fn, "__self__", None), lambda: fn(*a, **kw)))
+    return await _TREE_WRITER.write(getattr(fn, "__self__", None), lambda: fn(*a, **kw))
+
+
+async def _tree_durable(fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+    """As :func:`_tree`, returning only once the write is also on disk (the writer's group fsync)."""
+    return await _TREE_WRITER.write(getattr(fn, "__self__", None), lambda: fn(*a, **kw), durable=True)
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
@@ -455,6 +473,7 @@ class _Runner:
         self.reset_options = reset_options
         self.on_event = on_event
         self.env: Any = None  # the episode's env once made (start)
+        self._closed: set[int] = set()  # ids of this episode's envs already closed (close_env)
         stops = options.stop_token_ids if options.stop_token_ids is not None else default_stop_ids(tokenizer)
         self.stop_ids = tuple(int(t) for t in stops)
         self.sampling = SamplingOptions(
@@ -528,8 +547,9 @@ class _Runner:
                 await self.store_generation(b, gen)
             action = self.action_text(gen)
             self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
-            obs, reward, terminated, truncated, info = await _in_thread(b.env.step, action)
-            obs = _check_obs(b.env, obs, f"step() at turn {b.turn}")
+            env = b.env
+            obs, reward, terminated, truncated, info = await _in_thread(self.step_env, env, action)
+            obs = _check_obs(env, obs, f"step() at turn {b.turn}")
             b.actions.append(action)
             b.observations.append(obs)
             b.rewards.append(float(reward))
@@ -544,6 +564,23 @@ class _Runner:
                 return [await self.finish(b, "truncated", reason="env" if truncated else "max_turns")]
             if not await self.append_observation(b, action, obs):
                 return [await self.finish(b, "truncated", reason="context")]
+
+    def step_env(self, env: Any, action: str) -> tuple[Any, Any, bool, bool, Any]:
+        """``env.step(action)`` in an env thread. A step that ends the episode (terminated or
+        truncated by the env) also closes the env in the same call: nothing after it needs the env
+        (a partial score is asked for only on a cut the env did not make), and the episode saves a
+        thread hop."""
+        out = env.step(action)
+        if out[2] or out[3]:
+            self.close_env(env)
+        return out
+
+    def close_env(self, env: Any) -> None:
+        """Close ``env`` once (the end of its branch and the error path may both ask)."""
+        if env is None or id(env) in self._closed:
+            return
+        self._closed.add(id(env))
+        env.close()
 
     def action_text(self, gen: Generation) -> str:
         ids = gen.token_ids
@@ -654,15 +691,15 @@ class _Runner:
             info["agent"] = self.agent
             info["demo_spans"] = [list(s) for s in b.demo_spans]
         try:
-            leaf = await _tree(
+            # durable before the episode counts as done: the writer fsyncs the run it commits with
+            leaf = await _tree_durable(
                 self.tree.finish, b.node, reward, partial_score=partial, status=status, info=info, durable=False
             )
         except DuplicateLeafError as e:  # an identical path was already stored: it is that leaf
             leaf = e.leaf_id
-        await asyncio.get_running_loop().run_in_executor(_SYNC_POOL, self.tree.sync)
         self.emit("finish", status=status, reward=reward, partial_score=partial, turns=b.turn)
-        if b.env is not None:
-            await _in_thread(b.env.close)
+        if b.env is not None and id(b.env) not in self._closed:
+            await _in_thread(self.close_env, b.env)
         return LeafResult(leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info)
 
     # ------------------------------------------------------------------ branching
@@ -794,9 +831,7 @@ async def run_episode(
     try:
         return await runner.start(env)
     except BaseException:
-        made = runner.env if runner.env is not None else env
-        if made is not None:
-            made.close()
+        runner.close_env(runner.env if runner.env is not None else env)
         raise
 
 

@@ -29,7 +29,6 @@ the behaviour distribution, which is what the trainer's importance correction ne
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import math
@@ -42,6 +41,7 @@ from typing import Any
 
 import torch
 
+from fr_agents import hops
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,18 @@ log = logging.getLogger(__name__)
 class _Request:
     prompt_ids: list[int]
     options: SamplingOptions
-    future: concurrent.futures.Future
+    tell: Callable[[hops.Outcome], None]  # hands the caller its outcome (a future or the loop's inbox)
     generator: torch.Generator | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    told: bool = False
+
+    def resolve(self, ok: bool, value: Any) -> None:
+        """Hand the caller its Generation (``ok``) or error, once."""
+        if not self.told:
+            self.told = True
+            self.tell((ok, value))
 
 
 class HFEngine(Engine):
@@ -108,7 +115,10 @@ class HFEngine(Engine):
 
     async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
         """Sample a continuation of ``prompt_ids`` (batched with every other pending call)."""
-        return await asyncio.wrap_future(self.submit(prompt_ids, options))
+        box = hops.inbox()  # the result comes back with the wave's others, in one loop wake-up
+        fut = box.loop.create_future()
+        self._enqueue(prompt_ids, options, lambda outcome: box.put(fut, outcome))
+        return await fut
 
     def generate_sync(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
         """Blocking form of :meth:`generate`, for scripts and threads without an event loop."""
@@ -116,6 +126,16 @@ class HFEngine(Engine):
 
     def submit(self, prompt_ids: Sequence[int], options: SamplingOptions) -> concurrent.futures.Future:
         """Queue one request and return a future resolving to its :class:`Generation`."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def tell(outcome: hops.Outcome) -> None:
+            ok, value = outcome
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+        self._enqueue(prompt_ids, options, tell)
+        return fut
+
+    def _enqueue(self, prompt_ids: Sequence[int], options: SamplingOptions, tell: Callable[[hops.Outcome], None]) -> None:
         if self._closed:
             raise RuntimeError("HFEngine is closed")
         ids = [int(t) for t in prompt_ids]
@@ -129,10 +149,9 @@ class HFEngine(Engine):
         gen = None
         if options.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(options.seed)
-        req = _Request(ids, options, concurrent.futures.Future(), gen)
+        req = _Request(ids, options, tell, gen)
         self._ensure_thread()
         self._queue.put(req)
-        return req.future
 
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load ``state_dict`` between two decode steps and set :attr:`version`; returns once live."""
@@ -217,8 +236,7 @@ class HFEngine(Engine):
             except Exception as e:  # noqa: BLE001 - hand the error to every caller of this wave
                 log.exception("generation wave failed")
                 for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(e)
+                    r.resolve(False, e)
             finally:
                 with self._swap_lock:
                     self._busy = False
@@ -228,8 +246,8 @@ class HFEngine(Engine):
                 r = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if r is not None and not r.future.done():
-                r.future.set_exception(RuntimeError("HFEngine closed"))
+            if r is not None:
+                r.resolve(False, RuntimeError("HFEngine closed"))
 
     def _run_wave(self, reqs: list[_Request]) -> None:
         from transformers import DynamicCache
@@ -275,7 +293,8 @@ class HFEngine(Engine):
                 if reason is None:
                     keep.append(row)
                 else:
-                    r.future.set_result(
+                    r.resolve(
+                        True,
                         Generation(
                             token_ids=r.token_ids,
                             logprobs=r.logprobs,

@@ -290,3 +290,53 @@ def test_weight_swap_mid_generation_records_per_token_versions(tiny):
     lp = logp[len(prompt) - 1 : -1].gather(1, torch.tensor(g2.token_ids)[:, None]).squeeze(1)
     assert g2.versions == [7] * 5
     assert (lp - torch.tensor(g2.logprobs)).abs().max() <= 1e-4
+
+
+class _LoggedCountEnv(rollout_envs.CountEnv):
+    """CountEnv that logs its calls; ``fail_at`` makes that step raise."""
+
+    def __init__(self, turns: int, fail_at: int = 0) -> None:
+        super().__init__(turns)
+        self.calls: list[str] = []
+        self.fail_at = fail_at
+
+    def step(self, action):
+        self.calls.append("step")
+        if self.t + 1 == self.fail_at:
+            raise RuntimeError("env broke")
+        obs, reward, terminated, truncated, info = super().step(action)
+        info.pop("partial_score")  # so that a cut by the turn limit asks partial_score()
+        return obs, reward, terminated, truncated, info
+
+    def partial_score(self) -> float:
+        self.calls.append("closed partial_score" if "close" in self.calls else "partial_score")
+        return 0.25
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+@pytest.mark.parametrize(
+    ("turns", "max_turns", "fail_at", "expected", "status"),
+    [
+        (2, 5, 0, ["step", "step", "close"], "finished"),  # the env ends it
+        (5, 1, 0, ["step", "partial_score", "close"], "truncated"),  # the turn limit: scored while open
+        (5, 5, 2, ["step", "step", "close"], None),  # a step raises
+    ],
+)
+def test_the_env_is_closed_once_when_its_episode_ends(tiny, turns, max_turns, fail_at, expected, status):
+    _, model, tok = tiny
+    engine = HFEngine(model, tok, seed=3)
+    env = _LoggedCountEnv(turns, fail_at)
+    opts = RolloutOptions(max_new_tokens=4, max_context=300, max_turns=max_turns)
+    try:
+        res = asyncio.run(run_episode(env, engine, tok, TrajectoryTree(), opts, seed=1, task=1))
+    except RuntimeError as e:
+        assert status is None and "env broke" in str(e)
+    else:
+        assert res.leaves[0].status == status
+        if status == "truncated":
+            assert res.leaves[0].partial_score == 0.25
+    finally:
+        engine.close_sync()
+    assert env.calls == expected

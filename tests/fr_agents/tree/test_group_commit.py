@@ -74,3 +74,35 @@ def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_i
     assert sorted(tree.leaf_ids()) == sorted([done, *leaves])
     assert [tree.trajectory(x).token_ids for x in leaves] == [[i + 10, i + 20] for i in range(5)]
     tree.close()
+
+
+def test_durable_writes_of_one_run_share_one_fsync_before_their_callers_resume(tmp_path: Path) -> None:
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    writer = _TreeWriter()
+    gate = threading.Event()
+    fsyncs_at_resolve: list[int] = []
+    blocker = writer.submit(tree, gate.wait)
+    durable = [writer.submit(tree, lambda i=i: _episode(tree, [i + 10], [i + 20]), durable=True) for i in range(5)]
+    plain = writer.submit(tree, lambda: _episode(tree, [99], [98]))
+    durable[0].add_done_callback(lambda _f: fsyncs_at_resolve.append(tree._db.fsyncs))
+    before = tree._db.fsyncs
+    gate.set()
+    assert blocker.result(timeout=30) is True
+    [f.result(timeout=30) for f in [*durable, plain]]
+    assert fsyncs_at_resolve == [before + 1], "a durable write resolves only after its run's one fsync"
+    assert tree._db.fsyncs == before + 1
+    # a run with no durable write is committed and not fsynced
+    writer.submit(tree, lambda: _episode(tree, [7], [8])).result(timeout=30)
+    assert tree._db.fsyncs == before + 1
+    tree.close()
+
+
+def test_a_durable_write_that_raises_is_still_followed_by_the_fsync(tmp_path: Path) -> None:
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    done = _episode(tree, [1], [2])
+    writer = _TreeWriter()
+    before = tree._db.fsyncs
+    with pytest.raises(DuplicateLeafError):  # the leaf it names is stored: the caller may count on it
+        writer.submit(tree, lambda: tree.finish(done, 0.0), durable=True).result(timeout=30)
+    assert tree._db.fsyncs == before + 1
+    tree.close()
