@@ -59,8 +59,9 @@ def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_i
     tree = TrajectoryTree.open(path)
     done = _episode(tree, [1], [2])
     writer = _TreeWriter()
-    gate = threading.Event()
-    blocker = writer.submit(tree, gate.wait)  # holds the writer so that the writes below queue up
+    gate, holding = threading.Event(), threading.Event()
+    blocker = writer.submit(tree, lambda: holding.set() or gate.wait())
+    assert holding.wait(30)  # the writer is held: the writes below queue up and form one run
     futures = [writer.submit(tree, lambda i=i: _episode(tree, [i + 10], [i + 20])) for i in range(5)]
     failing = writer.submit(tree, lambda: tree.finish(done, 0.0))
     seen_at_resolve: list[int] = []
@@ -79,9 +80,10 @@ def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_i
 def test_durable_writes_of_one_run_share_one_fsync_before_their_callers_resume(tmp_path: Path) -> None:
     tree = TrajectoryTree.open(tmp_path / "store.sqlite")
     writer = _TreeWriter()
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     fsyncs_at_resolve: list[int] = []
-    blocker = writer.submit(tree, gate.wait)
+    blocker = writer.submit(tree, lambda: holding.set() or gate.wait())
+    assert holding.wait(30)  # the writer is held: the writes below queue up and form one run
     durable = [writer.submit(tree, lambda i=i: _episode(tree, [i + 10], [i + 20]), durable=True) for i in range(5)]
     plain = writer.submit(tree, lambda: _episode(tree, [99], [98]))
     durable[0].add_done_callback(lambda _f: fsyncs_at_resolve.append(tree._db.fsyncs))
