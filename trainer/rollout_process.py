@@ -203,8 +203,12 @@ class RolloutProcess:
             raise RolloutProcessError(f"the rollout process ended (exit code {self._proc.exitcode}) while starting")
 
     def begin(self, first_batch: int) -> None:
-        """Start rolling out at batch ``first_batch``; from now on the board's versions are sent."""
+        """Start rolling out at batch ``first_batch``; from now on the board's versions are sent.
+        With no batch left to roll out (``trainer.steps=0``, a finished run resumed) nothing is
+        sent: weights handed to a child that stops at once would be torn down mid-transfer."""
         self.next_batch = first_batch
+        if first_batch >= self.last_batch:
+            return
         self._forward("begin", first_batch, None)
         self.board.add_listener(self._forward)
 

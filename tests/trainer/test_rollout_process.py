@@ -37,6 +37,22 @@ def test_the_rollout_runs_in_a_child_process_that_ends_with_the_run(tmp_path: Pa
     assert [r["leaves"] for r in steps] == [8.0, 8.0, 8.0] and [r["lag_max"] for r in steps] == [0, 1, 1]
 
 
+
+def test_a_run_with_no_rl_steps_sends_the_child_no_weights_and_ends_cleanly(tmp_path: Path, capfd) -> None:
+    """``trainer.steps=0`` (a warm start only): the child is spawned with the run, but has no batch
+    to roll out. Weights handed to it would be torn down mid-transfer by its stop (a traceback of
+    multiprocessing's resource sharer in the learner's stderr, every time, before the fix)."""
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "trainer.steps=0"])
+    t = Trainer(cfg, tmp_path, console=False)
+    res = t.run()
+    assert res.ok and res.steps == 0
+    child = t.rollout_process._proc
+    assert child.exitcode == 0 and not child.is_alive()
+    assert t.board._listeners == [], "the board's versions were never forwarded to the child"
+    assert "Traceback" not in capfd.readouterr().err
+
+
 FAILING_ENV = '''
 import gymnasium
 from fr_agents.spaces import AnyText
