@@ -1,4 +1,4 @@
-"""Tree RL vs linear FlashREINFORCE at equal generated policy tokens, and the learner's cost per token.
+"""Tree RL vs linear FlashREINFORCE at equal sampled policy tokens, and the learner's cost per token.
 
 Run: ``python benchmarks/tree_rl.py [--quick] [--task two-attempts|tool-result] [--seeds 0 1 2] [--steps 60]``.
 
@@ -14,14 +14,16 @@ bwrap sandbox, the preset's expert warm start): there a tree forks the answer tu
 result (``rollout.branch_at=[1]``), so every leaf of a root shares the prompt, the tool call and what
 the sandbox printed, about 70 of its ~80 tokens; it is where packing has the most to save.
 
-Equal budget: the linear run takes ``--steps`` steps and generates ``T`` policy tokens (counted once
-each in its store: a shared prefix is generated once). A 2-step pilot of the tree run measures its
-tokens per step, and the tree run gets as many steps as give about ``T`` tokens; since tokens per
-step change as the policy learns, the tree run is then resumed from its last checkpoint for the tokens still
-missing until it has generated at least 95% of ``T``. Caveat: siblings whose sampled
-continuations are identical are stored once as well, though the engine sampled each of them, so
-where most forks agree (``merged`` per step is high) the tree run samples more than it is charged. Both totals are printed, with the tree run's
-leaves trained per step (after merging identical siblings and J_max) and merges per step.
+Equal budget: the linear run takes ``--steps`` steps and samples ``T`` policy tokens (the engine's
+count for its trained batches, from the run's ledger: a fork's shared part is sampled once, and
+siblings whose continuations came out identical are each counted, though the tree stores them once).
+A 2-step pilot of the tree run measures its tokens per step, and the tree run gets as many steps as
+give about ``T`` tokens; since tokens per step change as the policy learns, the tree run is then
+resumed from its last checkpoint for the tokens still missing until it has sampled at least 95% of
+``T``. The tokens each run's store holds (each node once) are printed too, with the tree run's
+leaves trained per step (after merging identical siblings and J_max) and merges per step. (Before
+the ledger kept the engine's count, this budget counted stored nodes, which charged a tree run
+nothing for the identical siblings it merged.)
 
 ``trainer.batch_size`` counts leaves at full branching, so when most forked siblings are identical
 (and merged) a tree step trains on far fewer leaves than a linear one, and the tree run takes many
@@ -76,8 +78,22 @@ TOOL_RESULT = RUN_SHAPE
 TASKS = {"two-attempts": ("math-tiny", TWO_ATTEMPTS), "tool-result": ("python-tool-tiny", TOOL_RESULT)}
 
 
-def generated_policy_tokens(run: Path) -> int:
-    """Policy tokens stored in the run's tree, each node once (what the rollout generated)."""
+def sampled_policy_tokens(run: Path, steps: int) -> int:
+    """Policy tokens the engine sampled for the run's ``steps`` trained batches (the ledger's count)."""
+    from trainer.ledger import EpisodeLedger
+
+    ledger = EpisodeLedger(run / "episodes.sqlite")
+    try:
+        counts = [ledger.sampled_tokens(k) for k in range(steps)]
+    finally:
+        ledger.close()
+    if any(c is None for c in counts):
+        raise RuntimeError(f"{run}: the ledger has batches without the engine's token count (a run from older code)")
+    return sum(counts)  # type: ignore[arg-type]
+
+
+def stored_policy_tokens(run: Path) -> int:
+    """Policy tokens stored in the run's tree, each node once."""
     from fr_agents.tree import TrajectoryTree
 
     tree = TrajectoryTree.open(run / "store.sqlite")
@@ -107,7 +123,8 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
     after = res.evals.get("after_rl", {})
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = {r["step"]: r for r in rows if r.get("kind") == "step"}  # a resumed run logs each step once more at most
-    return {"success": float(after.get("success", math.nan)), "tokens": float(generated_policy_tokens(run)), "steps": res.steps,
+    return {"success": float(after.get("success", math.nan)), "tokens": float(sampled_policy_tokens(run, res.steps)),
+            "stored_tokens": float(stored_policy_tokens(run)), "steps": res.steps,
             "temperature": cfg.rollout.temperature,
             "leaves_per_step": statistics.mean(r["leaves"] for r in steps.values()) if steps else math.nan,
             "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values()) if steps else math.nan}
@@ -225,7 +242,7 @@ def main() -> None:
         steps = max(1, round(lin["tokens"] / per_step))
         tree = train(out / f"tree-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"])
         # tokens per step drift as the policy learns: resume for the missing tokens, at the
-        # run's own rate so far, until the tree run has generated at least 95% of the linear run's
+        # run's own rate so far, until the tree run has sampled at least 95% of the linear run's
         for _ in range(6):
             if tree["tokens"] >= 0.95 * lin["tokens"]:
                 break
@@ -240,7 +257,8 @@ def main() -> None:
               f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
     print(f"[tree RL] {TASKS[a.task][0]} ({a.task}), {len(a.seeds)} seeds, runs in {out}")
     print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
-    print(f"  generated policy tokens  linear {spread([r[1]['tokens'] for r in rows])}   tree {spread([r[2]['tokens'] for r in rows])}")
+    print(f"  sampled policy tokens  linear {spread([r[1]['tokens'] for r in rows])}   tree {spread([r[2]['tokens'] for r in rows])}")
+    print(f"  stored policy tokens   linear {spread([r[1]['stored_tokens'] for r in rows])}   tree {spread([r[2]['stored_tokens'] for r in rows])}")
     print(f"  learner s per logical token, flat / packed (last 20 batches of each tree run): {spread([r[3] for r in rows])}x "
           f"(goal >= 2); ideal (logical / packed tokens) {spread([r[4] for r in rows])}x")
 

@@ -250,6 +250,10 @@ class LeafResult:
     policy_tokens: int
     rewards: list[float]
     info: dict[str, Any] = field(default_factory=dict)
+    # policy tokens the engine sampled for this branch itself: its tokens since it forked (the
+    # first branch also holds the shared part before the fork). Summed over an episode's leaves it
+    # is what the engine sampled, identical siblings included (the tree stores those once).
+    sampled_tokens: int = 0
 
 
 @dataclass
@@ -270,6 +274,11 @@ class EpisodeResult:
         """Policy tokens sampled for this episode (shared prefixes counted once per leaf path)."""
         return sum(leaf.policy_tokens for leaf in self.leaves)
 
+    @property
+    def sampled_tokens(self) -> int:
+        """Policy tokens the engine sampled for this episode: each generated token once."""
+        return sum(leaf.sampled_tokens for leaf in self.leaves)
+
 
 @dataclass
 class _Branch:
@@ -285,7 +294,8 @@ class _Branch:
     actions: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
-    policy_tokens: int = 0
+    policy_tokens: int = 0  # policy tokens on this branch's path (a fork's shared part included)
+    sampled: int = 0  # policy tokens this branch sampled itself (since it forked)
     branched: set[int] = field(default_factory=set)
     turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
     demo_spans: list[list[int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
@@ -610,6 +620,7 @@ class _Runner:
         b.held_text += _decode(self.tok, body) + (_decode(self.tok, ids[-1:]) if stop_tail else "")
         b.held_ids.extend(ids)
         b.policy_tokens += len(ids)
+        b.sampled += len(ids)
         b.budget -= len(ids)
         b.surprisal = -sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
 
@@ -700,7 +711,7 @@ class _Runner:
         self.emit("finish", status=status, reward=reward, partial_score=partial, turns=b.turn)
         if b.env is not None and id(b.env) not in self._closed:
             await _in_thread(self.close_env, b.env)
-        return LeafResult(leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info)
+        return LeafResult(leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info, b.sampled)
 
     # ------------------------------------------------------------------ branching
 
@@ -726,6 +737,7 @@ class _Runner:
             env = await self.fork_env(b)
             clone = copy.copy(b)
             clone.env = env
+            clone.sampled = 0  # the shared part was sampled once, by b
             clone.messages = list(b.messages)
             clone.held_ids = list(b.held_ids)
             clone.rewards = list(b.rewards)

@@ -40,6 +40,7 @@ class LeafOutcome:
     turns: int
     status: str = "finished"
     partial_score: float | None = None
+    sampled_tokens: int = 0  # policy tokens the engine sampled for this branch itself (LeafResult)
 
 
 @dataclass
@@ -209,7 +210,8 @@ class EpisodeRunner:
             make_env=self.make_env,
         )
         leaves = [
-            LeafOutcome(x.leaf_id, x.reward, x.policy_tokens, x.turns, x.status, x.partial_score) for x in result.leaves
+            LeafOutcome(x.leaf_id, x.reward, x.policy_tokens, x.turns, x.status, x.partial_score, x.sampled_tokens)
+            for x in result.leaves
         ]
         return EpisodeOutcome(leaves)
 

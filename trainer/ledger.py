@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS episode_leaves (
     reward  REAL NOT NULL,
     tokens  INTEGER NOT NULL,
     version INTEGER NOT NULL,
+    sampled INTEGER,
     PRIMARY KEY (episode, branch)
 );
 CREATE INDEX IF NOT EXISTS episode_leaves_batch ON episode_leaves(batch);
@@ -51,12 +52,21 @@ class EpisodeLedger:
 
     def _migrate(self) -> None:
         """A run directory from before branching holds one leaf per episode in table ``episodes``:
-        its rows become branch 0 of ``episode_leaves`` (so such a run still resumes)."""
+        its rows become branch 0 of ``episode_leaves`` (so such a run still resumes). A ledger
+        from before the ``sampled`` column gains it, empty for the rows it holds."""
+        cols = [r[1] for r in self._conn.execute("PRAGMA table_info(episode_leaves)")]
+        if "sampled" not in cols:
+            try:
+                self._conn.execute("ALTER TABLE episode_leaves ADD COLUMN sampled INTEGER")
+            except sqlite3.OperationalError as e:  # another process (the rollout's) added it first
+                if "duplicate column" not in str(e):
+                    raise
         old = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'episodes'").fetchone()
         if old:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.execute(
-                "INSERT OR IGNORE INTO episode_leaves SELECT episode, 0, batch, leaf, reward, tokens, version FROM episodes"
+                "INSERT OR IGNORE INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version) "
+                "SELECT episode, 0, batch, leaf, reward, tokens, version FROM episodes"
             )
             self._conn.execute("DROP TABLE episodes")
             self._conn.execute("COMMIT")
@@ -65,8 +75,10 @@ class EpisodeLedger:
         """Record a linear (one-leaf) episode."""
         self.record_episode(episode, batch, [(leaf, reward, tokens)], version)
 
-    def record_episode(self, episode: int, batch: int, leaves: list[tuple[int, float, int]], version: int) -> None:
-        """Record all leaves ``(leaf, reward, policy tokens)`` of one episode in one transaction."""
+    def record_episode(self, episode: int, batch: int, leaves: list[tuple[Any, ...]], version: int) -> None:
+        """Record all leaves ``(leaf, reward, policy tokens[, sampled tokens])`` of one episode in
+        one transaction. Sampled tokens: what the engine sampled for that branch itself (see
+        :meth:`sampled_tokens`); None when not known."""
         if not leaves:
             raise ValueError(f"leaves: episode {episode} has no leaf")
         with self._lock:
@@ -74,10 +86,11 @@ class EpisodeLedger:
             try:
                 self._conn.execute("DELETE FROM episode_leaves WHERE episode = ?", (episode,))
                 self._conn.executemany(
-                    "INSERT INTO episode_leaves VALUES (?,?,?,?,?,?,?)",
+                    "INSERT INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version, sampled) "
+                    "VALUES (?,?,?,?,?,?,?,?)",
                     [
-                        (episode, i, batch, int(leaf), float(reward), int(tokens), int(version))
-                        for i, (leaf, reward, tokens) in enumerate(leaves)
+                        (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), _count(x[3:]))
+                        for i, x in enumerate(leaves)
                     ],
                 )
                 self._conn.execute("COMMIT")
@@ -87,7 +100,7 @@ class EpisodeLedger:
 
     def record_outcome(self, spec: Any, outcome: Any) -> None:
         """Record an :class:`~trainer.episodes.EpisodeOutcome` of scheduled episode ``spec``."""
-        rows = [(x.leaf_id, x.reward, x.policy_tokens) for x in outcome.leaves]
+        rows = [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in outcome.leaves]
         self.record_episode(spec.episode, spec.batch, rows, spec.version)
 
     def leaves(self, episodes: Iterable[int]) -> dict[int, int]:
@@ -112,6 +125,20 @@ class EpisodeLedger:
                 )
             ]
 
+    def sampled_tokens(self, batch: int) -> int | None:
+        """Policy tokens the engine sampled for batch ``batch``: every token of every branch once,
+        identical siblings included (the tree stores those once, and each leaf's ``tokens`` count
+        a fork's shared part once per leaf). None when a row of the batch does not know it."""
+        with self._lock:
+            n, known, total = self._conn.execute(
+                "SELECT COUNT(*), COUNT(sampled), SUM(sampled) FROM episode_leaves WHERE batch = ?", (batch,)
+            ).fetchone()
+        return int(total) if n and known == n else None
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _count(rest: tuple[Any, ...]) -> int | None:
+    return int(rest[0]) if rest and rest[0] is not None else None

@@ -261,6 +261,9 @@ class Trainer:
             **tree_metrics(batch, trees),
             **{k2: v for k2, v in stats.items() if k2 not in ("loss",)},
         }
+        sampled = self.ledger.sampled_tokens(k)  # the engine's count: identical siblings included
+        if sampled is not None:
+            row["sampled_tokens"] = sampled
         self._last_step_end = now
         self.last_row = row
         self.metrics.step(row)

@@ -90,3 +90,39 @@ def test_entropy_policy_forks_only_after_uncertain_actions(tiny) -> None:
     assert len(below.leaves) >= 2  # forks at turn 1 (and each branch may fork again at turn 2)
     with pytest.raises(ValueError, match="branch_policy"):
         RolloutOptions(branch_policy="widest")  # type: ignore[arg-type]
+
+
+def _stored_policy_tokens(tree, leaf_ids) -> int:
+    seen, total = set(), 0
+    for traj in tree.trajectories(sorted(set(leaf_ids))):
+        ends = [*traj.offsets[1:], len(traj.token_ids)]
+        for node, a, b in zip(traj.path, traj.offsets, ends, strict=True):
+            if node not in seen:
+                seen.add(node)
+                total += sum(traj.policy_mask[a:b])
+    return total
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1e-4])
+def test_an_episode_counts_the_tokens_the_engine_sampled_identical_siblings_included(tiny, temperature) -> None:
+    """``sampled_tokens`` (summed over an episode's leaves) is the engine's own count: a fork's shared
+    part once, every forked continuation, also those identical to a sibling, which the tree stores
+    once (near-greedy sampling makes all three forks identical)."""
+    model, tok = tiny
+    opts = RolloutOptions(max_new_tokens=6, max_context=300, max_turns=3, branch_factor=3, branch_at=(1,),
+                          temperature=temperature)
+    engine = HFEngine(model, tok, seed=0)
+    before = engine.stats["tokens"]
+    tree, res = _episode(engine, tok, opts)
+    sampled = engine.stats["tokens"] - before
+    engine.close_sync()
+    leaves = [x.leaf_id for x in res.leaves]
+    assert len(leaves) == 3 and res.sampled_tokens == sampled
+    stored = _stored_policy_tokens(tree, leaves)
+    if temperature < 1:
+        assert len(set(leaves)) == 1, "identical continuations: one stored leaf"
+        first, second, third = (x.sampled_tokens for x in res.leaves)
+        assert first > second == third > 0, "the first branch also holds the shared part"
+        assert stored == first < sampled
+    else:
+        assert len(set(leaves)) == 3 and stored == sampled

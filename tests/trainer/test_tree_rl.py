@@ -148,6 +148,8 @@ def test_branching_episodes_in_the_training_loop(tmp_path: Path) -> None:
         shared = len(set(a.path) & set(b.path))
         assert shared >= 3 and a.path[:shared] == b.path[:shared] and a.leaf_id != b.leaf_id
         assert a.info["turns"] >= 1 and b.info["turns"] >= 1
+        # the engine's count: a fork's shared part once, where the leaves' path tokens count it per leaf
+        assert rows[k]["sampled_tokens"] == ledger.sampled_tokens(k) < sum(r[3] for r in batch)
     stats = tree.stats()
     assert stats["available"] == 0, "every finished leaf is trained on or pruned, none left behind"
     ledger.close()
@@ -245,3 +247,20 @@ def test_ledger_of_a_run_from_before_branching_still_reads(tmp_path: Path) -> No
     assert [r[1] for r in ledger.batch_rows(1)] == [11, 12]
     ledger.close()
     assert EpisodeLedger(path).batch_rows(0)[0] == (0, 7, 1.0, 3, 0)  # reopening is a no-op
+
+
+def test_a_ledger_from_before_the_sampled_count_gains_the_column_and_reports_it_unknown(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "episodes.sqlite"
+    with sqlite3.connect(path) as c:  # the schema before the engine's token count
+        c.execute("CREATE TABLE episode_leaves (episode INTEGER NOT NULL, branch INTEGER NOT NULL, batch INTEGER NOT NULL,"
+                  " leaf INTEGER NOT NULL, reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL,"
+                  " PRIMARY KEY (episode, branch))")
+        c.execute("INSERT INTO episode_leaves VALUES (0, 0, 0, 7, 1.0, 3, 0)")
+    ledger = EpisodeLedger(path)
+    assert ledger.batch_rows(0) == [(0, 7, 1.0, 3, 0)]
+    assert ledger.sampled_tokens(0) is None, "rows written before the count do not know it"
+    ledger.record_episode(1, 1, [(11, 0.5, 5, 5), (12, 1.0, 5, 2)], 1)  # a fork: 3 shared tokens, counted once
+    assert ledger.sampled_tokens(1) == 7 and ledger.sampled_tokens(2) is None
+    ledger.close()
