@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import threading
 import weakref
 from collections.abc import Callable
@@ -78,6 +79,21 @@ def inbox() -> Inbox:
         with _INBOXES_LOCK:
             found = _INBOXES.setdefault(loop, Inbox(loop))
     return found
+
+
+def teller(fut: concurrent.futures.Future) -> Callable[[Outcome], None]:
+    """``tell(outcome)`` for a caller that is a thread and holds ``fut``: sets it, unless the caller
+    cancelled it first (then the outcome is dropped; setting it would raise in the worker)."""
+
+    def tell(outcome: Outcome) -> None:
+        if fut.set_running_or_notify_cancel():
+            ok, value = outcome
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    return tell
 
 
 def run(fn: Callable[[], Any]) -> Outcome:

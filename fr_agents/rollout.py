@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 _ENV_POOL = hops.HopPool(max_workers=64, name="fr-env")
 
 
-_Write = tuple[Any, Callable[[], Any], Callable[["hops.Outcome"], None], bool]  # (tree, write, tell, durable)
+_Write = tuple[Any, Callable[[], Any], Callable[[hops.Outcome], None], bool]  # (tree, write, tell, durable)
 
 
 class _TreeWriter:
@@ -115,12 +115,7 @@ class _TreeWriter:
     def submit(self, tree: Any, fn: Callable[[], Any], *, durable: bool = False) -> concurrent.futures.Future:
         """:meth:`put` for threads: the returned future resolves once the write is committed."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-
-        def tell(outcome: hops.Outcome) -> None:
-            ok, value = outcome
-            fut.set_result(value) if ok else fut.set_exception(value)
-
-        self.put(tree, fn, tell, durable=durable)
+        self.put(tree, fn, hops.teller(fut), durable=durable)
         return fut
 
     async def write(self, tree: Any, fn: Callable[[], Any], *, durable: bool = False) -> Any:
@@ -164,7 +159,10 @@ class _TreeWriter:
                 if not failed[0]:  # not durable: the durable writes fail with it
                     outcomes = [failed if w[3] else o for w, o in zip(run, outcomes, strict=True)]
         for (_, _, tell, _), outcome in zip(run, outcomes, strict=True):
-            tell(outcome)
+            try:
+                tell(outcome)
+            except Exception:  # noqa: BLE001 - one caller's failure must not stop the writer or the others
+                log.exception("tree writer: handing a caller its outcome failed")
 
 
 _TREE_WRITER = _TreeWriter()

@@ -127,12 +127,7 @@ class HFEngine(Engine):
     def submit(self, prompt_ids: Sequence[int], options: SamplingOptions) -> concurrent.futures.Future:
         """Queue one request and return a future resolving to its :class:`Generation`."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-
-        def tell(outcome: hops.Outcome) -> None:
-            ok, value = outcome
-            fut.set_result(value) if ok else fut.set_exception(value)
-
-        self._enqueue(prompt_ids, options, tell)
+        self._enqueue(prompt_ids, options, hops.teller(fut))
         return fut
 
     def _enqueue(self, prompt_ids: Sequence[int], options: SamplingOptions, tell: Callable[[hops.Outcome], None]) -> None:

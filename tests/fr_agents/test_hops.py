@@ -121,3 +121,17 @@ def test_inbox_is_one_per_loop() -> None:
 def test_hop_pool_refuses_no_workers() -> None:
     with pytest.raises(ValueError, match="max_workers"):
         HopPool(0, "t")
+
+
+def test_a_thread_caller_that_cancelled_its_future_gets_nothing_and_the_others_still_do() -> None:
+    import concurrent.futures
+
+    from fr_agents.hops import teller
+
+    cancelled, kept = concurrent.futures.Future(), concurrent.futures.Future()
+    assert cancelled.cancel()
+    teller(cancelled)((True, 1))  # dropped, without raising in the worker
+    teller(kept)((False, KeyError("k")))
+    assert cancelled.cancelled()
+    with pytest.raises(KeyError):
+        kept.result(timeout=1)

@@ -108,3 +108,21 @@ def test_a_durable_write_that_raises_is_still_followed_by_the_fsync(tmp_path: Pa
         writer.submit(tree, lambda: tree.finish(done, 0.0), durable=True).result(timeout=30)
     assert tree._db.fsyncs == before + 1
     tree.close()
+
+
+def test_a_write_whose_caller_cancelled_its_future_does_not_stop_the_writer(tmp_path: Path) -> None:
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    writer = _TreeWriter()
+    gate, holding = threading.Event(), threading.Event()
+    blocker = writer.submit(tree, lambda: holding.set() or gate.wait())
+    assert holding.wait(30)
+    dropped = writer.submit(tree, lambda: _episode(tree, [1], [2]))
+    kept = writer.submit(tree, lambda: _episode(tree, [3], [4]))
+    assert dropped.cancel()
+    gate.set()
+    assert blocker.result(timeout=30) is True
+    leaf = kept.result(timeout=30)
+    assert tree.trajectory(leaf).token_ids == [3, 4]
+    # the writer thread lives on: a later write is served
+    assert writer.submit(tree, lambda: _episode(tree, [5], [6])).result(timeout=30) > 0
+    tree.close()
