@@ -40,7 +40,7 @@ class LeafOutcome:
     turns: int
     status: str = "finished"
     partial_score: float | None = None
-    sampled_tokens: int = 0  # policy tokens the engine sampled for this branch itself (LeafResult)
+    sampled_tokens: int | None = None  # policy tokens the engine sampled for this branch itself (LeafResult)
 
 
 @dataclass
