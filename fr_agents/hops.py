@@ -81,6 +81,14 @@ def inbox() -> Inbox:
     return found
 
 
+def awaiter() -> tuple[asyncio.Future, Callable[[Outcome], None]]:
+    """A future on the running loop and the ``tell(outcome)`` that resolves it through the loop's
+    inbox (callable from any thread)."""
+    box = inbox()
+    fut = box.loop.create_future()
+    return fut, lambda outcome: box.put(fut, outcome)
+
+
 def teller(fut: concurrent.futures.Future) -> Callable[[Outcome], None]:
     """``tell(outcome)`` for a caller that is a thread and holds ``fut``: sets it, unless the caller
     cancelled it first (then the outcome is dropped; setting it would raise in the worker)."""
@@ -116,17 +124,16 @@ class HopPool:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.max_workers = max_workers
         self.name = name
-        self._queue: collections.deque[tuple[Callable[[], Any], asyncio.Future, Inbox]] = collections.deque()
+        self._queue: collections.deque[tuple[Callable[[], Any], Callable[[Outcome], None]]] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._idle = 0
         self._threads = 0
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on a pool thread and return its result (or raise its exception)."""
-        box = inbox()
-        fut = box.loop.create_future()
+        fut, tell = awaiter()
         with self._cond:
-            self._queue.append(((lambda: fn(*args)) if args else fn, fut, box))
+            self._queue.append(((lambda: fn(*args)) if args else fn, tell))
             if self._idle > 0:
                 self._idle -= 1  # claimed: the next notify wakes exactly this work
                 self._cond.notify()
@@ -141,5 +148,5 @@ class HopPool:
                 while not self._queue:
                     self._idle += 1
                     self._cond.wait()
-                job, fut, box = self._queue.popleft()
-            box.put(fut, run(job))
+                job, tell = self._queue.popleft()
+            tell(run(job))

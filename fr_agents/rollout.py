@@ -120,9 +120,8 @@ class _TreeWriter:
 
     async def write(self, tree: Any, fn: Callable[[], Any], *, durable: bool = False) -> Any:
         """:meth:`put` for the event loop: the result of ``fn()`` once it is committed."""
-        box = hops.inbox()
-        fut = box.loop.create_future()
-        self.put(tree, fn, lambda outcome: box.put(fut, outcome), durable=durable)
+        fut, tell = hops.awaiter()
+        self.put(tree, fn, tell, durable=durable)
         return await fut
 
     def _run(self) -> None:

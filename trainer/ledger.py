@@ -89,7 +89,7 @@ class EpisodeLedger:
                     "INSERT INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version, sampled) "
                     "VALUES (?,?,?,?,?,?,?,?)",
                     [
-                        (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), _count(x[3:]))
+                        (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), None if len(x) < 4 or x[3] is None else int(x[3]))
                         for i, x in enumerate(leaves)
                     ],
                 )
@@ -139,6 +139,3 @@ class EpisodeLedger:
         with self._lock:
             self._conn.close()
 
-
-def _count(rest: tuple[Any, ...]) -> int | None:
-    return int(rest[0]) if rest and rest[0] is not None else None

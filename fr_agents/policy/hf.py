@@ -115,9 +115,8 @@ class HFEngine(Engine):
 
     async def generate(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
         """Sample a continuation of ``prompt_ids`` (batched with every other pending call)."""
-        box = hops.inbox()  # the result comes back with the wave's others, in one loop wake-up
-        fut = box.loop.create_future()
-        self._enqueue(prompt_ids, options, lambda outcome: box.put(fut, outcome))
+        fut, tell = hops.awaiter()  # the result comes back with the wave's others, in one loop wake-up
+        self._enqueue(prompt_ids, options, tell)
         return await fut
 
     def generate_sync(self, prompt_ids: Sequence[int], options: SamplingOptions) -> Generation:
