@@ -27,6 +27,7 @@ normally (status truncated/aborted) or its env reward is <= 0.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -230,19 +231,21 @@ def build_flat(trajs: Sequence[Trajectory], reward: str = "env") -> FlatBatch:
     if not trajs:
         raise ValueError("leaf_ids: empty batch")
     rewards = learner_rewards(trajs, reward)
-    b, t = len(trajs), max(len(x.token_ids) for x in trajs)
-    tok = torch.zeros(b, t, dtype=torch.long)
-    lp = torch.zeros(b, t, dtype=torch.float32)
-    act = torch.zeros(b, t, dtype=torch.bool)
-    att = torch.zeros(b, t, dtype=torch.bool)
-    ver = torch.full((b, t), -1, dtype=torch.long)
-    for i, x in enumerate(trajs):
-        n = len(x.token_ids)
-        tok[i, :n] = torch.tensor(x.token_ids, dtype=torch.long)
-        lp[i, :n] = torch.tensor(x.logprobs, dtype=torch.float32)
-        act[i, :n] = torch.tensor(x.policy_mask, dtype=torch.bool)
-        att[i, :n] = True
-        ver[i, :n] = torch.tensor(x.versions, dtype=torch.long)
+    lengths = torch.tensor([len(x.token_ids) for x in trajs])
+    b, t = len(trajs), int(lengths.max())
+    # one tensor per field for the whole batch, scattered into the padded rows (row-major order
+    # of the mask is the concatenation order): a tensor per row and field cost more than the rest
+    att = torch.arange(t) < lengths[:, None]
+
+    def padded(name: str, dtype: torch.dtype, fill: float) -> Tensor:
+        out = torch.full((b, t), fill, dtype=dtype)
+        out[att] = torch.tensor(list(itertools.chain.from_iterable(getattr(x, name) for x in trajs)), dtype=dtype)
+        return out
+
+    tok = padded("token_ids", torch.long, 0)
+    lp = padded("logprobs", torch.float32, 0.0)
+    act = padded("policy_mask", torch.bool, False)
+    ver = padded("versions", torch.long, -1)
     return FlatBatch(
         token_ids=tok,
         behavior_logprobs=lp,

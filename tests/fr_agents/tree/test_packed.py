@@ -15,6 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from fr_agents.tree import TrajectoryTree  # noqa: E402
+from fr_agents.tree.batch import build_flat  # noqa: E402
 
 VOCAB = 48
 
@@ -167,3 +168,25 @@ def test_flashreinforce_gradients_packed_equal_flat(attn):
     assert total > 0, "the objective should produce a non-zero gradient"
     for name in g_f:
         assert torch.allclose(g_p[name], g_f[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_flat_batch_rows_are_each_trajectory_then_padding():
+    """``build_flat``: row i holds trajectory i's tokens, behaviour log-probs, policy mask and
+    versions, then padding (token 0, log-prob 0, not policy, not attended, version -1)."""
+    tree, leaves = build_tree(tiny_qwen2("sdpa"))
+    trajs = tree.trajectories(leaves)
+    assert len({len(t.token_ids) for t in trajs}) > 1  # rows of different lengths
+    flat = build_flat(trajs)
+    width = max(len(t.token_ids) for t in trajs)
+    assert flat.token_ids.shape == (len(trajs), width)
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        assert flat.token_ids[i, :n].tolist() == t.token_ids
+        assert flat.behavior_logprobs[i, :n].tolist() == torch.tensor(t.logprobs, dtype=torch.float32).tolist()
+        assert flat.action_mask[i, :n].tolist() == [bool(m) for m in t.policy_mask]
+        assert flat.versions[i, :n].tolist() == t.versions
+        assert flat.attention_mask[i].tolist() == [True] * n + [False] * (width - n)
+        assert flat.token_ids[i, n:].eq(0).all() and flat.behavior_logprobs[i, n:].eq(0).all()
+        assert not flat.action_mask[i, n:].any() and flat.versions[i, n:].eq(-1).all()
+    assert flat.token_ids.dtype == flat.versions.dtype == torch.long
+    assert flat.behavior_logprobs.dtype == torch.float32 and flat.action_mask.dtype == torch.bool
