@@ -16,8 +16,9 @@ the GIL, not by the cores. Here the same rollout code runs in a spawned child::
 Nothing else changes: the schedule, the admission rule (batch ``k`` samples with version
 ``k - max_policy_lag``), the ledger's acknowledgements and the tree's durable writes are the
 thread's own code, run on the child's copy of the rollout side; the tree and the ledger are the
-run directory's SQLite files (WAL), which both processes open. Weights travel as CPU tensors over
-the pipe; torch moves them to shared memory, so a version is copied once, not per reader.
+run directory's SQLite files (WAL), which both processes open. A version travels over the pipe as
+one CPU buffer per dtype (:class:`~trainer.weights.FlatWeights`); torch moves each buffer to shared
+memory, so a version is copied once, not per reader.
 
 The child takes the cores the learner leaves (``cores - trainer.threads``, at least one torch
 thread). It is killed by the kernel when the learner process dies (``PR_SET_PDEATHSIG``), as the
