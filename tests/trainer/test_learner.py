@@ -231,6 +231,19 @@ def test_one_optimizer_step_then_the_batch_is_consumed() -> None:
     assert {int(s["step"]) for s in learner.optimizer.state.values()} == {1}
 
 
+def test_the_default_optimizer_is_fused_adamw_and_steps_as_the_unfused_one() -> None:
+    model = tiny_model()
+    trajs = make_trajectories(model)
+    fused = Learner(copy.deepcopy(model), lr=1e-2, weight_decay=0.1)
+    assert fused.optimizer.defaults["fused"] is True
+    plain = Learner(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+    assert not plain.optimizer.defaults["fused"]
+    for _ in range(3):
+        fused.step(build_flat(trajs))
+        plain.step(build_flat(trajs))
+    params_close(fused.model, model, 1e-12)
+
+
 def test_a_step_raises_rewarded_log_probs_and_lowers_penalised_ones() -> None:
     model = tiny_model()
     trajs = make_trajectories(model, noise=0.0, rewards=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
