@@ -6,7 +6,8 @@ Every ``generate()`` call (from any number of concurrent episodes) puts a reques
 awaits a future. One background thread owns the model and runs *waves*: it takes every pending
 request (a wave starts once no request has arrived for ``batch_wait_s``, or ``max_wait_s`` after its
 first, so that a burst of episodes stepping their envs at the same moment lands in one batch),
-left-pads the prompts into one batch, runs the prefill, then decodes one token per step for all
+left-pads the prompts into one batch, runs the prefill (the tokens every prompt of the wave starts
+with, such as the chat template's opening, once for the wave), then decodes one token per step for all
 rows with a shared KV cache. Rows that finish (stop token, stop string, ``max_tokens``) are dropped
 from the batch and the cache between steps, and their futures resolve at once, so a fast episode
 does not wait for the slowest row of its wave.
@@ -108,7 +109,7 @@ class HFEngine(Engine):
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
-        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0}
+        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "shared_prefill_tokens": 0}
         self.on_token = on_token
 
     # ------------------------------------------------------------------ public API
@@ -249,18 +250,20 @@ class HFEngine(Engine):
         self.stats["waves"] += 1
         self.stats["rows"] += len(reqs)
         dev = self.device
-        longest = max(len(r.prompt_ids) for r in reqs)
-        input_ids = torch.full((len(reqs), longest), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((len(reqs), longest), dtype=torch.long, device=dev)
-        for i, r in enumerate(reqs):
-            n = len(r.prompt_ids)
-            input_ids[i, longest - n :] = torch.tensor(r.prompt_ids, dtype=torch.long, device=dev)
-            mask[i, longest - n :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        version = self._between_steps()
         cache = DynamicCache(config=self.model.config)
+        shared = self._prefill_shared(reqs, cache)
+        rests = [r.prompt_ids[shared:] for r in reqs]
+        longest = max(len(x) for x in rests)
+        input_ids = torch.full((len(reqs), longest), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((len(reqs), shared + longest), dtype=torch.long, device=dev)
+        mask[:, :shared] = 1
+        for i, rest in enumerate(rests):
+            input_ids[i, longest - len(rest) :] = torch.tensor(rest, dtype=torch.long, device=dev)
+            mask[i, shared + longest - len(rest) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
         active = list(range(len(reqs)))  # indices into reqs of the rows still in the batch
 
-        version = self._between_steps()
         logits = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -316,6 +319,35 @@ class HFEngine(Engine):
                 use_cache=True,
             ).logits[:, -1, :]
             next_pos = next_pos + 1
+
+    def _prefill_shared(self, reqs: list[_Request], cache: Any) -> int:
+        """Run the prompt tokens that every row of the wave starts with (a chat template's opening,
+        a system prompt) once, as a one-row forward whose key/value cache is then repeated for the
+        rows; returns how many (0: none shared, nothing run). Each row keeps at least one token of
+        its own for the batched prefill, which yields its first logits. The rows' left padding
+        then sits between the shared tokens and each row's rest, masked out, with the positions
+        running on from the shared part, so each row attends to exactly its own prompt."""
+        if len(reqs) < 2 or not hasattr(cache, "batch_repeat_interleave"):
+            return 0
+        first = reqs[0].prompt_ids
+        n = min(len(r.prompt_ids) for r in reqs) - 1
+        for r in reqs[1:]:
+            ids = r.prompt_ids
+            k = 0
+            while k < n and ids[k] == first[k]:
+                k += 1
+            n = k
+            if n < 2:
+                return 0
+        self.model(
+            input_ids=torch.tensor([first[:n]], dtype=torch.long, device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.batch_repeat_interleave(len(reqs))
+        self.stats["shared_prefill_tokens"] += n
+        return n
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> list[tuple[int, float]]:
         """Draw one token per row from its tempered distribution; return (token, log-prob) pairs."""

@@ -58,3 +58,50 @@ def test_seeded_draws_follow_the_tempered_distribution(nano) -> None:
     # same tokens; the log-probs agree to float rounding (another batch shape, other kernels)
     assert [t for t, _ in again] == [draws[i][0] for i in (7, 11, 2999)]
     assert [lp for _, lp in again] == pytest.approx([draws[i][1] for i in (7, 11, 2999)], abs=1e-5)
+
+
+def test_a_wave_whose_prompts_share_an_opening_runs_it_once_and_each_row_sees_its_own_prompt(nano) -> None:
+    """Prompts of different lengths that start alike: the shared opening is prefilled once for the
+    wave, and every sampled token's log-prob is the one a plain forward of that row alone gives."""
+    model, tok = nano
+    opening = tok.encode("Q: what is", add_special_tokens=False)
+    prompts = [opening + tok.encode(q, add_special_tokens=False) for q in (" 1+1?", " 23*4 + 5?", " 7?", " 100-1?")]
+    assert len({len(p) for p in prompts}) > 1
+    engine = HFEngine(model, tok, seed=0, batch_wait_s=0.5)  # the four requests make one wave
+
+    async def go() -> list:
+        opts = [SamplingOptions(temperature=1.0, max_tokens=5, seed=i) for i in range(len(prompts))]
+        return list(await asyncio.gather(*(engine.generate(p, o) for p, o in zip(prompts, opts, strict=True))))
+
+    try:
+        gens = asyncio.run(go())
+    finally:
+        engine.close_sync()
+    assert engine.stats["waves"] == 1
+    common = 0  # the prompts' longest common prefix (at least the opening)
+    while all(len(p) > common + 1 and p[common] == prompts[0][common] for p in prompts):
+        common += 1
+    assert common >= len(opening) and engine.stats["shared_prefill_tokens"] == common
+    for prompt, g in zip(prompts, gens, strict=True):
+        ids = torch.tensor([prompt + g.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        want = [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(g.token_ids)]
+        assert g.logprobs == pytest.approx(want, abs=1e-5)
+
+
+def test_a_wave_whose_prompts_share_less_than_two_tokens_prefills_them_whole(nano) -> None:
+    model, tok = nano
+    prompts = [tok.encode(q, add_special_tokens=False) for q in ("1+1=", "9*9=")]
+    assert prompts[0][0] != prompts[1][0]
+    engine = HFEngine(model, tok, seed=0, batch_wait_s=0.5)
+
+    async def go() -> list:
+        return list(await asyncio.gather(*(engine.generate(p, SamplingOptions(max_tokens=2, seed=3)) for p in prompts)))
+
+    try:
+        gens = asyncio.run(go())
+    finally:
+        engine.close_sync()
+    assert engine.stats["waves"] == 1 and engine.stats["shared_prefill_tokens"] == 0
+    assert all(len(g.token_ids) == 2 for g in gens)
