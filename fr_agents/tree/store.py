@@ -277,13 +277,13 @@ class TrajectoryTree:
         """The full root-to-leaf trajectory of a finished leaf."""
         leaf = _node_id(leaf, "leaf")
         with self._db.read() as c:
-            return _trajectory(c, leaf)
+            return _trajectories(c, [leaf])[0]
 
     def trajectories(self, leaf_ids: Sequence[int]) -> list[Trajectory]:
         """Several trajectories read from one consistent snapshot."""
         ids = [_node_id(i, "leaf_ids") for i in leaf_ids]
         with self._db.read() as c:
-            return [_trajectory(c, i) for i in ids]
+            return _trajectories(c, ids)
 
     def leaf_ids(self) -> list[int]:
         """Ids of all finished leaves, oldest (first finished) first."""
@@ -649,15 +649,50 @@ def _path_rows(c: sqlite3.Connection, node: int) -> list[NodeRow]:
     return [NodeRow(*r) for r in rows]
 
 
-def _trajectory(c: sqlite3.Connection, leaf: int) -> Trajectory:
-    row = c.execute(
-        "SELECT root, reward, partial_score, status, info FROM leaves WHERE id = ?", (leaf,)
-    ).fetchone()
-    if row is None:
-        raise ValueError(f"leaf: {leaf} is not a finished leaf")
-    root, reward, partial_score, status, info = row
-    rows = _path_rows(c, leaf)
-    segs = [r.segment for r in rows]
+_READ_CHUNK = 500  # leaves per query (SQLite's bound on a statement's parameters)
+
+
+def _trajectories(c: sqlite3.Connection, leaves: Sequence[int]) -> list[Trajectory]:
+    """The trajectories of ``leaves`` (in that order, repeats allowed), read with two queries per
+    chunk of leaves: their ``leaves`` rows, and every node on their paths (one recursive walk up
+    from all of them). A node shared by several paths is decoded once."""
+    unique = list(dict.fromkeys(leaves))
+    meta: dict[int, tuple[Any, ...]] = {}
+    paths: dict[int, list[NodeRow]] = {}
+    for i in range(0, len(unique), _READ_CHUNK):
+        part = unique[i : i + _READ_CHUNK]
+        marks = ",".join("?" * len(part))
+        for row in c.execute(
+            f"SELECT id, root, reward, partial_score, status, info FROM leaves WHERE id IN ({marks})", part
+        ):
+            meta[int(row[0])] = row[1:]
+        for row in c.execute(
+            f"""
+            WITH RECURSIVE up(leaf, id) AS (
+                SELECT id, id FROM leaves WHERE id IN ({marks})
+                UNION ALL SELECT up.leaf, nodes.parent FROM nodes JOIN up ON nodes.id = up.id
+                WHERE nodes.parent IS NOT NULL
+            )
+            SELECT up.leaf, {", ".join("nodes." + col for col in _NODE_COLS.split(", "))}
+            FROM up JOIN nodes ON nodes.id = up.id ORDER BY up.leaf, nodes.offset
+            """,
+            part,
+        ):
+            paths.setdefault(int(row[0]), []).append(NodeRow(*row[1:]))
+    for leaf in unique:
+        if leaf not in meta:
+            raise ValueError(f"leaf: {leaf} is not a finished leaf")
+    segments: dict[int, Segment] = {}
+    built = {leaf: _trajectory(leaf, meta[leaf], paths[leaf], segments) for leaf in unique}
+    return [built[leaf] for leaf in leaves]
+
+
+def _trajectory(leaf: int, meta: tuple[Any, ...], rows: list[NodeRow], segments: dict[int, Segment]) -> Trajectory:
+    root, reward, partial_score, status, info = meta
+    for r in rows:
+        if r.id not in segments:
+            segments[r.id] = r.segment
+    segs = [segments[r.id] for r in rows]
     mask = np.concatenate([s.mask for s in segs])
     return Trajectory(
         leaf_id=leaf,
