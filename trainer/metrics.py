@@ -3,9 +3,9 @@
 :class:`MetricsSink` receives one flat ``dict`` per learner step. Every row goes to
 ``metrics.jsonl`` (one JSON object a line, flushed at once so a crash loses nothing already
 logged) and to TensorBoard (``RUN_DIR/tb``: one event per row holding all its numbers, each under
-``train/<key>`` for steps and ``<kind>/<key>`` for other rows). Every ``plot_every`` steps ``curves.png`` is redrawn
-with the batch reward and the acceptance rate (the share of tokens whose importance ratio lies
-inside the trust region), and the progress line is refreshed on the console.
+``train/<key>`` for steps and ``<kind>/<key>`` for other rows). Every ``plot_every`` steps
+``curves.png`` is redrawn with the batch reward and the acceptance rate (the share of tokens whose
+importance ratio lies inside the trust region), and the progress line is refreshed on the console.
 """
 
 from __future__ import annotations
