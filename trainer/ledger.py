@@ -138,4 +138,3 @@ class EpisodeLedger:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-

@@ -64,8 +64,10 @@ class MetricsSink:
         self.log_every = max(1, log_every)
         self._tb = None
         try:
+            from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard.writer import FileWriter
 
+            self._summary = Summary
             self._tb = FileWriter(str(self.run_dir / "tb"))
         except Exception as e:  # noqa: BLE001 - TensorBoard is optional at run time
             log.warning("TensorBoard events disabled: %s", e)
@@ -102,15 +104,13 @@ class MetricsSink:
         has ~40, and an event per value cost more than the rest of the row's logging)."""
         if self._tb is None:
             return
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         values = [
-            Summary.Value(tag=f"{group}/{k}", simple_value=float(v))
+            self._summary.Value(tag=f"{group}/{k}", simple_value=float(v))
             for k, v in fields.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
         ]
         if values:
-            self._tb.add_summary(Summary(value=values), step)
+            self._tb.add_summary(self._summary(value=values), step)
 
     @staticmethod
     def progress_line(row: dict[str, Any]) -> str:

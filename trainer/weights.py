@@ -36,24 +36,27 @@ class FlatWeights:
             self.layout.append((name, t.dtype, offset, tuple(t.shape)))
             sizes[t.dtype] = offset + t.numel()
         self.buffers = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
-        views = self.tensors()
+        self._views = self._make_views()
         with torch.no_grad():
             for name, t in state_dict.items():
-                views[name].copy_(t.detach())
+                self._views[name].copy_(t.detach())
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The state dict: views into the buffers, in the original order."""
-        views = getattr(self, "_views", None)
-        if views is None:
-            views = {
-                name: self.buffers[dtype][offset : offset + math.prod(shape)].view(shape)
-                for name, dtype, offset, shape in self.layout
-            }
-            self._views = views
-        return views
+        return self._views
+
+    def _make_views(self) -> dict[str, torch.Tensor]:
+        return {
+            name: self.buffers[dtype][offset : offset + math.prod(shape)].view(shape)
+            for name, dtype, offset, shape in self.layout
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         return {"layout": self.layout, "buffers": self.buffers}  # the views are rebuilt on arrival
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.layout, self.buffers = state["layout"], state["buffers"]
+        self._views = self._make_views()
 
 
 class WeightBoard:
