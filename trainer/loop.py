@@ -46,7 +46,8 @@ from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
-from trainer.parts import all_cores, rollout_threads
+from trainer.affinity import pinned
+from trainer.parts import all_cores, cpu_split, rollout_threads, why_not_pinned
 from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread
 
@@ -94,6 +95,7 @@ class Trainer:
         self.console = console
         self.hooks = hooks or TrainerHooks()
         self.rollout_process: RolloutProcess | None = None  # trainer.backend=process: spawned by _build
+        self.cpus: tuple[list[int], list[int]] | None = None  # trainer.pin_cpus: (learner, rollout) CPUs, by _build
         inside = [h for h in ("engine", "episode_done") if getattr(type(self.hooks), h) is not getattr(TrainerHooks, h)]
         if cfg.trainer.backend == "process" and inside:
             raise ConfigError(
@@ -134,10 +136,14 @@ class Trainer:
         self.train_tasks, self.test_tasks = side.train_tasks, side.test_tasks
         self.demo_tasks, self.rl_tasks = side.demo_tasks, side.rl_tasks
         self.schedule, self.runner = side.schedule, side.runner
+        self.cpus = cpu_split(cfg)  # (learner, rollout) CPUs with trainer.pin_cpus
+        if why := why_not_pinned(cfg):
+            log.warning("trainer.pin_cpus: nothing is pinned: %s", why)
         if cfg.trainer.backend == "process":  # spawned now: it builds its side while this one evaluates and warm starts
             self.rollout_process = RolloutProcess(
                 cfg=cfg, run_dir=self.run_dir, last_batch=cfg.trainer.steps, board=self.board,
                 on_batch_done=self._on_batch_done, threads=rollout_threads(cfg),
+                cpus=self.cpus[1] if self.cpus else None,
             )
             self.rollout_process.start()
 
@@ -364,14 +370,15 @@ class Trainer:
         self.hooks.rollout_started(rollout)
         stop_reason, ok = "steps", True
         try:
-            while state.step < cfg.trainer.steps:
-                if not self._wait_batch(state.step, rollout, deadline):
-                    stop_reason = "time budget"
-                    break
-                failed = self.learn(state.step, state)
-                if failed:
-                    stop_reason, ok = failed, False
-                    break
+            with pinned(self.cpus[0] if self.cpus else None):  # RL only: the warm start and the evaluations are not pinned
+                while state.step < cfg.trainer.steps:
+                    if not self._wait_batch(state.step, rollout, deadline):
+                        stop_reason = "time budget"
+                        break
+                    failed = self.learn(state.step, state)
+                    if failed:
+                        stop_reason, ok = failed, False
+                        break
         finally:
             self.board.stop()
             rollout.join(timeout=60)

@@ -63,6 +63,26 @@ def rollout_threads(cfg: TrainConfig) -> int:
     return max(1, (os.cpu_count() or 1) - learner_threads(cfg))
 
 
+def cpu_split(cfg: TrainConfig) -> tuple[list[int], list[int]] | None:
+    """``trainer.pin_cpus``: the learner's CPUs (``learner_threads`` of them) and the rollout
+    process's (the rest), or ``None`` when nothing is pinned (see :func:`why_not_pinned`)."""
+    from trainer.affinity import split
+
+    if not cfg.trainer.pin_cpus or cfg.trainer.backend != "process":
+        return None
+    return split(learner_threads(cfg))
+
+
+def why_not_pinned(cfg: TrainConfig) -> str | None:
+    """Why ``trainer.pin_cpus`` pins nothing in this run (``None``: it pins, or it is off)."""
+    if not cfg.trainer.pin_cpus or cpu_split(cfg) is not None:
+        return None
+    if cfg.trainer.backend != "process":
+        return (f"trainer.backend={cfg.trainer.backend} has no rollout process of its own to pin apart "
+                "(pinning acts with trainer.backend=process)")
+    return f"no CPU is left for the rollout beside the learner's {learner_threads(cfg)}"
+
+
 def model_dir(cfg: TrainConfig) -> Path | str:
     """The local directory (or hub id) of ``model.name``; the tiny model is built in code on first use."""
     from fr_agents.models import resolve_model, tiny_dir

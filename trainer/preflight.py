@@ -268,6 +268,14 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     else:
         lines.append(f"learner: main thread on {t.device}:0")
         lines.append(f"rollout: {cfg.rollout.engine} engine, co-located on {t.device}:0 (time-shared)")
+    if t.pin_cpus:
+        from trainer.parts import cpu_split, why_not_pinned
+
+        split = cpu_split(cfg)
+        lines.append(
+            f"cpu pinning during RL: learner on CPU(s) {split[0]}, rollout process on CPU(s) {split[1]}" if split
+            else f"cpu pinning: none ({why_not_pinned(cfg)})"
+        )
     lines.append(
         f"staleness: batch k is sampled with policy version k-{cfg.rollout.max_policy_lag} "
         f"(max_policy_lag={cfg.rollout.max_policy_lag}); weights synced to the engine after every step"

@@ -65,10 +65,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int) -> None:
+def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int, cpus: list[int] | None) -> None:
     """The rollout process: build the rollout side, wait for the first batch, then run the
-    rollout thread's loop here."""
+    rollout thread's loop here (pinned to ``cpus`` from the start, when given: every thread and
+    process it starts inherits them)."""
     _die_with_parent()
+    if cpus:
+        from trainer.affinity import pin_process
+
+        pin_process(cpus)
     logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
     import torch
 
@@ -148,7 +153,8 @@ class RolloutProcess:
     when the process starts) is sent to the child, and its ``drop_below``/``stop`` follow.
     ``on_batch_done(k)``: called from a reader thread when batch ``k`` is whole (``-1``: the
     process failed or ended early; see ``error``).
-    ``threads``: torch threads of the child.
+    ``threads``: torch threads of the child. ``cpus``: the CPUs the child is pinned to
+    (``trainer.pin_cpus``; ``None``: not pinned).
 
     :meth:`start` spawns the child early (it builds its rollout side meanwhile); :meth:`wait_ready`
     waits for that; :meth:`begin` sets the first batch, once the learner knows it (after a resume,
@@ -164,6 +170,7 @@ class RolloutProcess:
         board: Any,
         on_batch_done: Callable[[int], None],
         threads: int,
+        cpus: list[int] | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = str(run_dir)
@@ -172,6 +179,7 @@ class RolloutProcess:
         self.board = board
         self.on_batch_done = on_batch_done
         self.threads = threads
+        self.cpus = cpus
         self.error: BaseException | None = None
         self._outbox: queue.SimpleQueue[tuple[str, int | None, Any]] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
@@ -189,7 +197,7 @@ class RolloutProcess:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
             target=_child_main,
-            args=(self.cfg, self.run_dir, self.last_batch, child, self.threads),
+            args=(self.cfg, self.run_dir, self.last_batch, child, self.threads, self.cpus),
             name="fr-rollout",
             daemon=True,
         )
