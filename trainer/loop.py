@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from fr_agents.config import ConfigError, TrainConfig
+from trainer.affinity import pinned
 from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
-from trainer.affinity import pinned
 from trainer.parts import all_cores, cpu_split, rollout_threads, why_not_pinned
 from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread

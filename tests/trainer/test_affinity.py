@@ -4,6 +4,7 @@ why."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -26,10 +27,8 @@ def thread_masks(pid: int | str = "self") -> list[frozenset[int]]:
     """The CPU mask of every thread of process ``pid``."""
     masks = []
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
             masks.append(frozenset(os.sched_getaffinity(int(tid))))
-        except ProcessLookupError:  # the thread ended meanwhile
-            pass
     return masks
 
 
