@@ -247,8 +247,9 @@ class TrainerConfig:
                         "the default), local (the rollout in a thread of the learner's process; needed by trainer.elastic "
                         "and by hooks that act inside the rollout) or ray (learner and rollout workers as Ray actors)",
                         choices=("process", "local", "ray"))
-    pin_cpus: bool = _opt(False, help="pin the learner to its trainer.threads CPUs and the rollout process (with its "
-                          "graders and sandboxes) to the CPUs left, for the RL phase, so neither preempts the other "
+    pin_cpus: bool = _opt(False, help="pin the learner to its trainer.threads CPUs during RL (the warm start and the "
+                          "evaluations are not pinned) and the rollout process, with its graders and sandboxes, to the "
+                          "CPUs left, so neither preempts the other "
                           "(math-tiny on 2 cores: ~9% more completions/s); a pinned side cannot borrow the other's idle "
                           "cores, so leave it off when one side often waits (a slow env). Acts with trainer.backend=process "
                           "and at least one CPU left for the rollout; otherwise nothing is pinned, and the dry-run plan "
