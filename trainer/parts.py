@@ -59,7 +59,10 @@ def learner_threads(cfg: TrainConfig) -> int:
 
 def rollout_threads(cfg: TrainConfig) -> int:
     """Torch threads of a rollout process (``trainer.backend=process``): the cores the learner
-    leaves, at least one."""
+    leaves, at least one; with ``trainer.pin_cpus``, one per CPU the process is pinned to."""
+    split = cpu_split(cfg)
+    if split is not None:
+        return len(split[1])
     return max(1, (os.cpu_count() or 1) - learner_threads(cfg))
 
 

@@ -17,7 +17,7 @@ from tests.trainer.test_loop import BASE as LOOP_BASE
 from trainer.affinity import pinned, split, usable_cpus
 from trainer.hooks import TrainerHooks
 from trainer.loop import Trainer
-from trainer.parts import cpu_split
+from trainer.parts import cpu_split, rollout_threads
 from trainer.preflight import placement_plan
 
 needs_two = pytest.mark.skipif(len(usable_cpus()) < 2, reason="pinning needs at least 2 usable CPUs")
@@ -74,6 +74,13 @@ def test_pin_cpus_pins_nothing_without_a_rollout_process_and_the_plan_says_why()
     everything = load_config("math-tiny", ["trainer.pin_cpus=true", f"trainer.threads={len(usable_cpus())}"])
     assert cpu_split(everything) is None
     assert f"cpu pinning: none (no CPU is left for the rollout beside the learner's {len(usable_cpus())})" in placement_plan(everything)
+
+
+@needs_two
+def test_a_pinned_rollout_process_gets_one_torch_thread_per_cpu_it_is_pinned_to() -> None:
+    cfg = load_config("math-tiny", ["trainer.pin_cpus=true", "trainer.threads=1"])
+    assert rollout_threads(cfg) == len(split(1)[1])
+    assert f"({rollout_threads(cfg)} torch thread(s)" in "\n".join(placement_plan(cfg))
 
 
 @needs_two
