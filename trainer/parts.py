@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fr_agents.config import TrainConfig, leaves_per_tree
+from trainer.affinity import split
 
 STORE_FILE = "store.sqlite"
 LEDGER_FILE = "episodes.sqlite"
@@ -60,17 +61,15 @@ def learner_threads(cfg: TrainConfig) -> int:
 def rollout_threads(cfg: TrainConfig) -> int:
     """Torch threads of a rollout process (``trainer.backend=process``): the cores the learner
     leaves, at least one; with ``trainer.pin_cpus``, one per CPU the process is pinned to."""
-    split = cpu_split(cfg)
-    if split is not None:
-        return len(split[1])
+    cpus = cpu_split(cfg)
+    if cpus is not None:
+        return len(cpus[1])
     return max(1, (os.cpu_count() or 1) - learner_threads(cfg))
 
 
 def cpu_split(cfg: TrainConfig) -> tuple[list[int], list[int]] | None:
     """``trainer.pin_cpus``: the learner's CPUs (``learner_threads`` of them) and the rollout
     process's (the rest), or ``None`` when nothing is pinned (see :func:`why_not_pinned`)."""
-    from trainer.affinity import split
-
     if not cfg.trainer.pin_cpus or cfg.trainer.backend != "process":
         return None
     return split(learner_threads(cfg))
