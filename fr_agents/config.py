@@ -241,7 +241,8 @@ class TrainerConfig:
     eval_bench: str = _opt("", help="bench of the eval_k evaluation (fr-agents eval --list); empty: this config's test split")
     eval_temperature: float = _opt(1.0, help="sampling temperature of the eval_k replies", rule=_positive)
     eval_bench_provider: str = _opt("envs.benches:eval_bench_for", help="module:attr of (cfg) -> Bench for the eval_k evaluation")
-    collapse_guard: bool = _opt(True, help="stop when the batch reward falls below half its starting level")
+    collapse_guard: bool = _opt(True, help="stop when the batch reward falls below half its starting level; "
+                                "the run's result is then its last good checkpoint, evaluated held out as after_rl")
     seed: int = _opt(0, help="seed of the schedule, the sampling and the model's initial state")
     backend: str = _opt("process", help="process (the rollout in a child process beside the learner: no shared GIL, "
                         "the default), local (the rollout in a thread of the learner's process; needed by trainer.elastic "

@@ -157,6 +157,19 @@ def load_rollout_weights(path: str | Path) -> dict[int, dict[str, torch.Tensor]]
     return out
 
 
+def load_weights(path: str | Path, model: torch.nn.Module) -> None:
+    """Load only the model weights of checkpoint ``path`` into ``model`` (in place)."""
+    path = Path(path)
+    weights = path / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"checkpoint {path} has no model.safetensors")
+    missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+    # Tied embeddings are saved once; anything else missing is a real mismatch.
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if real_missing or unexpected:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing={real_missing} unexpected={unexpected}")
+
+
 def load_checkpoint(
     path: str | Path,
     *,
@@ -167,15 +180,7 @@ def load_checkpoint(
 ) -> TrainerState:
     """Load weights, optimizer, scheduler and RNG from checkpoint ``path``; return its state."""
     path = Path(path)
-    weights = path / "model.safetensors"
-    if not weights.exists():
-        raise FileNotFoundError(f"checkpoint {path} has no model.safetensors")
-    sd = load_file(weights)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    # Tied embeddings are saved once; anything else missing is a real mismatch.
-    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
-    if real_missing or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing={real_missing} unexpected={unexpected}")
+    load_weights(path, model)
     blob = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     optimizer.load_state_dict(blob["optimizer"])
     if scheduler is not None and blob.get("scheduler") is not None:

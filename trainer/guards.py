@@ -4,8 +4,8 @@
   version on its path) must stay within ``rollout.max_policy_lag``; a larger one is a bug in the
   admission rule, so it raises. The lags go into a histogram (metrics, checkpoints).
 * **Collapse.** The mean reward of the first five batches is the baseline; when the mean of the
-  last ten falls below half of it (and the baseline is at least 0.05), the run stops with the
-  last good checkpoint kept (``trainer.collapse_guard``).
+  last ten falls below half of it (and the baseline is at least 0.05), the run stops; its result
+  is the last good checkpoint, which the loop evaluates held out (``trainer.collapse_guard``).
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ the guards (:mod:`trainer.guards`), the warm start and checkpoints live in their
 a run is extended by :class:`~trainer.hooks.TrainerHooks` (the elastic runtime is one).
 
 Stops: ``trainer.steps`` reached, ``trainer.max_minutes`` elapsed, a non-finite loss (the batch is
-saved to ``RUN_DIR/nan_batch_step<k>.pt``, the last good checkpoint is kept), or the collapse guard
-(batch reward falling below half its starting level).
+saved to ``RUN_DIR/nan_batch_step<k>.pt``), or the collapse guard (batch reward falling below half
+its starting level). After either guard the run's result is its last good checkpoint: it is loaded
+back and evaluated held out as ``after_rl``, at that checkpoint's step.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 from fr_agents.config import ConfigError, TrainConfig
 from trainer.affinity import pinned
 from trainer.batches import BatchTrees, export_batch, save_bad_batch
-from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, resume_run
+from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
 from trainer.parts import all_cores, cpu_split, rollout_threads, why_not_pinned
@@ -71,9 +72,10 @@ class TrainResult:
         lines = [f"run {self.run_dir}: {self.steps} steps, stopped: {self.stop_reason}, wall {self.wall_s:.0f}s (RL {self.rl_s:.0f}s)"]
         for name, ev in self.evals.items():
             per_episode = f", {ev['turns']:.1f} turns, {ev['tool_calls']:.1f} tool calls" if "turns" in ev else ""
+            kept = f", the last good checkpoint (step {ev['checkpoint_step']})" if "checkpoint_step" in ev else ""
             lines.append(
                 f"  held-out success {name}: {100 * ev['success']:.1f}% ({int(ev['episodes'])} tasks, "
-                f"reward {ev['reward']:.3f}{per_episode})"
+                f"reward {ev['reward']:.3f}{per_episode}{kept})"
             )
         if self.last_checkpoint:
             lines.append(f"  last checkpoint: {self.last_checkpoint}")
@@ -149,12 +151,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, name: str, step: int) -> dict[str, float] | None:
-        """Greedy held-out figures now (see :mod:`trainer.evaluate`), logged as an ``eval`` event;
-        None when ``trainer.eval_episodes`` is 0."""
+    def evaluate(self, name: str, step: int, **extra: Any) -> dict[str, float] | None:
+        """Greedy held-out figures now (see :mod:`trainer.evaluate`), logged as an ``eval`` event
+        with ``extra`` fields; None when ``trainer.eval_episodes`` is 0."""
         if self.held_out is None:
             return None
-        res = self.held_out.run(name, step, self.model, self.tokenizer)
+        res = {**self.held_out.run(name, step, self.model, self.tokenizer), **extra}
         self.metrics.event("eval", **res, name=name, step=step)
         log.info(
             "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",
@@ -289,7 +291,13 @@ class Trainer:
 
     def close_run(self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str) -> float:
         """The end of the RL phase: the final evaluation and checkpoint (when ``ok``), the ``end``
-        event; closes the metrics sink. Returns the RL seconds (resumed runs included)."""
+        event; closes the metrics sink. Returns the RL seconds (resumed runs included).
+
+        A run stopped by a guard (a non-finite loss, the collapse guard) hands back its last good
+        checkpoint, not the weights it stopped with: those are loaded into ``self.model`` and
+        evaluated as ``after_rl`` (the event's ``step`` is the checkpoint's, ``checkpoint_step``
+        says so), so a stopped run still reports where RL left the model it keeps.
+        """
         self._spend_rl_time(state)
         if ok:
             ev = self.evaluate("after_rl", state.step)
@@ -297,6 +305,14 @@ class Trainer:
                 evals["after_rl"] = ev
             state.extra["evals"] = evals
             self.last_ckpt = self._checkpoint(state)
+        elif self.last_ckpt is not None and self.held_out is not None:
+            step = int(Path(self.last_ckpt).name.removeprefix("step_"))
+            log.warning("the run stopped at step %d (%s); its result is the last good checkpoint %s: evaluating that",
+                        state.step, stop_reason, self.last_ckpt)
+            load_weights(self.last_ckpt, self.model)
+            ev = self.evaluate("after_rl", step, checkpoint_step=step)
+            if ev:
+                evals["after_rl"] = ev
         self.metrics.event("end", step=state.step, reason=stop_reason, lag_histogram=self.guards.histogram())
         self.metrics.close()
         return state.rl_elapsed_s

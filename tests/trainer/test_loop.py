@@ -84,6 +84,45 @@ def test_nan_loss_stops_keeps_checkpoint_and_saves_batch(tmp_path: Path, monkeyp
     assert stop["reason"] == "non-finite loss"
 
 
+def test_a_stopped_run_evaluates_the_last_good_checkpoint_it_hands_back(tmp_path: Path) -> None:
+    """A run stopped by a guard keeps its last good checkpoint; its ``after_rl`` held-out figure is
+    of that checkpoint (its step, its weights), not of the weights the run stopped with."""
+    from safetensors.torch import load_file
+
+    from trainer.hooks import TrainerHooks
+    from trainer.learner import NonFiniteLossError
+    from trainer.loop import Trainer
+
+    class NonFiniteAtThirdStep(TrainerHooks):
+        """A fake fault (a real non-finite loss needs a broken model): the third step runs, so the
+        weights move past the step-2 checkpoint, and is then reported non-finite."""
+
+        def run_started(self, trainer):
+            self.trainer = trainer
+
+        def around_step(self, step):
+            stats = step()
+            if self.trainer.learner.version == 3:
+                raise NonFiniteLossError("non-finite loss nan (fake)", None, stats)
+            return stats
+
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_episodes=8"])
+    trainer = Trainer(cfg, tmp_path, console=False, hooks=NonFiniteAtThirdStep())
+    res = trainer.run()
+    assert not res.ok and res.stop_reason == "non-finite loss" and res.steps == 2
+    kept = tmp_path / "checkpoints" / "step_000002"
+    assert res.last_checkpoint == kept and latest_checkpoint(tmp_path) == kept
+    # the model the run hands back holds the checkpoint's weights (the third step's update is gone)
+    saved = load_file(kept / "model.safetensors")
+    live = trainer.model.state_dict()
+    assert all(torch.equal(live[k], v) for k, v in saved.items())
+    evals = {r["name"]: r for r in _rows(tmp_path) if r["kind"] == "eval"}
+    assert evals["after_rl"]["step"] == 2 and evals["after_rl"]["checkpoint_step"] == 2
+    assert res.evals["after_rl"]["checkpoint_step"] == 2 and res.evals["after_rl"]["episodes"] == 8
+    assert "the last good checkpoint (step 2)" in res.summary()
+
+
 def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
     """``trainer.max_minutes`` ends the run even when every batch is ready before the learner asks
     (a learner slower than its rollout never waits, and the budget must still be checked)."""
