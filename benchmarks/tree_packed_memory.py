@@ -81,7 +81,7 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     cfg._attn_implementation = "sdpa"
     model = transformers.Qwen2ForCausalLM(cfg).float().to(device)
     learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), micro_batch_tokens=a.micro_batch_tokens,
-                      packed="never" if form == "flat" else "always", tree_attention=form == "packed",
+                      packed="never" if form == "flat" else "always", tree_attention=form == "packed", tree_min_saving=0,
                       delta=float("inf"))
     if device.type == "cuda":
         torch.cuda.synchronize()

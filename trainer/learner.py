@@ -19,7 +19,9 @@ forward with explicit position ids, and the roots are grouped by the token budge
 micro-batches, so memory grows with the sum over roots, not with the square of the batch. Inside a
 row each token attends to its own path only: by tree attention (:mod:`fr_agents.tree.attention`,
 block-sparse, no ``[W, W]`` mask, for models that pick their attention through transformers'
-interface and run sdpa), else by a float additive ``[W, W]`` mask. It takes this path when its
+interface and run sdpa) where it computes at least ``tree_min_saving`` times fewer scores than the
+dense mask (wide rows of many branches), else by a float additive ``[W, W]`` mask (short rows,
+where the mask is cheaper than tree attention's gathers). It takes this path when its
 largest root fits the budget (or ``packed="always"``); otherwise its flat view is micro-batched.
 All give the same loss and gradients.
 """
@@ -35,7 +37,12 @@ from typing import Any
 import torch
 
 from fr_agents.config import OptimConfig, TrainConfig
-from fr_agents.tree.attention import supports_tree_attention, tree_attention
+from fr_agents.tree.attention import (
+    TREE_MIN_SAVING,
+    supports_tree_attention,
+    tree_attention,
+    tree_attention_pays,
+)
 from fr_agents.tree.batch import token_logprobs
 from trainer.objective import (
     centered_advantages,
@@ -184,9 +191,13 @@ class Learner:
             uses the batch's ``branch_rows``).
         grad_clip: max gradient norm; <= 0 disables clipping (the norm is still reported).
         packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
-        tree_attention: packed forwards use block-sparse tree attention when the model supports
-            it (:func:`~fr_agents.tree.attention.supports_tree_attention`); False: the dense
-            per-root mask (same result, attention cost ``W**2`` per root).
+        tree_attention: packed forwards may use block-sparse tree attention when the model
+            supports it (:func:`~fr_agents.tree.attention.supports_tree_attention`); False: the
+            dense per-root mask always (same result, attention cost ``W**2`` per root).
+        tree_min_saving: a chunk of roots takes tree attention only when the dense mask would
+            compute at least this many times its scores
+            (:func:`~fr_agents.tree.attention.tree_attention_pays`; short rows are faster under
+            the dense mask); <= 0: whenever the model supports it.
         scheduler: an LR scheduler stepped after every optimizer step.
         version: the policy version of the current weights; +1 per step.
         before_micro_batch: a hook called before every flat micro-batch of a step (the elastic
@@ -213,6 +224,7 @@ class Learner:
         weight_decay: float = 0.0,
         packed: str = "auto",
         tree_attention: bool = True,
+        tree_min_saving: float = TREE_MIN_SAVING,
         baseline: str = "batch",
         scheduler: Any = None,
         version: int = 0,
@@ -247,6 +259,7 @@ class Learner:
         self.grad_clip = grad_clip
         self.packed = packed
         self.tree_attention = tree_attention and supports_tree_attention(model)
+        self.tree_min_saving = float(tree_min_saving)
         self.baseline = baseline
         self.version = version
         self.before_micro_batch = before_micro_batch
@@ -356,7 +369,10 @@ class Learner:
             raise
         stats = self._merge_stats(chunks, flat, rewards, advantages)
         stats["packed"] = float(use_packed)
-        stats["tree_attention"] = float(use_packed and self.tree_attention)
+        # the share of the packed forwards (root chunks) that ran tree attention
+        stats["tree_attention"] = (
+            sum(c["tree_attention"] for c in chunks) / len(chunks) if use_packed and chunks else 0.0
+        )
         loss = stats["loss"]
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
@@ -576,7 +592,8 @@ class Learner:
         attending to its own path); per-leaf log-probs are gathered from the flattened logits."""
         flat = batch.flat
         dtype = self.params[0].dtype if self.params else torch.float32
-        part = batch.root_chunk(roots, dtype, dense_mask=not self.tree_attention)
+        layout = self._tree_layout(batch, roots)
+        part = batch.root_chunk(roots, dtype, dense_mask=layout is None)
         rows, width = part["rows"], part["input_ids"].shape[1]
         # the output head runs only on the columns whose logits predict a policy token of some row
         # (as the flat path's policy_logits does); ``prev`` is re-indexed into those columns
@@ -587,7 +604,7 @@ class Learner:
         column[keep] = torch.arange(keep.numel())
         kept = column[prev % width] >= 0  # [b, T]: tokens whose log-prob is computed
         prev = ((prev // width) * keep.numel() + column[prev % width].clamp(min=0)).to(device)
-        out = self._packed_forward(batch, roots, part, keep.to(device), dtype, device)
+        out, used_tree = self._packed_forward(batch, roots, part, layout, keep.to(device), dtype, device)
         logits = out.logits.reshape(-1, out.logits.shape[-1])
         scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*K, V]
         lp = token_logprobs(scaled, flat.token_ids[rows].to(device), prev)  # [b, T]
@@ -609,22 +626,38 @@ class Learner:
             num_tokens,
         )
         loss.backward()
-        return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": part["input_ids"].numel()}
+        return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": part["input_ids"].numel(),
+                "tree_attention": used_tree}
+
+    def _tree_layout(self, batch: Any, roots: list[int]) -> Any:
+        """The tree-attention layout of a chunk of roots, or None when the chunk takes the dense
+        per-root mask: the model cannot run tree attention, or it would not save
+        ``tree_min_saving`` times the dense mask's scores (the exact count of allowed pairs
+        rules most short chunks out before any layout is built)."""
+        if not self.tree_attention:
+            return None
+        width = max(batch.root_spans[r][1] - batch.root_spans[r][0] for r in roots)
+        dense = len(roots) * width * width
+        if not tree_attention_pays(dense, batch.attention_pairs(roots), self.tree_min_saving):
+            return None
+        layout = batch.tree_layout(roots)
+        return layout if tree_attention_pays(dense, layout.scores, self.tree_min_saving) else None
 
     def _packed_forward(
-        self, batch: Any, roots: list[int], part: dict[str, Tensor], keep: Tensor, dtype: torch.dtype,
-        device: torch.device,
-    ) -> Any:
-        """The model's output (logits of the ``keep`` columns) for one chunk of roots: tree attention
-        when the learner uses it, else the dense per-root mask of ``part`` (built here if missing)."""
+        self, batch: Any, roots: list[int], part: dict[str, Tensor], layout: Any, keep: Tensor,
+        dtype: torch.dtype, device: torch.device,
+    ) -> tuple[Any, bool]:
+        """The model's output (logits of the ``keep`` columns) for one chunk of roots, and whether
+        it ran tree attention: over ``layout`` when there is one, else the dense per-root mask of
+        ``part`` (built here if missing)."""
         inputs = {"input_ids": part["input_ids"].to(device), "position_ids": part["position_ids"].to(device),
                   "logits_to_keep": keep}
-        if self.tree_attention:
-            layout = batch.tree_layout(roots).to(device)
+        if layout is not None:
+            layout = layout.to(device)
             with tree_attention(self.model):
                 out = self.model(**inputs, tree_layout=layout)
             if layout.calls:
-                return out
+                return out, True
             # the model dropped the keyword, so that forward was plain causal attention: discard it
             logger.warning("%s does not pass attention keywords to its layers; packed steps use the dense mask",
                            type(self.model).__name__)
@@ -632,12 +665,12 @@ class Learner:
             part = batch.root_chunk(roots, dtype)
         mask = part["attention_mask"].to(device)
         try:
-            return self.model(**inputs, attention_mask=mask)
+            return self.model(**inputs, attention_mask=mask), False
         except TypeError:  # a model whose forward takes no logits_to_keep: keep the columns here
             del inputs["logits_to_keep"]
             out = self.model(**inputs, attention_mask=mask)
             out.logits = out.logits[:, keep]
-            return out
+            return out, False
 
     def _merge_stats(
         self, chunks: list[dict[str, Any]], flat: Any, rewards: Tensor, advantages: Tensor

@@ -204,6 +204,16 @@ class PackedBatch:
             out["attention_mask"] = mask
         return out
 
+    def attention_pairs(self, roots: Sequence[int]) -> int:
+        """Query x key pairs that ``roots``' tokens may attend (each token: its ancestors' tokens and
+        its own segment up to itself): the least any attention over their packed rows computes,
+        without building a :meth:`tree_layout`."""
+        spans = [self.root_spans[r] for r in roots]
+        seg = torch.cat([self.node_of[a:b] for a, b in spans]) if spans else self.node_of[:0]
+        counts = torch.bincount(seg, minlength=self.segment_ancestors.shape[0]).to(torch.float64)
+        with_ancestors = self.segment_ancestors.to(torch.float64) @ counts  # own segment included
+        return int((counts * (with_ancestors - counts) + counts * (counts + 1) / 2).sum())
+
     def tree_layout(self, roots: Sequence[int], block: int = BLOCK) -> TreeLayout:
         """The block-sparse attention layout of :meth:`root_chunk` ``(roots)`` (same row order and
         width): what :mod:`fr_agents.tree.attention` computes instead of the dense mask."""

@@ -156,7 +156,8 @@ def test_packed_step_equals_flat_step(attn: str) -> None:
     # float64 model, so packed and flat gradients agree to ~1e-7 relative, not 1e-15; Adam's
     # sign-like first step would amplify that noise on near-zero gradient entries.
     kw = {"delta": 0.05, "negative_token_fraction": 0.5}
-    s_packed = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), **kw).step(packed_batch)
+    # tree_min_saving=0: tree attention even on these short rows (where the dense mask is cheaper)
+    s_packed = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), tree_min_saving=0, **kw).step(packed_batch)
     s_flat = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(
         build_flat(trajs)
     )
@@ -200,6 +201,42 @@ def test_packed_batch_over_budget_falls_back_to_flat_micro_batches() -> None:
     assert stats["packed"] == 0.0 and stats["micro_batches"] > 1
     never = Learner(tiny_model(), packed="never").step(build_packed(trajs))
     assert never["packed"] == 0.0
+
+
+def _wide_tree(leaves: int = 16, prompt: int = 40, tail: int = 40) -> list[Trajectory]:
+    """One root whose ``leaves`` branches share a ``prompt``-token opening: a wide packed row."""
+    from fr_agents.tree import TrajectoryTree
+
+    tree = TrajectoryTree()
+    root = tree.add_root([(7 * i) % (VOCAB - 1) + 1 for i in range(prompt)])
+    ids = []
+    for j in range(leaves):
+        toks = [(3 * i + 5 * j) % (VOCAB - 1) + 1 for i in range(tail)]
+        ids.append(tree.finish(tree.append(root, toks, [-1.0] * tail, True, 0), float(j % 2)))
+    return tree.trajectories(ids)
+
+
+def test_a_packed_step_takes_tree_attention_only_where_it_saves_enough_scores() -> None:
+    kw = {"delta": math.inf}
+    # short rows (the shared test trees): the dense per-root mask computes few more scores
+    short = make_trajectories(tiny_model())
+    packed = build_packed(short)
+    roots = list(range(len(packed.root_spans)))
+    dense = len(roots) * packed.max_root_tokens**2
+    assert dense < 2 * packed.tree_layout(roots).scores
+    s_short = Learner(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.0), **kw).step(packed)
+    assert s_short["packed"] == 1.0 and s_short["tree_attention"] == 0.0
+    # one wide row of 16 branches: tree attention computes > 2x fewer scores than the dense mask
+    wide = build_packed(_wide_tree())
+    assert len(wide.root_spans) == 1 and wide.max_root_tokens**2 >= 2 * wide.tree_layout([0]).scores
+    model, ref = tiny_model(), tiny_model()
+    s_tree = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), **kw).step(wide)
+    s_dense = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), tree_attention=False, **kw).step(
+        build_packed(_wide_tree())
+    )
+    assert s_tree["tree_attention"] == 1.0 and s_dense["tree_attention"] == 0.0
+    assert s_tree["loss"] == pytest.approx(s_dense["loss"], rel=1e-9)
+    params_close(model, ref, 1e-9)
 
 
 def test_log_probs_are_recomputed_at_the_sampling_temperature() -> None:

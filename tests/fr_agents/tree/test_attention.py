@@ -22,6 +22,7 @@ from fr_agents.tree.attention import (  # noqa: E402
     supports_tree_attention,
     tree_attention,
     tree_attention_forward,
+    tree_attention_pays,
 )
 from fr_agents.tree.batch import build_packed  # noqa: E402
 
@@ -124,3 +125,21 @@ def test_only_sdpa_models_without_sliding_windows_take_tree_attention() -> None:
     windowed = qwen2("sdpa", use_sliding_window=True, sliding_window=8, max_window_layers=0)
     assert "sliding_attention" in windowed.config.layer_types
     assert not supports_tree_attention(windowed)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_attention_pairs_count_the_allowed_pairs_of_the_chosen_roots(seed: int) -> None:
+    packed = build_packed(random_tree(seed, roots=4))
+    allowed = packed.allowed()
+    for roots in ([0], [1, 3], list(range(len(packed.root_spans)))):
+        want = sum(int(allowed[a:b, a:b].sum()) for a, b in (packed.root_spans[r] for r in roots))
+        assert packed.attention_pairs(roots) == want
+        # no layout computes fewer scores than the pairs its tokens may attend
+        assert packed.tree_layout(roots, block=3).scores >= want
+
+
+def test_tree_attention_pays_only_for_the_asked_saving() -> None:
+    assert tree_attention_pays(dense_scores=200, tree_scores=100)  # the default: 2x fewer scores
+    assert not tree_attention_pays(dense_scores=199, tree_scores=100)
+    assert tree_attention_pays(dense_scores=150, tree_scores=100, min_saving=1.5)
+    assert tree_attention_pays(dense_scores=1, tree_scores=100, min_saving=0)  # 0: always
