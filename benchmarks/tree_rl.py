@@ -32,10 +32,12 @@ more, smaller optimizer steps for the same tokens. ``--match-leaves`` gives the 
 ``--batch-size`` leaves per step. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
 as mean and spread over ``--seeds``.
 
-Learner cost: the last 20 tree batches of each tree run are stepped (on copies of the final model)
-in their flat form and in their per-root packed form; the figure is learner seconds per logical
-token (sum of root-to-leaf lengths), flat over packed (goal >= 2x), with the batches' ideal ratio
-(logical / packed tokens), the most packing can save on them. ``--cost-only`` measures it again on
+Learner cost: two sets of 20 tree batches of each tree run, its last 20 (the converged policy, whose
+forked siblings mostly agree and merge) and 20 spread over the whole run, are stepped (on copies of
+the final model) in their flat form and in the learner's per-root packed form (tree attention or the
+dense per-root mask, whichever it picks); the figure is learner seconds per logical token (sum of
+root-to-leaf lengths), flat over packed (goal >= 2x), with the batches' ideal ratio (logical /
+packed tokens), the most packing can save on them. ``--cost-only`` measures it again on
 the tree runs of an earlier ``--out`` folder. Ratios are the result, not absolute times.
 """
 
@@ -48,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -130,11 +133,13 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
             "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values()) if steps else math.nan}
 
 
-def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: int, batches: int = 20,
+def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: float, micro_batch_tokens: int,
                  repeat: int = 3) -> tuple[float, float, float]:
-    """(flat, packed) learner seconds per logical token over the run's last ``batches`` batches, each
-    stepped in both forms on the final model (median of ``repeat`` per batch and form), and the
-    batches' ideal ratio (logical / packed tokens: what packing could save at best)."""
+    """(flat, packed) learner seconds per logical token over the run's ``batches`` (indices), each
+    stepped in both forms on the final model (step ``steps``; median of ``repeat`` per batch and
+    form), and the batches' ideal ratio (logical / packed tokens: what packing could save at best).
+    The packed form is the learner's own packed path (tree attention or the dense per-root mask,
+    whichever it picks)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -147,7 +152,7 @@ def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: 
     model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step_{steps:06d}", dtype=torch.float32)
     seconds = {"flat": 0.0, "packed": 0.0}
     logical = packed_tokens = 0
-    for k in range(max(0, steps - batches), steps):
+    for k in batches:
         trajs = tree.trajectories(sorted({r[1] for r in ledger.batch_rows(k)}))
         if not trajs:
             continue
@@ -169,6 +174,34 @@ def learner_cost(run: Path, steps: int, temperature: float, micro_batch_tokens: 
     ledger.close()
     tree.close()
     return seconds["flat"] / max(1, logical), seconds["packed"] / max(1, logical), logical / max(1, packed_tokens)
+
+
+# the batches whose learner cost is measured: the run's last 20 (the converged policy, where forked
+# siblings agree most) and 20 spread evenly over the whole run
+COST_WINDOWS = {
+    "last 20 batches": lambda steps: range(max(0, steps - 20), steps),
+    "20 batches across the run": lambda steps: range(0, steps, max(1, steps // 20)),
+}
+
+
+def learner_costs(run: Path, steps: int, temperature: float) -> dict[str, tuple[float, float]]:
+    """Per window of :data:`COST_WINDOWS`: (flat / packed learner seconds per logical token, ideal ratio)."""
+    out = {}
+    for name, window in COST_WINDOWS.items():
+        flat_s, packed_s, ideal = learner_cost(run, steps, window(steps), temperature, 0)
+        out[name] = (flat_s / packed_s, ideal)
+    return out
+
+
+def cost_line(costs: dict[str, tuple[float, float]]) -> str:
+    return "; ".join(f"{name}: learner s/logical token flat/packed {r:.2f}x (ideal {i:.2f}x)" for name, (r, i) in costs.items())
+
+
+def cost_summary(per_seed: list[dict[str, tuple[float, float]]]) -> None:
+    for name in COST_WINDOWS:
+        print(f"  learner s per logical token, flat / packed ({name} of each tree run): "
+              f"{spread([c[name][0] for c in per_seed])}x (goal >= 2); ideal (logical / packed tokens) "
+              f"{spread([c[name][1] for c in per_seed])}x")
 
 
 def spread(xs: list[float]) -> str:
@@ -205,11 +238,9 @@ def main() -> None:
 
             preset, fixed = TASKS[a.task]
             temperature = load_config(preset, fixed).rollout.temperature  # the runs' own (not overridden)
-            flat_s, packed_s, ideal = learner_cost(run, step, temperature, 0)
-            costs.append((flat_s / packed_s, ideal))
-            print(f"seed {seed}: learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
-        print(f"  learner s per logical token, flat / packed (last 20 batches of each tree run): "
-              f"{spread([c[0] for c in costs])}x (goal >= 2); ideal {spread([c[1] for c in costs])}x")
+            costs.append(learner_costs(run, step, temperature))
+            print(f"seed {seed}: {cost_line(costs[-1])}", flush=True)
+        cost_summary(costs)
         return
     if a.quick:
         a.seeds, a.steps, a.batch_size, a.branch, a.eval_episodes, a.warm_start = [0], 3, 8, 4, 20, 64
@@ -248,19 +279,18 @@ def main() -> None:
                 break
             steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
             tree = train(out / f"tree-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
-        flat_s, packed_s, ideal = learner_cost(out / f"tree-{seed}", tree["steps"], tree["temperature"], 0)
-        rows.append((seed, lin, tree, flat_s / packed_s, ideal))
+        costs = learner_costs(out / f"tree-{seed}", tree["steps"], tree["temperature"])
+        rows.append((seed, lin, tree, costs))
         print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
               f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
               f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f}, merged siblings per step "
               f"{tree['merged_per_step']:.1f}) | "
-              f"learner s/logical token flat/packed {flat_s / packed_s:.2f}x (ideal {ideal:.2f}x)", flush=True)
+              f"{cost_line(costs)}", flush=True)
     print(f"[tree RL] {TASKS[a.task][0]} ({a.task}), {len(a.seeds)} seeds, runs in {out}")
     print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
     print(f"  sampled policy tokens  linear {spread([r[1]['tokens'] for r in rows])}   tree {spread([r[2]['tokens'] for r in rows])}")
     print(f"  stored policy tokens   linear {spread([r[1]['stored_tokens'] for r in rows])}   tree {spread([r[2]['stored_tokens'] for r in rows])}")
-    print(f"  learner s per logical token, flat / packed (last 20 batches of each tree run): {spread([r[3] for r in rows])}x "
-          f"(goal >= 2); ideal (logical / packed tokens) {spread([r[4] for r in rows])}x")
+    cost_summary([r[3] for r in rows])
 
 
 if __name__ == "__main__":
