@@ -41,14 +41,23 @@ def split(learner_cpus: int) -> tuple[list[int], list[int]] | None:
 
 
 def pin_process(cpus: list[int]) -> None:
-    """Pin every thread of this process to ``cpus`` (a thread that ended meanwhile is skipped)."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(tid, cpus)
+    """Pin every thread of this process to ``cpus`` (a thread that ended meanwhile is skipped).
+
+    A thread started while the threads are being pinned, by one not pinned yet, inherits the old
+    mask and was not listed: so the list is read again until it holds no thread left unpinned."""
+    done: set[int] = set()
+    for _ in range(100):  # a process that never stops starting threads is pinned as far as it got
+        try:
+            tids = {int(t) for t in os.listdir("/proc/self/task")}
+        except OSError:
+            tids = {0}
+        todo = tids - done
+        if not todo:
+            return
+        for tid in sorted(todo):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cpus)
+        done |= todo
 
 
 @contextlib.contextmanager
