@@ -178,6 +178,9 @@ class ObjectiveConfig:
                             rule=rule_aggregation)
     negative_token_fraction: float = _opt(1.0, help="share of a failed row's tokens (highest entropy first) that get the negative signal",
                                           rule=rule_fraction)
+    negative_min_prob: float = _opt(0.0, help="in rows with a negative advantage, tokens sampled with a probability below this "
+                                    "get no gradient (pushing an already unlikely token further down can give one token a "
+                                    "gradient thousands of times the rest); 0: off, the paper's loss", rule=rule_fraction)
     baseline: str = _opt("batch", help="flashreinforce advantage: batch (R - batch mean) or tree (also against the mean of "
                          "the leaves sharing the leaf's branching node, TreeRL-style; see trainer/objective.py)",
                          choices=("batch", "tree"))

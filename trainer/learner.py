@@ -54,6 +54,7 @@ from trainer.objective import (
     validate_aggregation,
     validate_delta,
     validate_fraction,
+    validate_min_prob,
 )
 
 logger = logging.getLogger(__name__)
@@ -180,8 +181,8 @@ class Learner:
         optimizer: defaults to ``AdamW(lr, betas, weight_decay)``.
         temperature: the sampling temperature the rollouts used.
         algo: ``"flashreinforce"`` or ``"grpo"``.
-        delta, importance_sampling, aggregation, negative_token_fraction: the FlashREINFORCE
-            switches (:func:`trainer.objective.flashreinforce_loss`).
+        delta, importance_sampling, aggregation, negative_token_fraction, negative_min_prob: the
+            FlashREINFORCE switches (:func:`trainer.objective.flashreinforce_loss`).
         grpo_group_size, grpo_clip: the GRPO baseline; groups are the batch's ``root_ids`` when
             present, else consecutive runs of ``grpo_group_size`` rows.
         micro_batch_tokens: token budget of one forward (rows x padded length); <= 0 means one
@@ -215,6 +216,7 @@ class Learner:
         importance_sampling: bool = True,
         aggregation: str = "sample_mean",
         negative_token_fraction: float = 1.0,
+        negative_min_prob: float = 0.0,
         grpo_group_size: int = 4,
         grpo_clip: float = 0.2,
         micro_batch_tokens: int = 8192,
@@ -240,6 +242,7 @@ class Learner:
             raise ValueError(f"temperature: must be > 0, got {temperature!r}")
         validate_delta(delta)
         validate_fraction(negative_token_fraction)
+        validate_min_prob(negative_min_prob)
         validate_aggregation(aggregation)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -253,6 +256,7 @@ class Learner:
         self.importance_sampling = importance_sampling
         self.aggregation = aggregation
         self.negative_token_fraction = float(negative_token_fraction)
+        self.negative_min_prob = float(negative_min_prob)
         self.grpo_group_size = grpo_group_size
         self.grpo_clip = grpo_clip
         self.micro_batch_tokens = micro_batch_tokens
@@ -284,6 +288,7 @@ class Learner:
             importance_sampling=o.importance_sampling,
             aggregation=o.aggregation,
             negative_token_fraction=o.negative_token_fraction,
+            negative_min_prob=o.negative_min_prob,
             grpo_group_size=o.grpo_group_size,
             grpo_clip=o.grpo_clip,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
@@ -513,6 +518,7 @@ class Learner:
             action_mask,
             delta=self.delta,
             negative_token_fraction=self.negative_token_fraction,
+            negative_min_prob=self.negative_min_prob,
             entropies=entropies,
             failures=failures,
             importance_sampling=self.importance_sampling,

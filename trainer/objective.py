@@ -16,7 +16,11 @@ FlashREINFORCE (sample-mean form)::
 
 so the gradient with respect to ``logp_cur_it`` is ``-(1/B)(1/T_i) gate_i keep_it rho_it A_i``.
 ``keep`` is the optional entropy filter: in *failed* rows only the ``ceil(q*T_i)`` highest-entropy
-policy tokens are kept. The denominators ``B`` and ``T_i`` never shrink when rows are rejected or
+policy tokens are kept; and, with ``negative_min_prob`` ``m > 0`` (an option, not in the paper), in
+rows with ``A_i < 0`` a token sampled with ``exp(logp_beh) < m`` is not kept either: pushing down a
+token the policy already finds unlikely teaches little, and through a sharp attention its log-prob
+gradient can be thousands of times a typical token's (measured on python-tool-tiny: one such token
+was the whole step's gradient, and the step that started a collapse). The denominators ``B`` and ``T_i`` never shrink when rows are rejected or
 tokens filtered, so a rejection removes mass instead of re-weighting the survivors.
 
 Tree baseline (``objective.baseline: tree``). With branching episodes, leaves that share a
@@ -122,6 +126,10 @@ def validate_delta(delta: float) -> None:
 
 def validate_fraction(q: float) -> None:
     _named("negative_token_fraction", rule_fraction, q)
+
+
+def validate_min_prob(m: float) -> None:
+    _named("negative_min_prob", rule_fraction, m)
 
 
 def validate_aggregation(aggregation: str) -> None:
@@ -232,6 +240,7 @@ def flashreinforce_loss(
     negative_token_fraction: float = 1.0,
     entropies: Tensor | None = None,
     failures: Tensor | None = None,
+    negative_min_prob: float = 0.0,
     importance_sampling: bool = True,
     aggregation: str = "sample_mean",
     advantages: Tensor | None = None,
@@ -250,6 +259,8 @@ def flashreinforce_loss(
             ``inf`` disables the gate.
         negative_token_fraction: ``q``; below 1 the entropy filter is on and needs ``entropies``
             (``[B, T]``) and explicit bool ``failures`` (``[B]``).
+        negative_min_prob: in rows with a negative advantage, policy tokens whose behaviour
+            probability is below this get no gradient; 0 (default): off.
         importance_sampling: False replaces the ratio by 1 (ablation).
         aggregation: ``"sample_mean"`` (the paper: ``1/B * 1/T_i``) or ``"token_mean"``
             (``1/sum_i T_i``, ablation).
@@ -270,6 +281,7 @@ def flashreinforce_loss(
     b, _ = _validate_rows(log_probs, behavior_log_probs, rewards, action_mask)
     validate_delta(delta)
     validate_fraction(negative_token_fraction)
+    validate_min_prob(negative_min_prob)
     validate_aggregation(aggregation)
     filtering = negative_token_fraction < 1.0
     if filtering:
@@ -312,6 +324,8 @@ def flashreinforce_loss(
             if filtering
             else mask
         )
+        if negative_min_prob > 0:  # unlikely tokens of rows pushed down: no gradient
+            keep = keep & ~((adv[:, None] < 0) & (beh < math.log(negative_min_prob)))
         weight_ratio = ratio if importance_sampling else mask.to(dtype)
         weight = torch.where(keep & admitted[:, None], weight_ratio * adv[:, None], zero)
 

@@ -333,6 +333,7 @@ def test_from_config_applies_every_switch() -> None:
                 "importance_sampling": False,
                 "aggregation": "token_mean",
                 "negative_token_fraction": 0.25,
+                "negative_min_prob": 0.02,
             },
             "optim": {"lr": 3e-3, "grad_clip": 0.5, "scheduler": "cosine", "warmup_steps": 2},
             "trainer": {"micro_batch_tokens": 64, "packed": "never", "steps": 10},
@@ -342,6 +343,7 @@ def test_from_config_applies_every_switch() -> None:
     learner = Learner.from_config(model, cfg)
     assert learner.temperature == 0.8 and learner.delta == 0.01 and not learner.importance_sampling
     assert learner.aggregation == "token_mean" and learner.negative_token_fraction == 0.25
+    assert learner.negative_min_prob == 0.02
     assert learner.micro_batch_tokens == 64 and learner.grad_clip == 0.5 and learner.packed == "never"
     assert learner.scheduler is not None
     stats = learner.step(build_packed(make_trajectories(model, temperature=0.8)))

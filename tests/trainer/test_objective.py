@@ -178,6 +178,31 @@ def test_filter_uses_explicit_failures_not_the_advantage_sign() -> None:
     torch.testing.assert_close(g[1, 1], torch.tensor(-(1 / 2) * (1 / 4) * 0.5, dtype=F64))
 
 
+def test_negative_min_prob_drops_only_unlikely_tokens_of_rows_pushed_down() -> None:
+    # Row 0 (A = -0.5) and row 1 (A = +0.5) each hold one token sampled at p = 0.003 (position 2).
+    mask = torch.tensor([[False, True, True, True]] * 2)
+    lp = leaf([[0.0, math.log(0.9), math.log(0.003), math.log(0.5)]] * 2)
+    blp = lp.detach().clone()
+    rewards = t64([0.0, 1.0])
+    paper, paper_stats = flashreinforce_loss(lp, blp, rewards, mask, delta=math.inf)
+    loss, stats = flashreinforce_loss(lp, blp, rewards, mask, delta=math.inf, negative_min_prob=0.01)
+    g, g_paper = grad_of(loss, lp), grad_of(paper, lp)
+    # the unlikely token of the row pushed down gets no gradient; every other token keeps the paper's
+    assert g[0, 2] == 0 and g_paper[0, 2] != 0
+    keep = torch.ones_like(g, dtype=torch.bool)
+    keep[0, 2] = False
+    torch.testing.assert_close(g[keep], g_paper[keep])
+    assert g[1, 2] == g_paper[1, 2] != 0  # a rewarded row's unlikely token still gets pushed up
+    assert stats["retained_tokens"].tolist() == [2, 3] and paper_stats["retained_tokens"].tolist() == [3, 3]
+    # the denominator stays T_i = 3
+    torch.testing.assert_close(g[0, 1], torch.tensor((1 / 2) * (1 / 3) * 0.5, dtype=F64))
+    # 0 is the paper's loss, exactly
+    off, _ = flashreinforce_loss(lp, blp, rewards, mask, delta=math.inf, negative_min_prob=0.0)
+    assert off.item() == paper.item()
+    with pytest.raises(ValueError, match="negative_min_prob"):
+        flashreinforce_loss(lp, blp, rewards, mask, negative_min_prob=1.5)
+
+
 def test_zero_gradient_for_constant_rewards() -> None:
     lp = leaf([[0.0, -0.3, -2.0], [0.0, -0.7, -0.1]])
     blp = lp.detach() - 0.01
