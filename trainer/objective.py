@@ -20,8 +20,9 @@ policy tokens are kept; and, with ``negative_min_prob`` ``m > 0`` (an option, no
 rows with ``A_i < 0`` a token sampled with ``exp(logp_beh) < m`` is not kept either: pushing down a
 token the policy already finds unlikely teaches little, and through a sharp attention its log-prob
 gradient can be thousands of times a typical token's (measured on python-tool-tiny: one such token
-was the whole step's gradient, and the step that started a collapse). The denominators ``B`` and ``T_i`` never shrink when rows are rejected or
-tokens filtered, so a rejection removes mass instead of re-weighting the survivors.
+was the whole gradient of the step that started a collapse). The denominators ``B`` and ``T_i``
+never shrink when rows are rejected or tokens filtered, so a rejection removes mass instead of
+re-weighting the survivors.
 
 Tree baseline (``objective.baseline: tree``). With branching episodes, leaves that share a
 branching node (the deepest node of a leaf's path that another leaf of the batch also passes
@@ -271,7 +272,7 @@ def flashreinforce_loss(
 
     Returns:
         ``(loss, stats)``; stats are detached: ``advantages``, ``sequence_kl``, ``admitted`` (bool),
-        ``policy_tokens`` and ``retained_tokens`` (per row, the tokens the entropy filter keeps), and
+        ``policy_tokens`` and ``retained_tokens`` (per row, the tokens the filters keep), and
         scalars ``acceptance_rate``, ``ratio_mean``, ``ratio_max`` (over policy tokens).
 
     Raises:
