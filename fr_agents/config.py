@@ -484,6 +484,9 @@ def _validate(cfg: TrainConfig) -> None:
                 f"(group size x branch_factor ** len(branch_at))")
     if o.baseline == "tree" and o.algo != "flashreinforce":
         bad("objective.baseline", f"tree is a FlashREINFORCE baseline; objective.algo={o.algo} has its own group baseline")
+    if o.algo != "flashreinforce" and o.negative_min_prob > 0:
+        bad("objective.negative_min_prob", f"{o.negative_min_prob} filters FlashREINFORCE's tokens; objective.algo={o.algo} "
+            "would ignore it (set it to 0)")
     if o.algo == "grpo" and o.grpo_group_size < 2:
         bad("objective.grpo_group_size", "GRPO needs at least 2 samples per prompt")
     if o.algo == "grpo" and t.batch_size % o.grpo_group_size:
