@@ -642,8 +642,7 @@ class Learner:
         rules most short chunks out before any layout is built)."""
         if not self.tree_attention:
             return None
-        width = max(batch.root_spans[r][1] - batch.root_spans[r][0] for r in roots)
-        dense = len(roots) * width * width
+        dense = len(roots) * batch.chunk_width(roots) ** 2
         if not tree_attention_pays(dense, batch.attention_pairs(roots), self.tree_min_saving):
             return None
         layout = batch.tree_layout(roots)

@@ -149,6 +149,10 @@ class PackedBatch:
         """Packed tokens of the largest root (the widest row of a per-root forward)."""
         return max((b - a for a, b in self.root_spans), default=0)
 
+    def chunk_width(self, roots: Sequence[int]) -> int:
+        """W of a per-root forward over ``roots``: the packed tokens of the largest of them."""
+        return max(self.root_spans[r][1] - self.root_spans[r][0] for r in roots)
+
     def root_chunks(self, budget: int) -> list[list[int]]:
         """Root indices grouped so that ``roots x widest root <= budget`` (<= 0: one group),
         largest roots first; each group is one per-root forward."""
@@ -179,7 +183,7 @@ class PackedBatch:
         if not dtype.is_floating_point:
             raise ValueError(f"dtype: the packed mask must be a float dtype (bool is wrong under eager), got {dtype}")
         spans = [self.root_spans[r] for r in roots]
-        width = max(b - a for a, b in spans)
+        width = self.chunk_width(roots)
         n_roots = len(spans)
         ids = torch.zeros(n_roots, width, dtype=torch.long)
         pos = torch.zeros(n_roots, width, dtype=torch.long)
@@ -218,7 +222,7 @@ class PackedBatch:
         """The block-sparse attention layout of :meth:`root_chunk` ``(roots)`` (same row order and
         width): what :mod:`fr_agents.tree.attention` computes instead of the dense mask."""
         spans = [self.root_spans[r] for r in roots]
-        width = max(b - a for a, b in spans)
+        width = self.chunk_width(roots)
         return TreeLayout.build([self.node_of[a:b] for a, b in spans], self.segment_ancestors, width, block)
 
     def gather_logprobs(self, logits: Tensor) -> Tensor:
