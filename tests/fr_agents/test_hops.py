@@ -65,10 +65,12 @@ def test_a_cancelled_awaiter_gets_nothing_and_the_others_still_get_theirs() -> N
     pool = HopPool(2, "t-hops")
     ran = []
     gate = threading.Event()
+    finished = [threading.Event(), threading.Event()]
 
     def slow(i: int) -> int:
         gate.wait(10)
         ran.append(i)
+        finished[i].set()
         return i
 
     async def main() -> list[int]:
@@ -82,6 +84,9 @@ def test_a_cancelled_awaiter_gets_nothing_and_the_others_still_get_theirs() -> N
         return [await second, await pool.call(lambda: 7)]
 
     assert asyncio.run(main()) == [1, 7]
+    # The cancelled call's thread may still be between the gate and its append when the others
+    # return: wait for it to end (it must, within the gate's own bound) rather than race it.
+    assert finished[0].wait(10), "the cancelled call never ran to its end"
     assert sorted(ran) == [0, 1], "a started call runs to its end, as with run_in_executor"
 
 
