@@ -80,6 +80,11 @@ def _at_least(n: int) -> Any:
     return rule
 
 
+def _finite_at_least_0(value: Any) -> None:
+    if not (0 <= value < math.inf):
+        raise ValueError(f"must be a finite number >= 0, got {value}")
+
+
 def _opt(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[Any, ...] = (), rule: Any = None,
          factory: Any = dataclasses.MISSING) -> Any:
     """A config field with its one line of ``help`` (and optional ``choices`` / value ``rule``)."""
@@ -196,6 +201,11 @@ class OptimConfig:
     weight_decay: float = _opt(0.0, help="AdamW weight decay", rule=_at_least(0))
     betas: list[float] = _opt(help="Adam betas [beta1, beta2]", factory=lambda: [0.9, 0.999])
     grad_clip: float = _opt(1.0, help="global gradient-norm clip (0: off)", rule=_at_least(0))
+    spike_clip: float = _opt(0.0, help="> 0: also clip the global gradient norm to this multiple of the median of the last "
+                             "optim.spike_window non-zero gradient norms, once 10 are known (a batch far above the recent scale "
+                             "otherwise moves Adam, and its momentum, far: see trainer/spike_clip.py); 0: off", rule=_finite_at_least_0)
+    spike_window: int = _opt(50, help="how many recent non-zero gradient norms optim.spike_clip's median is taken over",
+                             rule=_at_least(1))
     warmup_steps: int = _opt(0, help="linear learning-rate warm-up steps", rule=_at_least(0))
     scheduler: str = _opt("constant", help="learning-rate schedule after the warm-up", choices=("constant", "linear", "cosine"))
 

@@ -202,6 +202,8 @@ def checkpoint_run(run_dir: str | Path, side: Any, state: TrainerState, *, tree:
     tree.sync()  # the loop marks batches consumed without an fsync; the cursor saved here is on disk
     state.extra["store_cursor"] = tree.cursor()
     state.extra["lag_histogram"] = lag_histogram
+    if side.learner.spike is not None:  # the spike clip's norm history: a resumed run clips as this one would
+        state.extra["spike_clip"] = side.learner.spike.state_dict()
     needed = range(max(0, state.step - lag), state.step)
     older = {v: w for v in needed if (w := side.board.get(v)) is not None}
     return save_checkpoint(
@@ -229,6 +231,8 @@ def resume_run(run_dir: str | Path, side: Any, *, tree: Any) -> tuple[TrainerSta
     learner = side.learner
     state = load_checkpoint(ckpt, model=side.model, optimizer=learner.optimizer, scheduler=learner.scheduler)
     learner.version = state.version
+    if learner.spike is not None and "spike_clip" in state.extra:
+        learner.spike.load_state_dict(state.extra["spike_clip"])
     tree.rewind(int(state.extra.get("store_cursor", state.step)))
     truncate_metrics(run_dir, state.step)
     side.metrics.reopen()

@@ -56,6 +56,7 @@ from trainer.objective import (
     validate_fraction,
     validate_min_prob,
 )
+from trainer.spike_clip import SpikeClip
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,10 @@ class Learner:
             of the rows sharing a row's branching node, :func:`trainer.objective.tree_advantages`;
             uses the batch's ``branch_rows``).
         grad_clip: max gradient norm; <= 0 disables clipping (the norm is still reported).
+        spike_clip: > 0: also clip the gradient norm to this multiple of the median of the last
+            ``spike_window`` non-zero gradient norms (:mod:`trainer.spike_clip`: a batch far
+            above the recent scale would otherwise move Adam, and its momentum, far); 0: off.
+        spike_window: how many recent gradient norms that median is taken over.
         packed: ``"auto"`` (packed forward when it fits the budget), ``"always"`` or ``"never"``.
         tree_attention: packed forwards may use block-sparse tree attention when the model
             supports it (:func:`~fr_agents.tree.attention.supports_tree_attention`); False: the
@@ -221,6 +226,8 @@ class Learner:
         grpo_clip: float = 0.2,
         micro_batch_tokens: int = 8192,
         grad_clip: float = 1.0,
+        spike_clip: float = 0.0,
+        spike_window: int = 50,
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
@@ -261,6 +268,7 @@ class Learner:
         self.grpo_clip = grpo_clip
         self.micro_batch_tokens = micro_batch_tokens
         self.grad_clip = grad_clip
+        self.spike = SpikeClip(spike_clip, spike_window) if spike_clip > 0 else None
         self.packed = packed
         self.tree_attention = tree_attention and supports_tree_attention(model)
         self.tree_min_saving = float(tree_min_saving)
@@ -293,6 +301,8 @@ class Learner:
             grpo_clip=o.grpo_clip,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
             grad_clip=opt.grad_clip,
+            spike_clip=opt.spike_clip,
+            spike_window=opt.spike_window,
             lr=opt.lr,
             betas=(float(opt.betas[0]), float(opt.betas[1])),
             weight_decay=opt.weight_decay,
@@ -307,11 +317,13 @@ class Learner:
     # ----------------------------------------------------------------------- state
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, scheduler and version (the model's weights are saved separately)."""
+        """Optimizer, scheduler, version and the spike clip's norm history (the model's weights
+        are saved separately)."""
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "version": self.version,
+            "spike_clip": self.spike.state_dict() if self.spike is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -319,6 +331,8 @@ class Learner:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
+        if self.spike is not None and state.get("spike_clip") is not None:
+            self.spike.load_state_dict(state["spike_clip"])
 
     # ----------------------------------------------------------------------- the step
 
@@ -382,12 +396,20 @@ class Learner:
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(f"non-finite loss {loss} at version {self.version}", batch, stats)
-        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        stats["grad_norm"] = grad_norm
+        grads = [p.grad for p in self.params if p.grad is not None]
+        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        stats["grad_norm"] = grad_norm  # before any clipping
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(f"non-finite gradient norm at version {self.version}", batch, stats)
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
+        spike_bound = self.spike.bound() if self.spike is not None else math.inf
+        stats["spike_clipped"] = float(grad_norm > spike_bound)
+        max_norm = min(max_norm, spike_bound)
+        if grad_norm > max_norm:
+            torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, torch.tensor(grad_norm))
+        if self.spike is not None:
+            self.spike.record(grad_norm)
         stats["lr"] = float(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
