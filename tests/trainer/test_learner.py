@@ -335,7 +335,8 @@ def test_from_config_applies_every_switch() -> None:
                 "negative_token_fraction": 0.25,
                 "negative_min_prob": 0.02,
             },
-            "optim": {"lr": 3e-3, "grad_clip": 0.5, "scheduler": "cosine", "warmup_steps": 2},
+            "optim": {"lr": 3e-3, "grad_clip": 0.5, "scheduler": "cosine", "warmup_steps": 2, "spike_clip": 1.5,
+                      "spike_window": 20},
             "trainer": {"micro_batch_tokens": 64, "packed": "never", "steps": 10},
         }
     )
@@ -346,6 +347,7 @@ def test_from_config_applies_every_switch() -> None:
     assert learner.negative_min_prob == 0.02
     assert learner.micro_batch_tokens == 64 and learner.grad_clip == 0.5 and learner.packed == "never"
     assert learner.scheduler is not None
+    assert learner.spike is not None and learner.spike.k == 1.5 and learner.spike.window == 20
     stats = learner.step(build_packed(make_trajectories(model, temperature=0.8)))
     assert stats["lr"] == pytest.approx(3e-3 / 2)  # first warm-up step
     assert stats["packed"] == 0.0
