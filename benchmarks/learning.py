@@ -89,7 +89,10 @@ def compare(root: Path, preset: str, steps: int, seeds: int) -> dict[str, list[t
     common = ["trainer.max_minutes=0", "trainer.checkpoint_every=0", "trainer.collapse_guard=false"]
     methods = {
         "FlashREINFORCE": (steps, [f"trainer.steps={steps}"]),
-        "GRPO, 4 samples/prompt": (2 * steps, [f"trainer.steps={2 * steps}", "objective.algo=grpo", "objective.grpo_group_size=4"]),
+        # GRPO has no token filter (a preset's objective.negative_min_prob, a FlashREINFORCE option, is
+        # a config error with it); both arms keep the preset's optimizer, spike clip included
+        "GRPO, 4 samples/prompt": (2 * steps, [f"trainer.steps={2 * steps}", "objective.algo=grpo", "objective.grpo_group_size=4",
+                                               "objective.negative_min_prob=0"]),
     }
     b = load_config(preset).trainer.batch_size
     print(f"\n## {preset}, same warm start: FlashREINFORCE N={steps * b} rollouts vs GRPO (4/prompt) 2N={2 * steps * b}, "
