@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from tests.trainer.test_resume import OVERRIDES, _steps_logged, assert_resumed_run_matches  # noqa: E402
+from tests.trainer.test_resume import OVERRIDES, _steps_logged, assert_resumed_run_matches, resume_point  # noqa: E402
 from tests.trainer.test_resume import _train as _train_in_process  # noqa: E402
 from trainer.ledger import EpisodeLedger  # noqa: E402
 
@@ -70,6 +70,7 @@ def test_ray_run_killed_then_resumed_matches_uninterrupted(tmp_path: Path) -> No
     pb.communicate(timeout=60)
     killed_at = _steps_logged(b)
     assert 3 <= killed_at < 6
+    resumed_from = resume_point(b)
     before = _acknowledged(b, 6)  # episode -> leaf, as B's ledger held them at the kill
 
     pr = _train(["--resume", str(b)])
@@ -83,4 +84,4 @@ def test_ray_run_killed_then_resumed_matches_uninterrupted(tmp_path: Path) -> No
     assert len(before) > 2 * 8, "the kill came before any batch beyond the checkpoint was acknowledged"
     assert all(after[ep] == leaf for ep, leaf in before.items()), "an acknowledged episode was run again"
 
-    assert_resumed_run_matches(a, b)
+    assert_resumed_run_matches(a, b, resumed_from)

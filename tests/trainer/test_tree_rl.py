@@ -17,7 +17,7 @@ from fr_agents.tree import TrajectoryTree
 from fr_agents.tree.batch import build_flat, build_packed
 from fr_agents.tree.prune import STATE_PRUNED, keep_per_tree
 from tests.trainer.test_learner import make_trajectories, params_close, tiny_model
-from tests.trainer.test_resume import OVERRIDES, _steps_logged, _train, assert_resumed_run_matches
+from tests.trainer.test_resume import OVERRIDES, _steps_logged, _train, assert_resumed_run_matches, resume_point
 from trainer.learner import Learner
 from trainer.ledger import EpisodeLedger
 from trainer.loop import run_training
@@ -222,10 +222,11 @@ def test_sigkill_then_resume_of_a_branching_run_matches_uninterrupted(tmp_path: 
     pb.send_signal(signal.SIGKILL)
     pb.communicate(timeout=60)
     assert 3 <= _steps_logged(b) < 6
+    resumed_from = resume_point(b)
     pr = _train(["--resume", str(b)])
     out_r, _ = pr.communicate(timeout=600)
     assert pr.returncode == 0, out_r
-    assert_resumed_run_matches(a, b)
+    assert_resumed_run_matches(a, b, resumed_from)
     # the same leaves were pruned in both runs
     ta, tb = TrajectoryTree.open(a / "store.sqlite"), TrajectoryTree.open(b / "store.sqlite")
     assert ta.stats()["pruned"] == tb.stats()["pruned"] > 0
