@@ -402,10 +402,10 @@ class Learner:
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(f"non-finite gradient norm at version {self.version}", batch, stats)
-        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
+        fixed = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
         spike_bound = self.spike.bound() if self.spike is not None else math.inf
-        stats["spike_clipped"] = float(grad_norm > spike_bound)
-        max_norm = min(max_norm, spike_bound)
+        stats["spike_clipped"] = float(grad_norm > spike_bound and spike_bound < fixed)  # the spike clip cut it
+        max_norm = min(fixed, spike_bound)
         if grad_norm > max_norm:
             torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, torch.tensor(grad_norm))
         if self.spike is not None:

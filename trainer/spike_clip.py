@@ -33,7 +33,8 @@ How. The bound is ``k x median`` of the last ``window`` pre-clip gradient norms 
 does not bound anything. A clipped step records its pre-clip norm too: the median, unlike a mean,
 is not pulled up by the spikes it clips, and a lasting rise in scale (more than half the window)
 moves it. The history is part of the learner's state, saved in checkpoints, so that a resumed run
-clips exactly as an uninterrupted one.
+clips exactly as an uninterrupted one. A step's ``spike_clipped`` metric (metrics.jsonl) is 1 when this
+bound, below ``optim.grad_clip``, cut it.
 """
 
 from __future__ import annotations

@@ -94,6 +94,12 @@ def test_spike_clip_bounds_a_step_to_k_times_the_recent_median_and_records_its_n
         calm.spike.record(norm)
     assert calm.step(build_flat(trajs))["spike_clipped"] == 0.0
     assert _update_norm(calm.model, start) == pytest.approx(norm, rel=1e-5)
+    # where the fixed clip is the tighter bound, it does the cutting and the step is not counted as spike-clipped
+    fixed = _sgd_learner(copy.deepcopy(start), grad_clip=norm / 20, spike_clip=2.0)
+    for _ in range(MIN_HISTORY):
+        fixed.spike.record(norm / 10)
+    assert fixed.step(build_flat(trajs))["spike_clipped"] == 0.0
+    assert _update_norm(fixed.model, start) == pytest.approx(norm / 20, rel=1e-4)
 
 
 def test_the_learner_state_carries_the_spike_history() -> None:
