@@ -25,7 +25,7 @@ bound is on the global norm.
 How tight. Spikes also grow Adam's second moment, which shrinks the steps after them; a bound near
 the median removes that, so the steps stay large. On python-tool-tiny a bound of 1.5x the median
 clipped 112 of 478 steps and the run went through a rough stretch (batch reward 0.41 over 20
-steps, acceptance ~0.65) before it ended at 100% held out; 10x clipped 12-20 steps of ~500 (with
+steps, acceptance ~0.65) before it ended at 100% held out; 10x cut 11-32 steps of 442-514 (with
 ``objective.negative_min_prob`` 0.01 for the single-token spikes) and ran smoothly. The preset uses 10.
 
 How. The bound is ``k x median`` of the last ``window`` pre-clip gradient norms that were not 0
