@@ -30,6 +30,7 @@ Usage::
     python benchmarks/learning.py --compare-steps 60 --skip-main
     python benchmarks/learning.py --skip-main --seeds 3 --compare-preset math-tiny --compare-preset python-tool-tiny
     python benchmarks/learning.py --skip-main --skip-compare --stability
+    python benchmarks/learning.py --skip-main --seeds 3 --out DIR --reuse   # add seeds to runs kept in DIR
 
 The load average of the machine is printed next to the figures: other processes sharing the two
 cores slow every step, so wall-time figures are only comparable at similar load.
@@ -64,6 +65,32 @@ def train(run_dir: Path, overrides: list[str], *, preset: str = "math-tiny") -> 
     return evals, wall, steps
 
 
+def reusable(run_dir: Path, preset: str, overrides: list[str]) -> tuple[dict, float | None, int] | None:
+    """A finished run of exactly this config already in ``run_dir`` (``--reuse``): its evals and steps.
+
+    The run's saved ``config.yaml`` must equal the config these overrides resolve to (the run
+    directory's own name aside), and its metrics must hold the after-RL evaluation; otherwise None
+    and the run is made again. The wall time of a reused run is not known here (None)."""
+    import yaml
+
+    from fr_agents.config import load_config, to_dict
+
+    saved, metrics = run_dir / "config.yaml", run_dir / "metrics.jsonl"
+    if not (saved.is_file() and metrics.is_file()):
+        return None
+    want = to_dict(load_config(preset, overrides))
+    have = yaml.safe_load(saved.read_text()) or {}
+    want.pop("run", None), have.pop("run", None)
+    if have != want:
+        print(f"  (--reuse: {run_dir} was made with another config; running it again)", flush=True)
+        return None
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    evals = {r["name"]: r for r in rows if r.get("kind") == "eval"}
+    if "after_rl" not in evals or "after_warm_start" not in evals:
+        return None
+    return evals, None, max((r["step"] for r in rows if r.get("kind") == "step"), default=0)
+
+
 def pct(ev: dict | None) -> str:
     return "n/a" if ev is None else f"{100 * ev['success']:5.1f}%"
 
@@ -80,10 +107,11 @@ def spread(values: list[float], signed: bool = False) -> str:
     return f"{mean:+.1f} ± {100 * sd:.1f}" if signed else f"{mean:.1f} ± {100 * sd:.1f}"
 
 
-def compare(root: Path, preset: str, steps: int, seeds: int) -> dict[str, list[tuple[float, float]]]:
+def compare(root: Path, preset: str, steps: int, seeds: int, reuse: bool = False) -> dict[str, list[tuple[float, float]]]:
     """FlashREINFORCE (``steps`` steps, N rollouts) vs GRPO, 4 per prompt (``2 * steps``, 2N), each
     for ``seeds`` seeds, on ``preset``; prints the runs and the summary. Returns, per method, the
-    (after-RL success, RL lift) of each seed."""
+    (after-RL success, RL lift) of each seed. ``reuse``: a run already finished in its directory
+    with the same config is read, not made again (its row says "reused")."""
     from fr_agents.config import load_config
 
     common = ["trainer.max_minutes=0", "trainer.checkpoint_every=0", "trainer.collapse_guard=false"]
@@ -102,11 +130,14 @@ def compare(root: Path, preset: str, steps: int, seeds: int) -> dict[str, list[t
     for seed in range(seeds):
         for name, (s, overrides) in methods.items():
             tag = "flashreinforce" if name == "FlashREINFORCE" else "grpo"
-            ev, wall, _ = train(root / f"{tag}-seed{seed}", [*common, *overrides, f"trainer.seed={seed}"], preset=preset)
+            run_dir, run_overrides = root / f"{tag}-seed{seed}", [*common, *overrides, f"trainer.seed={seed}"]
+            done = reusable(run_dir, preset, run_overrides) if reuse else None
+            ev, wall, _ = done or train(run_dir, run_overrides, preset=preset)
             warm, rl = ev["after_warm_start"], ev["after_rl"]
             results[name].append((rl["success"], rl["success"] - warm["success"]))
+            took = "reused" if wall is None else f"{wall / 60:.1f}m"
             print(f"{name:<28}{seed:>5}{s * b:>10}{pct(warm):>12}{pct(rl):>10}"
-                  f"{100 * (rl['success'] - warm['success']):>+8.1f}{wall / 60:>7.1f}m", flush=True)
+                  f"{100 * (rl['success'] - warm['success']):>+8.1f}{took:>8}", flush=True)
     print(f"{'method':<28}{'after RL (mean ± sd)':>24}{'RL lift (mean ± sd)':>24}")
     for name, runs in results.items():
         print(f"{name:<28}{spread([r for r, _ in runs]):>24}{spread([lift for _, lift in runs], signed=True):>24}")
@@ -128,9 +159,13 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=1, help="runs per method in the comparison (trainer.seed 0..seeds-1)")
     ap.add_argument("--minutes", type=float, default=None, help="override the preset's RL time budget")
     ap.add_argument("--out", default=None, help="keep the run directories here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --out: read comparison runs already finished there with the same config instead of running them again")
     ap.add_argument("--stability", action="store_true", help="also part 3: lag 8, gate on vs off (acceptance.py)")
     ap.add_argument("--stability-steps", type=int, default=300, help="steps per run of part 3")
     a = ap.parse_args()
+    if a.reuse and not a.out:
+        ap.error("--reuse needs --out (the folder that holds the earlier runs)")
     root = Path(a.out or tempfile.mkdtemp(prefix="fr-learning-"))
     print(f"# fr-agents learning benchmark ({os.cpu_count()} cores, {load()}); runs in {root}")
 
@@ -148,7 +183,7 @@ def main() -> int:
 
     if not a.skip_compare:
         for preset in a.compare_preset or ["math-tiny"]:
-            compare(root / preset, preset, a.compare_steps, a.seeds)
+            compare(root / preset, preset, a.compare_steps, a.seeds, reuse=a.reuse)
 
     if a.stability:
         print("\n## math-tiny at rollout.max_policy_lag=8: the trust gate on (3e-3, 3e-2) and off (inf)", flush=True)
