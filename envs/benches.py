@@ -145,6 +145,10 @@ def _humaneval() -> Bench:
     )
 
 
+ALFWORLD_ITEM_KWARGS = ("split", "games_dir", "game_files", "task_types")
+"""ALFWorld-v0's kwargs that choose its games: a bench of its games cannot take other values."""
+
+
 def _alfworld(split: str) -> Callable[[], Bench]:
     def build() -> Bench:
         name = "alfworld-seen" if split == "valid_seen" else "alfworld-unseen"
@@ -161,6 +165,7 @@ def _alfworld(split: str) -> Callable[[], Bench]:
             name=name,
             env_id="fr_agents/ALFWorld-v0",
             env_kwargs={"split": split},
+            item_kwargs=ALFWORLD_ITEM_KWARGS,
             items=[BenchItem(game_id(g), {"game": g}, group=task_type(g)) for g in games],
             max_turns=max_turns,
             max_new_tokens=256,
@@ -208,9 +213,11 @@ def _env_split(env_id: str, split: str, limit: int | None) -> Bench:
     inner = env.unwrapped
     max_turns = int(getattr(inner, "max_turns", None) or dict(spec.kwargs or {}).get("max_turns", 8))
     items: list[BenchItem] = []
+    item_kwargs: tuple[str, ...] = ("split",)
     try:
         if isinstance(getattr(inner, "games", None), list):  # ALFWorld-style game files
             items = [BenchItem(game_id(g), {"game": g}) for g in inner.games]
+            item_kwargs = ALFWORLD_ITEM_KWARGS
         elif callable(getattr(inner, "_tasks", None)):  # task-dict envs (MathVerifier and friends)
             listed = list(inner._tasks())
             if all(isinstance(t, dict) and "prompt" in t and "id" in t for t in listed):
@@ -224,6 +231,7 @@ def _env_split(env_id: str, split: str, limit: int | None) -> Bench:
         name=f"{env_id}:{split}",
         env_id=env_id,
         env_kwargs={"split": split},
+        item_kwargs=item_kwargs,
         items=items,
         max_turns=max_turns,
         max_new_tokens=512,

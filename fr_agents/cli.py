@@ -9,7 +9,6 @@ Each subcommand is a pair of functions: ``_add_<name>(sub)`` declares its argume
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import importlib.util
 import json
@@ -225,7 +224,10 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         benches = [resolve_bench(name, a.limit, a.limit_seed) for name in a.bench]
         if a.env_kwargs:
             extra = _json_kwargs(a.env_kwargs, "--env-kwargs")
-            benches = [dataclasses.replace(b, env_kwargs={**b.env_kwargs, **extra}) for b in benches]
+            try:
+                benches = [b.with_env_kwargs(extra) for b in benches]
+            except ValueError as e:
+                raise ConfigError(f"--env-kwargs: {e}") from e
         if a.agent == "expert":
             results = suite.evaluate_expert(benches, settings, out_dir=a.out, tokenizer=load_tokenizer(a.tokenizer or "tiny"))
         else:

@@ -55,6 +55,8 @@ class Bench:
         primary: the headline metric of the report: ``"mean@k"`` (avg@k, mean reward) or
             ``"pass@k"`` (unbiased estimator over successes).
         description: one line for ``--list`` and the report.
+        item_kwargs: the env kwargs the items were chosen by (ALFWorld's ``split``, which names the
+            games): :meth:`with_env_kwargs` refuses to change them, since the items would not follow.
     """
 
     name: str
@@ -67,6 +69,7 @@ class Bench:
     system_prompt: str | None = None
     primary: str = "mean@k"
     description: str = ""
+    item_kwargs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -98,6 +101,19 @@ class Bench:
             items.append(BenchItem(str(t.get("id", i)), None if task is None else {"task": task}, seed,
                                    None if group is None else str(group)))
         return cls(name=name, env_id=env_id, items=items, **kw)
+
+    def with_env_kwargs(self, extra: dict[str, Any]) -> Bench:
+        """This bench with ``extra`` merged over its env kwargs (``fr-agents eval --env-kwargs``).
+
+        Raises ValueError, naming the key, for a key in :attr:`item_kwargs`: the items are already
+        chosen (e.g. the ``valid_unseen`` game files), so changing ``split`` would silently run the
+        same items."""
+        fixed = sorted(k for k in extra if k in self.item_kwargs)
+        if fixed:
+            now = ", ".join(f"{k}={self.env_kwargs.get(k)!r}" for k in fixed)
+            raise ValueError(f"{', '.join(fixed)}: bench {self.name!r} chose its items by {now}; another value would "
+                             f"not change them (pick another bench: --list shows them, ENV_ID:SPLIT takes any split)")
+        return Bench(**{**self.__dict__, "env_kwargs": {**self.env_kwargs, **extra}})
 
     def subset(self, n: int, seed: int) -> Bench:
         """``n`` items drawn without replacement by a seeded permutation (all when ``n`` covers

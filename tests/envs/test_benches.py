@@ -91,3 +91,15 @@ def test_eval_bench_for_config_defaults_to_the_config_test_split() -> None:
     assert eval_bench_for(cfg).items[0].id == resolve_bench("arithmetic").items[0].id
     cfg = load_config("math-tiny", ["trainer.eval_bench=champ"])
     assert eval_bench_for(cfg).name == "champ"
+
+
+def test_env_kwargs_that_chose_the_items_cannot_be_changed() -> None:
+    """`--env-kwargs` merges over a bench's env kwargs, except those its items were chosen by: a
+    bench of one split's problems with another `split` would silently run the same problems."""
+    bench = resolve_bench("fr_agents/MathVerifier-v0:test", 3)
+    assert bench.item_kwargs == ("split",)
+    merged = bench.with_env_kwargs({"answer_format": "plain"})
+    assert merged.env_kwargs == {"split": "test", "answer_format": "plain"} and merged.items == bench.items
+    assert bench.env_kwargs == {"split": "test"}  # the original is unchanged
+    with pytest.raises(ValueError, match=r"^split: bench 'fr_agents/MathVerifier-v0:test' chose its items by split='test'"):
+        bench.with_env_kwargs({"split": "train", "answer_format": "plain"})

@@ -97,3 +97,15 @@ def test_eval_env_kwargs_reach_the_env_and_must_be_a_json_object(games_root: str
     r = _cli("eval", "--agent", "expert", "--bench", "alfworld-unseen", "--limit", "1", "--env-kwargs",
              '{"max_turns": 0}', "--out", str(tmp_path / "bad"), games_root=games_root)
     assert r.returncode != 0 and "max_turns must be >= 1, got 0" in r.stderr
+
+
+def test_eval_env_kwargs_may_not_change_the_games_a_bench_chose(games_root: str, tmp_path: Path) -> None:
+    """`alfworld-unseen` lists the valid_unseen game files; `split` or `games_dir` in --env-kwargs would
+    not change them, so the command stops before any episode and says how to pick other games."""
+    for kwargs in ('{"split": "train"}', json.dumps({"games_dir": games_root, "list_admissible": False})):
+        r = _cli("eval", "--agent", "expert", "--bench", "alfworld-unseen", "--limit", "1", "--env-kwargs", kwargs,
+                 "--out", str(tmp_path / "out"), games_root=games_root)
+        assert r.returncode == 2, r.stderr
+        assert "--env-kwargs: " in r.stderr and "bench 'alfworld-unseen' chose its items by" in r.stderr
+        assert "ENV_ID:SPLIT takes any split" in r.stderr
+        assert not (tmp_path / "out" / "results.json").exists()
