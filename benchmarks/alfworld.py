@@ -7,6 +7,15 @@ Prints, from one run on this machine:
 * ``fork`` latency (fresh engine + replay), and the ratios step/reset and fork/reset.
 
     python benchmarks/alfworld.py [--games 6] [--games-dir DIR]
+
+``--schedule`` measures instead what the engine pool (:data:`envs.alfworld.engine.ENGINE_POOL`) saves
+on a training run's resets: the train games of ``--games-dir`` minus the first ``--demos`` (the warm
+start's, as ``fr-agents train`` splits them) are visited in the order of the trainer's own episode
+schedule (``--batch`` episodes a step, ``--episodes`` in all), each episode a reset and one ``look``,
+its engine returned to the pool at the end, once for each ``--capacity``. Prints pool hits, reset
+seconds per episode, and the ratio against the first capacity given::
+
+    python benchmarks/alfworld.py --schedule --games-dir DIR --demos 48 --batch 8 --episodes 160 --capacity 32 128
 """
 
 from __future__ import annotations
@@ -25,12 +34,62 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 
+def schedule(a: argparse.Namespace) -> None:
+    """The engine pool's hits and reset time on a training schedule (see the module docstring)."""
+    import os
+
+    from envs.alfworld.engine import ENGINE_POOL
+    from envs.alfworld.env import ALFWorldEnv
+    from envs.tasks.alfworld import AlfworldSource
+    from trainer.schedule import EpisodeSchedule
+
+    games = [t["metadata"]["game"] for t in AlfworldSource(games_dir=a.games_dir).split("train")][a.demos:]
+    if not games:
+        raise SystemExit(f"--games-dir {a.games_dir}: no train games after the first {a.demos}")
+    sched = EpisodeSchedule(num_tasks=len(games), batch_size=a.batch, seed=a.seed, task_seed=a.seed)
+    order = [games[e.task_index] for k in range(-(-a.episodes // a.batch)) for e in sched.episodes(k)][: a.episodes]
+    print(f"# engine pool on a training schedule: {len(games)} RL games, {a.episodes} episodes, "
+          f"{a.batch} a step, {len(set(order))} distinct (load average {os.getloadavg()[0]:.1f})")
+    base = None
+    for capacity in a.capacity:
+        ENGINE_POOL.clear()
+        ENGINE_POOL.capacity, ENGINE_POOL.hits, ENGINE_POOL.misses = capacity, 0, 0
+        took: dict[bool, list[float]] = {True: [], False: []}  # reset seconds, by pool hit
+        for k in range(0, len(order), a.batch):  # a step's episodes are live together, then end
+            envs = [ALFWorldEnv(split="train", games_dir=a.games_dir) for _ in order[k:k + a.batch]]
+            for env, game in zip(envs, order[k:k + a.batch], strict=True):
+                hits, t0 = ENGINE_POOL.hits, time.perf_counter()
+                env.reset(options={"game": game})
+                took[ENGINE_POOL.hits > hits].append(time.perf_counter() - t0)
+                env.step("look")
+            for env in envs:
+                env.close()
+        per = sum(took[True] + took[False]) / len(order)
+        base = base or per
+        medians = ", ".join(f"{name} {statistics.median(took[hit]):.2f} s" for hit, name in ((True, "hit"), (False, "miss"))
+                            if took[hit])
+        print(f"capacity {capacity:>4}: hits {ENGINE_POOL.hits}/{len(order)}, reset {per:.2f} s/episode "
+              f"({per / base:.2f}x capacity {a.capacity[0]}; median {medians}), load average {os.getloadavg()[0]:.1f}",
+              flush=True)
+    ENGINE_POOL.clear()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--games", type=int, default=6, help="games to generate (valid_seen, one per task type)")
     ap.add_argument("--games-dir", default=None, help="use existing games instead of generating")
-    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seed", type=int, default=7, help="generation seed; --schedule: trainer.seed and tasks.seed (default 7; presets use 0)")
+    ap.add_argument("--schedule", action="store_true", help="the engine pool on a training schedule (needs --games-dir)")
+    ap.add_argument("--demos", type=int, default=48, help="--schedule: train games kept for the warm start")
+    ap.add_argument("--batch", type=int, default=8, help="--schedule: episodes a step")
+    ap.add_argument("--episodes", type=int, default=160, help="--schedule: episodes in all")
+    ap.add_argument("--capacity", type=int, nargs="+", default=[32, 128], help="--schedule: pool capacities to compare")
     a = ap.parse_args()
+    if a.schedule:
+        if not a.games_dir:
+            ap.error("--schedule needs --games-dir (a folder from `fr-agents alfworld generate`)")
+        schedule(a)
+        return
 
     from envs.alfworld.env import ALFWorldEnv
     from envs.alfworld.generate import generate

@@ -119,18 +119,31 @@ class EnginePool:
 
     def __init__(self, capacity: int = POOL_CAPACITY) -> None:
         self.capacity = capacity
+        self.hits = 0
+        self.misses = 0
         self._idle: OrderedDict[int, tuple[str, TextWorldEngine]] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()
 
     def take(self, game_file: str) -> TextWorldEngine | None:
-        """An idle engine that holds ``game_file`` (removed from the pool), else None."""
+        """An idle engine that holds ``game_file`` (removed from the pool), else None; counted in
+        :attr:`hits` / :attr:`misses`."""
         with self._lock:
             for key, (game, engine) in reversed(self._idle.items()):
                 if game == game_file:
                     del self._idle[key]
+                    self.hits += 1
                     return engine
+            self.misses += 1
         return None
+
+    def clear(self) -> None:
+        """Close every idle engine (the counters stay)."""
+        with self._lock:
+            idle = [engine for _, engine in self._idle.values()]
+            self._idle.clear()
+        for engine in idle:
+            engine.close()
 
     def give(self, game_file: str, engine: TextWorldEngine) -> None:
         """Keep ``engine`` (which holds ``game_file``) for a later episode of that game."""

@@ -179,3 +179,22 @@ def test_an_ended_episodes_engine_is_reused_and_plays_the_game_from_its_start(ga
     assert second._tw is engine
     assert reused == fresh and reused[-1][2]  # the walkthrough still wins
     second.close()
+
+
+def test_engine_pool_counts_hits_and_misses_keeps_the_newest_and_clears() -> None:
+    """The pool is an LRU by return order: beyond its capacity the least recently returned engine is
+    closed; take() counts a hit or a miss; clear() closes every idle engine."""
+    from envs.alfworld.engine import EnginePool, make_textworld_env
+
+    pool = EnginePool(capacity=2)
+    engines = [make_textworld_env() for _ in range(3)]
+    for i, engine in enumerate(engines):
+        pool.give(f"game{i}.tw-pddl", engine)
+    assert len(pool) == 2
+    assert pool.take("game0.tw-pddl") is None  # evicted (and closed): the least recently returned
+    assert pool.take("game2.tw-pddl") is engines[2] and pool.take("game1.tw-pddl") is engines[1]
+    assert (pool.hits, pool.misses) == (2, 1) and len(pool) == 0
+    pool.give("game1.tw-pddl", engines[1])
+    pool.clear()
+    assert len(pool) == 0 and pool.take("game1.tw-pddl") is None and (pool.hits, pool.misses) == (2, 2)
+    engines[2].close()
