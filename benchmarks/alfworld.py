@@ -21,6 +21,7 @@ seconds per episode, and the ratio against the first capacity given::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -36,8 +37,6 @@ sys.path.insert(0, str(_HERE.parent))
 
 def schedule(a: argparse.Namespace) -> None:
     """The engine pool's hits and reset time on a training schedule (see the module docstring)."""
-    import os
-
     from envs.alfworld.engine import ENGINE_POOL
     from envs.alfworld.env import ALFWorldEnv
     from envs.tasks.alfworld import AlfworldSource

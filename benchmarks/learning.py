@@ -59,10 +59,15 @@ def train(run_dir: Path, overrides: list[str], *, preset: str = "math-tiny") -> 
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"training failed ({' '.join(cmd)})")
+    evals, steps = read_run(run_dir)
+    return evals, wall, steps
+
+
+def read_run(run_dir: Path) -> tuple[dict, int]:
+    """A run's held-out evaluations by name and its last step, from its metrics.jsonl."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     evals = {r["name"]: r for r in rows if r.get("kind") == "eval"}
-    steps = max((r["step"] for r in rows if r.get("kind") == "step"), default=0)
-    return evals, wall, steps
+    return evals, max((r["step"] for r in rows if r.get("kind") == "step"), default=0)
 
 
 def reusable(run_dir: Path, preset: str, overrides: list[str]) -> tuple[dict, float | None, int] | None:
@@ -80,15 +85,15 @@ def reusable(run_dir: Path, preset: str, overrides: list[str]) -> tuple[dict, fl
         return None
     want = to_dict(load_config(preset, overrides))
     have = yaml.safe_load(saved.read_text()) or {}
-    want.pop("run", None), have.pop("run", None)
+    want.pop("run", None)
+    have.pop("run", None)
     if have != want:
         print(f"  (--reuse: {run_dir} was made with another config; running it again)", flush=True)
         return None
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    evals = {r["name"]: r for r in rows if r.get("kind") == "eval"}
+    evals, steps = read_run(run_dir)
     if "after_rl" not in evals or "after_warm_start" not in evals:
         return None
-    return evals, None, max((r["step"] for r in rows if r.get("kind") == "step"), default=0)
+    return evals, None, steps
 
 
 def pct(ev: dict | None) -> str:

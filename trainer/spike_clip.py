@@ -27,6 +27,9 @@ the median removes that, so the steps stay large. On python-tool-tiny a bound of
 clipped 112 of 478 steps and the run went through a rough stretch (batch reward 0.41 over 20
 steps, acceptance ~0.65) before it ended at 100% held out; 10x cut 11-32 steps of 442-514 (with
 ``objective.negative_min_prob`` 0.01 for the single-token spikes) and ran smoothly. The preset uses 10.
+It does not stop a drift made of several moderate steps while the policy still learns (gradient norms
+2-5x the median, where 10x the median is no tighter than ``optim.grad_clip``): one of three seeds of
+``benchmarks/learning.py`` on python-tool-tiny (collapse guard off) went that way (docs/DESIGN.md).
 
 How. The bound is ``k x median`` of the last ``window`` pre-clip gradient norms that were not 0
 (a batch whose advantages are all 0 carries no scale). Until ``MIN_HISTORY`` norms are known it
