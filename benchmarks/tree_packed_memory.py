@@ -5,34 +5,47 @@ Run: ``python benchmarks/tree_packed_memory.py [--roots 64 --leaves 16 --tokens 
 ``shared`` of their ``tokens`` (prompt, a first reply and its observation) and then branch; one
 :class:`trainer.learner.Learner` step (FlashREINFORCE, the micro dims of the tiny Qwen2, fp32) runs on
 the flat ``[B, T]`` batch and on the per-root packed batch, each in its own process so that peak
-memory is measured cleanly: ``torch.cuda.max_memory_allocated`` on CUDA, the process's peak RSS
-growth on CPU. ``--micro-batch-tokens 0`` (default) runs each form as one forward, the fair
-whole-batch comparison; the packed form never builds the whole-batch N x N mask. The packed form
-runs with tree attention (:mod:`fr_agents.tree.attention`, the learner's default); a third process
-runs it with the dense ``[W, W]`` mask per root instead, to show what tree attention saves.
+memory is measured cleanly. ``--micro-batch-tokens 0`` (default) runs each form as one forward, the
+fair whole-batch comparison; the packed form never builds the whole-batch N x N mask. The packed
+form runs with tree attention (:mod:`fr_agents.tree.attention`, the learner's default); a third
+process runs it with the dense ``[W, W]`` mask per root instead, to show what tree attention saves.
 
-Prints both figures, the ratio packed/flat (goal <= 0.5), the time ratio flat/packed against the
-ideal ratio logical/packed tokens (goal >= 0.8 of it), from the median of ``--repeat`` steps per
-form. Ratios are the result, not absolute times.
+Peak memory: ``torch.cuda.max_memory_allocated`` on CUDA. On CPU, the process's peak growth of
+resident plus swapped memory: the larger of its peak RSS growth (``ru_maxrss``, exact while nothing
+is swapped) and the peak of ``VmRSS + VmSwap`` sampled every 5 ms by a thread, which also counts what
+the kernel moved to swap. So a flat step larger than the machine's RAM (64 roots x 16 leaves x 512
+tokens needs ~33 GB) is measured with swap on rather than refused: ``--swap-gib N`` makes a swap file
+for the run (root only) and removes it after. Such a step's *time* includes swap I/O, which would
+flatter the packed form, so ``--flat-chunk-tokens N`` adds a fourth form, ``flat-chunked``: the same
+flat rows stepped in micro-batches of N tokens (the same gradient, the same arithmetic, a bounded
+peak), timed without swap; the time ratio against it is the honest one there. ``--forms`` measures
+a subset.
+
+Prints the peak of each form, the ratio packed/flat (goal <= 0.5), the time ratio of each flat form
+over each packed form against the ideal ratio logical/packed tokens (goal >= 0.8 of it), from the
+median of ``--repeat`` steps per form. Ratios are the result, not absolute times.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import random
 import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-FORMS = ("flat", "packed", "packed-dense")
+FORMS = ("flat", "packed", "packed-dense", "flat-chunked")
 
 
 def load() -> str:
@@ -61,6 +74,51 @@ def build_batch(roots: int, leaves: int, tokens: int, shared: float, seed: int =
     return tree, ids
 
 
+def resident_and_swapped() -> tuple[int, int]:
+    """This process's (resident, swapped) memory in bytes (``/proc/self/status``: VmRSS, VmSwap)."""
+    got = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmSwap:")):
+                got[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return got.get("VmRSS", 0), got.get("VmSwap", 0)
+
+
+class PeakSampler:
+    """Samples :func:`resident_and_swapped` every ``period`` seconds in a thread; ``peak`` is the largest seen.
+
+    torch's kernels release the GIL, so the thread keeps sampling during a step. A sampler can miss a
+    spike shorter than its period, which is why the CPU figure also takes ``ru_maxrss`` (exact for RSS).
+    """
+
+    def __init__(self, period: float = 0.005) -> None:
+        self.period = period
+        self.peak = 0  # resident + swapped
+        self.swapped_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._sample()
+
+    def _sample(self) -> None:
+        rss, swap = resident_and_swapped()
+        self.peak = max(self.peak, rss + swap)
+        self.swapped_peak = max(self.swapped_peak, swap)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
 def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     import torch
     import transformers
@@ -72,7 +130,9 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     device = torch.device(a.device)
     tree, ids = build_batch(a.roots, a.leaves, a.tokens, a.shared)
     trajs = tree.trajectories(ids)
-    batch = build_flat(trajs) if form == "flat" else build_packed(trajs)
+    flat_form = form.startswith("flat")
+    batch = build_flat(trajs) if flat_form else build_packed(trajs)
+    micro = a.flat_chunk_tokens if form == "flat-chunked" else a.micro_batch_tokens
     cfg = transformers.Qwen2Config(
         vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(1024, a.tokens + 1),
@@ -80,8 +140,8 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     )
     cfg._attn_implementation = "sdpa"
     model = transformers.Qwen2ForCausalLM(cfg).float().to(device)
-    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), micro_batch_tokens=a.micro_batch_tokens,
-                      packed="never" if form == "flat" else "always", tree_attention=form == "packed", tree_min_saving=0,
+    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), micro_batch_tokens=micro,
+                      packed="never" if flat_form else "always", tree_attention=form == "packed", tree_min_saving=0,
                       delta=float("inf"))
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -89,27 +149,31 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
         base = torch.cuda.memory_allocated()
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base_sampled = sum(resident_and_swapped())
     times = []
-    for i in range(a.repeat):  # lr 0: every step sees the same model; the batch is rebuilt (a batch is used once)
-        if i:
-            batch = build_flat(trajs) if form == "flat" else build_packed(trajs)
-        t0 = time.perf_counter()
-        stats = learner.step(batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    with PeakSampler() as sampler:
+        for i in range(a.repeat):  # lr 0: every step sees the same model; the batch is rebuilt (a batch is used once)
+            if i:
+                batch = build_flat(trajs) if flat_form else build_packed(trajs)
+            t0 = time.perf_counter()
+            stats = learner.step(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base, sampler.peak - base_sampled)
     seconds = statistics.median(times)
-    flat = batch if form == "flat" else batch.flat
+    flat = batch if flat_form else batch.flat
     return {
         "peak_bytes": float(peak),
+        "swapped_peak_bytes": float(sampler.swapped_peak),
         "seconds": seconds,
+        "all_seconds": times,
         "forward_tokens": stats["forward_tokens"],
         "logical_tokens": float(flat.lengths.sum()),
-        "packed_tokens": float(flat.lengths.sum()) if form == "flat" else float(batch.num_tokens),
+        "packed_tokens": float(flat.lengths.sum()) if flat_form else float(batch.num_tokens),
     }
 
 
@@ -123,6 +187,19 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=3, help="steps per form; the median time is reported")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--swap-gib", type=int, default=0,
+                   help="make a swap file of this size (root only) for the run and remove it after, so that a flat "
+                        "step larger than RAM can be measured; its time then includes swap I/O and is reported as such")
+    p.add_argument("--swap-file", default="/var/tmp/fr-agents-bench.swap", help="where --swap-gib puts its file")
+    p.add_argument("--flat-chunk-tokens", type=int, default=0,
+                   help="> 0: also time the flat form in micro-batches of this many tokens (form flat-chunked: the same "
+                        "rows and gradient, a bounded peak), the flat step's time without swap when the whole one does not fit")
+    p.add_argument("--forms", nargs="+", choices=FORMS, default=None,
+                   help="the forms to measure (default: flat, packed, packed-dense, and flat-chunked with --flat-chunk-tokens)")
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="run every form's process with glibc told to keep what it frees (MALLOC_MMAP_MAX_=0, "
+                        "MALLOC_TRIM_THRESHOLD_ huge), so that steps after the first reuse their pages instead of "
+                        "faulting fresh ones in; on this VM a fresh page costs ~5x more once ~12 GB are resident")
     p.add_argument("--form", choices=FORMS, help=argparse.SUPPRESS)  # one measurement (child process)
     a = p.parse_args()
     if a.quick:
@@ -133,27 +210,85 @@ def main() -> None:
         torch.set_num_threads(2)
         print(json.dumps(one_step(a.form, a)))
         return
+    if a.swap_gib < 0:
+        p.error(f"--swap-gib must be >= 0, got {a.swap_gib}")
+    if a.swap_gib and os.geteuid() != 0:
+        p.error("--swap-gib needs root (swapon)")
+    forms = a.forms or [f for f in FORMS if f != "flat-chunked" or a.flat_chunk_tokens]
+    if "flat-chunked" in forms and a.flat_chunk_tokens <= 0:
+        p.error("--forms flat-chunked: needs --flat-chunk-tokens > 0")
     out = {}
-    for form in FORMS:
-        cmd = [sys.executable, __file__, "--form", form, "--roots", str(a.roots), "--leaves", str(a.leaves),
-               "--tokens", str(a.tokens), "--shared", str(a.shared), "--micro-batch-tokens", str(a.micro_batch_tokens),
-               "--device", a.device, "--repeat", str(a.repeat)]
-        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        out[form] = json.loads(res.stdout.strip().splitlines()[-1])
-    flat, packed, dense = out["flat"], out["packed"], out["packed-dense"]
-    ideal = packed["logical_tokens"] / packed["packed_tokens"]
-    speed = flat["seconds"] / packed["seconds"]
+    with swap_file(Path(a.swap_file), a.swap_gib):
+        for form in forms:
+            cmd = [sys.executable, __file__, "--form", form, "--roots", str(a.roots), "--leaves", str(a.leaves),
+                   "--tokens", str(a.tokens), "--shared", str(a.shared),
+                   "--micro-batch-tokens", str(a.micro_batch_tokens), "--flat-chunk-tokens", str(a.flat_chunk_tokens),
+                   "--device", a.device, "--repeat", str(a.repeat)]
+            env = dict(os.environ)
+            if a.keep_freed_memory:
+                env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**62))
+            t0 = time.perf_counter()
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if res.returncode != 0:
+                sys.exit(f"the {form} step failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+            out[form] = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"  {form}: peak {out[form]['peak_bytes'] / 2**20:,.0f} MiB (swapped at most "
+                  f"{out[form]['swapped_peak_bytes'] / 2**20:,.0f} MiB), steps "
+                  + ", ".join(f"{t:.2f}" for t in out[form]["all_seconds"]) + f" s, {time.perf_counter() - t0:.0f} s "
+                  f"in all ({load()})", file=sys.stderr, flush=True)
+    report(out, a)
+
+
+def report(out: dict[str, dict], a: argparse.Namespace) -> None:
+    """Print the figures of the forms in ``out`` (each ratio only where both of its forms were measured)."""
+    any_form = next(iter(out.values()))
+    ideal = any_form["logical_tokens"] / out["packed"]["packed_tokens"] if "packed" in out else math.nan
     print(f"[tree-packed step] {a.roots} roots x {a.leaves} leaves, {a.tokens} tokens, {a.shared:.0%} shared, "
-          f"device {a.device}, micro_batch_tokens={a.micro_batch_tokens}")
-    print(f"  tokens: logical {flat['logical_tokens']:,.0f}  packed {packed['packed_tokens']:,.0f}  "
-          f"(forward incl. padding: flat {flat['forward_tokens']:,.0f}, packed {packed['forward_tokens']:,.0f})")
-    print(f"  peak memory: flat {flat['peak_bytes'] / 2**20:,.0f} MiB  packed {packed['peak_bytes'] / 2**20:,.0f} MiB  "
-          f"-> packed/flat {packed['peak_bytes'] / max(1.0, flat['peak_bytes']):.2f} (goal <= 0.5)")
-    print(f"  step time flat/packed {speed:.2f}x, ideal {ideal:.2f}x -> {speed / ideal:.2f} of ideal (goal >= 0.8)")
-    print(f"  the same packed step with the dense [W, W] mask per root instead of tree attention: "
-          f"{dense['peak_bytes'] / 2**20:,.0f} MiB, flat/packed-dense {flat['seconds'] / dense['seconds']:.2f}x "
-          f"({flat['seconds'] / dense['seconds'] / ideal:.2f} of ideal)")
+          f"device {a.device}, micro_batch_tokens={a.micro_batch_tokens}"
+          + (", freed memory kept (glibc)" if a.keep_freed_memory else ""))
+    print(f"  tokens: logical {any_form['logical_tokens']:,.0f}  packed "
+          + (f"{out['packed']['packed_tokens']:,.0f} (ideal speed-up {ideal:.2f}x)" if "packed" in out else "-"))
+    print("  peak memory: " + "  ".join(f"{f} {r['peak_bytes'] / 2**20:,.0f} MiB" for f, r in out.items()))
+    for ref in ("flat", "flat-chunked"):
+        if ref not in out:
+            continue
+        for form in ("packed", "packed-dense"):
+            if form not in out:
+                continue
+            speed = out[ref]["seconds"] / out[form]["seconds"]
+            mem = (f", memory {form}/{ref} {out[form]['peak_bytes'] / max(1.0, out[ref]['peak_bytes']):.2f} (goal <= 0.5)"
+                   if ref == "flat" else "")
+            print(f"  {form} vs {ref}: step time {speed:.2f}x, {speed / ideal:.2f} of ideal (goal >= 0.8){mem}")
+    if "flat-chunked" in out:
+        print(f"  (flat-chunked: the flat rows in micro-batches of {a.flat_chunk_tokens:,} tokens, the same gradient; "
+              f"its steps take the same arithmetic as the whole flat step without its peak)")
+    for form, r in out.items():
+        if r["swapped_peak_bytes"]:
+            print(f"  note: the {form} step swapped (up to {r['swapped_peak_bytes'] / 2**20:,.0f} MiB): its memory counts "
+                  f"what was swapped; its time includes swap I/O, so a time ratio against it flatters the other forms")
     print(f"  ({load()})")
+
+
+@contextlib.contextmanager
+def swap_file(path: Path, gib: int):  # noqa: ANN201
+    """A swap file of ``gib`` GiB, on for the block and removed after (nothing when ``gib`` is 0)."""
+    if not gib:
+        yield
+        return
+    if path.exists():
+        sys.exit(f"--swap-file {path} exists already; remove it or pick another path")
+    subprocess.run(["fallocate", "-l", f"{gib}G", str(path)], check=True)
+    try:
+        path.chmod(0o600)
+        subprocess.run(["mkswap", str(path)], check=True, capture_output=True)
+        subprocess.run(["swapon", str(path)], check=True)
+        print(f"  swap on: {gib} GiB at {path}", file=sys.stderr, flush=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["swapoff", str(path)], check=False)
+    finally:
+        path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

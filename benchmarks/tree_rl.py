@@ -216,7 +216,10 @@ def main() -> None:
                         "python-tool-tiny, forked after the sandbox's reply")
     p.add_argument("--steps", type=int, default=60, help="steps of the linear run")
     p.add_argument("--batch-size", type=int, default=32, help="leaves per step (both runs)")
-    p.add_argument("--branch", type=int, default=8, help="second attempts forked per tree")
+    p.add_argument("--branch", type=int, default=8, help="continuations forked at each branch turn (rollout.branch_factor)")
+    p.add_argument("--branch-at", type=int, nargs="+", default=[1],
+                   help="the turns where a tree forks (rollout.branch_at; default 1: the second attempt, or the answer "
+                        "after the tool result); e.g. 0 1 also forks the first reply, branch ** 2 leaves at most")
     p.add_argument("--eval-episodes", type=int, default=200)
     p.add_argument("--warm-start", type=int, default=0,
                    help="warm-start demos (both runs, reported apart; 0: 500 for two-attempts, the preset's for tool-result)")
@@ -255,7 +258,9 @@ def main() -> None:
         common += ["warm_start.epochs=2", "model.tiny_size=nano"]
         if a.task == "tool-result":  # nano's smaller vocabulary spells the expert's call in more tokens
             common += ["rollout.max_new_tokens=40", "rollout.max_context=160"]
-    base_over = [f"rollout.branch_factor={a.branch}", "rollout.branch_at=[1]", "trainer.max_per_root=5",
+    fan = a.branch ** len(a.branch_at)  # leaves of a fully branched tree: trainer.batch_size's unit
+    base_over = [f"rollout.branch_factor={a.branch}", f"rollout.branch_at=[{','.join(map(str, a.branch_at))}]",
+                 "trainer.max_per_root=5",
                  "objective.baseline=tree"]
     rows = []
     for seed in a.seeds:
@@ -267,7 +272,7 @@ def main() -> None:
         per_step = max(1.0, pilot["tokens"] / pilot_steps)
         tree_batch = a.batch_size
         if a.match_leaves:  # schedule more episodes so that about batch_size leaves survive merging and J_max
-            tree_batch = max(a.branch, round(a.batch_size * a.batch_size / pilot["leaves_per_step"] / a.branch) * a.branch)
+            tree_batch = max(fan, round(a.batch_size * a.batch_size / pilot["leaves_per_step"] / fan) * fan)
             per_step *= tree_batch / a.batch_size
         tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
         steps = max(1, round(lin["tokens"] / per_step))
