@@ -8,6 +8,8 @@ again."`` and the agent answers again, so the second attempt matters and it is w
 tree episode shares the prompt, the first attempt and the feedback, and forks ``--branch`` second
 attempts there (``rollout.branch_at=[1]``), trained with ``trainer.max_per_root=5`` (J_max) and the
 tree baseline. Linear FlashREINFORCE samples one path per prompt.
+``--branch-at 0 1`` forks the first reply too (``rollout.branch_at=[0, 1]``: up to ``--branch`` ** 2
+leaves a root, J_max of them trained), so a root also holds several first attempts.
 
 ``--task tool-result`` runs the same comparison on ``python-tool-tiny`` (4-digit products through the
 bwrap sandbox, the preset's expert warm start): there a tree forks the answer turn after the tool
