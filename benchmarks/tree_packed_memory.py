@@ -242,12 +242,13 @@ def main() -> None:
 def report(out: dict[str, dict], a: argparse.Namespace) -> None:
     """Print the figures of the forms in ``out`` (each ratio only where both of its forms were measured)."""
     any_form = next(iter(out.values()))
-    ideal = any_form["logical_tokens"] / out["packed"]["packed_tokens"] if "packed" in out else math.nan
+    packed_any = out.get("packed") or out.get("packed-dense")  # both hold the same packed tokens
+    ideal = any_form["logical_tokens"] / packed_any["packed_tokens"] if packed_any else math.nan
     print(f"[tree-packed step] {a.roots} roots x {a.leaves} leaves, {a.tokens} tokens, {a.shared:.0%} shared, "
           f"device {a.device}, micro_batch_tokens={a.micro_batch_tokens}"
           + (", freed memory kept (glibc)" if a.keep_freed_memory else ""))
     print(f"  tokens: logical {any_form['logical_tokens']:,.0f}  packed "
-          + (f"{out['packed']['packed_tokens']:,.0f} (ideal speed-up {ideal:.2f}x)" if "packed" in out else "-"))
+          + (f"{packed_any['packed_tokens']:,.0f} (ideal speed-up {ideal:.2f}x)" if packed_any else "-"))
     print("  peak memory: " + "  ".join(f"{f} {r['peak_bytes'] / 2**20:,.0f} MiB" for f, r in out.items()))
     for ref in ("flat", "flat-chunked"):
         if ref not in out:
