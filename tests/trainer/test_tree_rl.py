@@ -17,7 +17,13 @@ from fr_agents.tree import TrajectoryTree
 from fr_agents.tree.batch import build_flat, build_packed
 from fr_agents.tree.prune import STATE_PRUNED, keep_per_tree
 from tests.trainer.test_learner import make_trajectories, params_close, tiny_model
-from tests.trainer.test_resume import OVERRIDES, _steps_logged, _train, assert_resumed_run_matches, resume_point
+from tests.trainer.test_resume import (
+    OVERRIDES,
+    _steps_logged,
+    _train,
+    assert_resumed_run_matches,
+    resume_point,
+)
 from trainer.learner import Learner
 from trainer.ledger import EpisodeLedger
 from trainer.loop import run_training
