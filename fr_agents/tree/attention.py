@@ -58,9 +58,19 @@ class Bucket:
     q_valid: Tensor  # bool [G, Bq]: real query slots
     k_index: Tensor  # long [G, Ck]: the block's key positions (padding: any position, masked)
     allowed: Tensor  # bool [G, Bq, Ck]: query may attend key
+    _bias: dict[torch.dtype, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def to(self, device: torch.device) -> Bucket:
         return Bucket(*(t.to(device) for t in (self.q_index, self.q_valid, self.k_index, self.allowed)))
+
+    def bias(self, dtype: torch.dtype) -> Tensor:
+        """``allowed`` as sdpa's additive mask ``[G, 1, Bq, Ck]`` (0 or ``finfo(dtype).min``), built
+        once per dtype: every layer of a forward and its backward reuse it instead of converting
+        the boolean mask again."""
+        if dtype not in self._bias:
+            mask = torch.full((*self.allowed.shape,), torch.finfo(dtype).min, dtype=dtype, device=self.allowed.device)
+            self._bias[dtype] = mask.masked_fill_(self.allowed, 0.0)[:, None]
+        return self._bias[dtype]
 
 
 @dataclass
@@ -79,6 +89,27 @@ class TreeLayout:
 
     def to(self, device: torch.device) -> TreeLayout:
         return TreeLayout(self.rows, self.width, [b.to(device) for b in self.buckets])
+
+    @functools.cached_property
+    def gathers(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Every bucket's gathers as one index each: ``(queries, keys, out)``.
+
+        ``queries`` / ``keys``: the buckets' ``q_index`` / ``k_index``, flattened and concatenated
+        in bucket order. ``out[p]``: the row of the buckets' concatenated ``[G * Bq]`` outputs that
+        holds position ``p``'s result, or the one past the last (a zero row) for a padding position.
+        One gather per tensor and layer means one scatter-add in the backward, not one per bucket."""
+        n = self.rows * self.width
+        total = sum(b.q_index.numel() for b in self.buckets)
+        device = self.buckets[0].q_index.device if self.buckets else torch.device("cpu")
+        out = torch.full((n,), total, dtype=torch.long, device=device)
+        offset = 0
+        for b in self.buckets:
+            real = b.q_valid.flatten()
+            out[b.q_index.flatten()[real]] = torch.nonzero(real).flatten() + offset
+            offset += b.q_index.numel()
+        flat = [b.q_index.flatten() for b in self.buckets] or [torch.zeros(0, dtype=torch.long, device=device)]
+        keys = [b.k_index.flatten() for b in self.buckets] or [torch.zeros(0, dtype=torch.long, device=device)]
+        return torch.cat(flat), torch.cat(keys), out
 
     @classmethod
     def build(
@@ -152,18 +183,31 @@ def tree_attention_forward(
     r, h, w, d = query.shape
     if (r, w) != (tree_layout.rows, tree_layout.width):
         raise ValueError(f"tree_layout: built for [{tree_layout.rows}, {tree_layout.width}], the input is [{r}, {w}]")
-    if key.shape[1] != h:  # grouped-query attention: each key head serves h // hkv query heads
-        key = key.repeat_interleave(h // key.shape[1], dim=1)
-        value = value.repeat_interleave(h // value.shape[1], dim=1)
-    q, k, v = (t.transpose(0, 1).reshape(h, r * w, d) for t in (query, key, value))
-    out = query.new_zeros(h, r * w, d)
-    for b in tree_layout.buckets:
-        qg, kg, vg = (t[:, idx].transpose(0, 1) for t, idx in ((q, b.q_index), (k, b.k_index), (v, b.k_index)))
-        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=b.allowed[:, None], dropout_p=dropout, scale=scaling)
-        o = o.transpose(0, 1)[:, b.q_valid]  # [H, real queries, D]
-        out = out.index_copy(1, b.q_index[b.q_valid], o)
+    hkv = key.shape[1]
+    # Token-major [R * W, heads, D]: a gather of positions is one index_select along dim 0, whose
+    # backward is a scatter-add (advanced indexing's backward, an accumulating index_put_, runs
+    # serially on CPU and cost ~9x as much). All buckets share one gather per tensor and one
+    # output gather, so the backward adds into each full-size gradient once, not once a bucket.
+    q, k, v = (t.transpose(1, 2).reshape(r * w, t.shape[1], d) for t in (query, key, value))
+    q_all, k_all, out_index = tree_layout.gathers
+    qs = q.index_select(0, q_all).split([b.q_index.numel() for b in tree_layout.buckets])
+    ks = k.index_select(0, k_all).split([b.k_index.numel() for b in tree_layout.buckets])
+    vs = v.index_select(0, k_all).split([b.k_index.numel() for b in tree_layout.buckets])
+    outs = []
+    for b, qb, kb, vb in zip(tree_layout.buckets, qs, ks, vs, strict=True):
+        g, bq = b.q_index.shape
+        ck = b.k_index.shape[1]
+        o = F.scaled_dot_product_attention(
+            qb.view(g, bq, h, d).transpose(1, 2),
+            kb.view(g, ck, hkv, d).transpose(1, 2),
+            vb.view(g, ck, hkv, d).transpose(1, 2),
+            attn_mask=b.bias(query.dtype), dropout_p=dropout, scale=scaling, enable_gqa=hkv != h,
+        )
+        outs.append(o.transpose(1, 2).reshape(g * bq, h, d))
+    outs.append(query.new_zeros(1, h, d))  # what padding positions read
+    out = torch.cat(outs).index_select(0, out_index)
     tree_layout.calls += 1
-    return out.reshape(h, r, w, d).permute(1, 2, 0, 3).contiguous(), None
+    return out.view(r, w, h, d), None
 
 
 def tree_attention_pays(dense_scores: int, tree_scores: int, min_saving: float = TREE_MIN_SAVING) -> bool:
