@@ -143,3 +143,33 @@ def test_tree_attention_pays_only_for_the_asked_saving() -> None:
     assert not tree_attention_pays(dense_scores=199, tree_scores=100)
     assert tree_attention_pays(dense_scores=150, tree_scores=100, min_saving=1.5)
     assert tree_attention_pays(dense_scores=1, tree_scores=100, min_saving=0)  # 0: always
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_gather_per_tensor_reads_every_real_position_once_and_padding_reads_the_zero_row(seed: int) -> None:
+    packed = build_packed(random_tree(seed, roots=4))
+    roots = list(range(len(packed.root_spans)))
+    layout = packed.tree_layout(roots, block=3)
+    queries, keys, out = layout.gathers
+    assert torch.equal(queries, torch.cat([b.q_index.flatten() for b in layout.buckets]))
+    assert torch.equal(keys, torch.cat([b.k_index.flatten() for b in layout.buckets]))
+    real = torch.cat([b.q_valid.flatten() for b in layout.buckets])
+    width = layout.width
+    for i, root in enumerate(roots):
+        a, b = packed.root_spans[root]
+        rows = out[i * width : i * width + (b - a)]
+        assert bool(real[rows].all())  # a real position reads a real query slot ...
+        assert torch.equal(queries[rows], torch.arange(i * width, i * width + (b - a)))  # ... its own
+        assert bool((out[i * width + (b - a) : (i + 1) * width] == real.numel()).all())  # padding: the zero row
+    assert int(real.sum()) == sum(b - a for a, b in packed.root_spans)
+
+
+def test_the_additive_mask_is_built_once_per_dtype_from_the_allowed_pairs() -> None:
+    packed = build_packed(random_tree(0))
+    bucket = packed.tree_layout(list(range(len(packed.root_spans))), block=3).buckets[0]
+    for dtype in (torch.float32, torch.float64):
+        bias = bucket.bias(dtype)
+        assert bias.dtype == dtype and bias.shape == (bucket.allowed.shape[0], 1, *bucket.allowed.shape[1:])
+        assert torch.equal(bias[:, 0] == 0, bucket.allowed)
+        assert bool((bias[:, 0][~bucket.allowed] == torch.finfo(dtype).min).all())
+        assert bucket.bias(dtype) is bias  # reused by every layer, not rebuilt
