@@ -131,7 +131,8 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     tree, ids = build_batch(a.roots, a.leaves, a.tokens, a.shared)
     trajs = tree.trajectories(ids)
     flat_form = form.startswith("flat")
-    batch = build_flat(trajs) if flat_form else build_packed(trajs)
+    make = build_flat if flat_form else build_packed
+    batch = make(trajs)
     micro = a.flat_chunk_tokens if form == "flat-chunked" else a.micro_batch_tokens
     cfg = transformers.Qwen2Config(
         vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
@@ -154,7 +155,7 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     with PeakSampler() as sampler:
         for i in range(a.repeat):  # lr 0: every step sees the same model; the batch is rebuilt (a batch is used once)
             if i:
-                batch = build_flat(trajs) if flat_form else build_packed(trajs)
+                batch = make(trajs)
             t0 = time.perf_counter()
             stats = learner.step(batch)
             if device.type == "cuda":

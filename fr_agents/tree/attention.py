@@ -192,9 +192,9 @@ def tree_attention_forward(
     # output gather, so the backward adds into each full-size gradient once, not once a bucket.
     q, k, v = (t.transpose(1, 2).reshape(r * w, t.shape[1], d) for t in (query, key, value))
     q_all, k_all, out_index = tree_layout.gathers
+    key_sizes = [b.k_index.numel() for b in tree_layout.buckets]
     qs = q.index_select(0, q_all).split([b.q_index.numel() for b in tree_layout.buckets])
-    ks = k.index_select(0, k_all).split([b.k_index.numel() for b in tree_layout.buckets])
-    vs = v.index_select(0, k_all).split([b.k_index.numel() for b in tree_layout.buckets])
+    ks, vs = (t.index_select(0, k_all).split(key_sizes) for t in (k, v))
     outs = []
     for b, qb, kb, vb in zip(tree_layout.buckets, qs, ks, vs, strict=True):
         g, bq = b.q_index.shape
