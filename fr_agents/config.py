@@ -237,8 +237,8 @@ class TrainerConfig:
                            "batch_size / (group size x branch_factor ** len(branch_at)) episodes; an episode that ends before a "
                            "branching turn, or leaves pruned by max_per_root, make a batch smaller", rule=_at_least(1))
     max_per_root: int = _opt(5, help="J_max: at most this many leaves of one episode's tree are trained on (identical "
-                             "siblings merged first, kept leaves chosen to keep distinct rewards); the rest stay in the store "
-                             "marked pruned", rule=_at_least(1))
+                             "siblings merged first into one row trained as that many samples, kept leaves chosen to keep distinct "
+                             "rewards); the rest stay in the store marked pruned", rule=_at_least(1))
     steps: int = _opt(100, help="optimizer steps of RL", rule=_at_least(0))
     max_minutes: float = _opt(0.0, help="wall-time cap of RL, resumed runs included (0: none)", rule=_at_least(0))
     micro_batch_tokens: int = _opt(8192, help="tokens per forward/backward chunk of a step (gradients are accumulated)",

@@ -4,7 +4,8 @@ One path, drawn in docs/DESIGN.md ("The batch path")::
 
     EpisodeSchedule.episodes(k)      which episodes form batch k (fixed by the seed, not by timing)
       -> EpisodeLedger.batch_rows(k) each finished episode's leaves, rewards, tokens, version
-      -> keep_per_tree               identical siblings merged, at most trainer.max_per_root per tree
+      -> keep_per_tree               identical siblings merged (one row weighted by their count),
+                                     at most trainer.max_per_root per tree
       -> TrajectoryTree.export_*     flat [B, T] tensors, or tree-packed rows when leaves share
       -> Learner.step(batch)         one optimizer step
       -> TrajectoryTree.mark_consumed(leaves)   the store's cursor (rewound on resume)
@@ -34,13 +35,15 @@ LedgerRow = tuple[int, int, float, int, int]  # (episode, leaf, reward, policy t
 @dataclass
 class BatchTrees:
     """What pruning did to batch ``k`` (for metrics): episode trees, the leaves they grew, leaves
-    merged as identical siblings and leaves cut by J_max (those are marked pruned in the store)."""
+    merged as identical siblings and leaves cut by J_max (those are marked pruned in the store),
+    and the sampled leaves the kept rows stand for (a row of merged identical siblings counts each)."""
 
     episodes: int = 0
     leaves_grown: int = 0
     merged: int = 0
     capped: int = 0
     partial_scored: int = 0  # kept rows whose learner reward is the env's partial score
+    samples: int = 0  # sum of the kept rows' weights
 
     @property
     def leaves_per_tree(self) -> float:
@@ -54,7 +57,8 @@ def export_batch(
 
     Raises RuntimeError when the ledger's episodes are not the scheduled ones. Each episode's
     leaves go through :func:`~fr_agents.tree.prune.keep_per_tree` (``trainer.max_per_root``);
-    the dropped ones are marked pruned in the store (they stay there). The batch is a
+    the dropped ones are marked pruned in the store (they stay there), and a kept leaf that
+    identical siblings were merged into gets their count as its row weight. The batch is a
     ``PackedBatch`` with ``trainer.packed=always``, or with ``auto`` when leaves share a prefix;
     else a ``FlatBatch``. ``rollout.reward`` picks the reward the learner sees.
     """
@@ -69,25 +73,27 @@ def export_batch(
     for r in rows:
         per_episode.setdefault(r[0], []).append(r)
     trees = [[(r[1], by_leaf[r[1]].learner_reward(reward_mode)) for r in eps] for eps in per_episode.values()]
-    kept_ids, merged, capped = keep_per_tree(trees, cfg.trainer.max_per_root)
+    kept_ids, counts, merged, capped = keep_per_tree(trees, cfg.trainer.max_per_root)
     kept_rows: list[LedgerRow] = []
-    for eps, keep in zip(per_episode.values(), kept_ids, strict=True):
+    weights: list[float] = []
+    for eps, keep, count in zip(per_episode.values(), kept_ids, counts, strict=True):
         first = {}
         for r in eps:
             first.setdefault(r[1], r)
         kept_rows.extend(first[leaf] for leaf in keep)
+        weights.extend(float(c) for c in count)
     leaves = [r[1] for r in kept_rows]
     dropped = sorted({r[1] for r in rows} - set(leaves))
     if dropped:
         tree.mark_pruned(dropped)
     trajs = [by_leaf[leaf] for leaf in leaves]
     partial = sum(1 for t in trajs if reward_mode == "partial" and t.status != "finished" and t.partial_score is not None)
-    info = BatchTrees(len(per_episode), len(rows), merged, capped, partial)
+    info = BatchTrees(len(per_episode), len(rows), merged, capped, partial, int(sum(weights)))
     shared = len(set(by_leaf[leaf].root_id for leaf in leaves)) < len(leaves)
     packed_mode = cfg.trainer.packed
     if packed_mode == "always" or (packed_mode == "auto" and shared):
-        return build_packed(trajs, reward_mode), leaves, kept_rows, info
-    return build_flat(trajs, reward_mode), leaves, kept_rows, info
+        return build_packed(trajs, reward_mode, weights), leaves, kept_rows, info
+    return build_flat(trajs, reward_mode, weights), leaves, kept_rows, info
 
 
 def save_bad_batch(run_dir: Path, k: int, batch: Any, leaves: list[int], err: Exception) -> Path:
@@ -103,6 +109,7 @@ def save_bad_batch(run_dir: Path, k: int, batch: Any, leaves: list[int], err: Ex
             "behavior_logprobs": flat.behavior_logprobs,
             "action_mask": flat.action_mask,
             "rewards": flat.rewards,
+            "weights": flat.weights,
             "versions": flat.versions,
             "stats": getattr(err, "stats", {}),
         },

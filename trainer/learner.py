@@ -358,24 +358,32 @@ class Learner:
         b = flat.token_ids.shape[0]
         action_mask = flat.action_mask.to(device)
         rewards = flat.rewards.to(device)
+        weights = self._weights(flat, device)
         try:
-            advantages = self._advantages(flat, rewards)
+            advantages = self._advantages(flat, rewards, weights)
         except NonFiniteLossError as e:
             e.batch = batch
             raise
-        num_tokens = int(action_mask.sum())
+        # the objective's denominators: rows and policy tokens, each row counted as the sampled
+        # leaves it stands for (merged identical siblings)
+        if weights is None:
+            num_rows: float = b
+            num_tokens: float = int(action_mask.sum())
+        else:
+            num_rows = float(weights.to(torch.float64).sum())
+            num_tokens = float((weights.to(torch.float64) * action_mask.sum(dim=1)).sum())
 
         use_packed = packed_input and self._fits_packed(batch)
         self.optimizer.zero_grad(set_to_none=True)
         try:
             if use_packed:
-                chunks = self._packed_chunks(batch, advantages, b, num_tokens, device)
+                chunks = self._packed_chunks(batch, advantages, weights, num_rows, num_tokens, device)
             else:
                 chunks = []
                 for rows in self._micro_batches(flat.attention_mask):
                     if self.before_micro_batch is not None:
                         self.before_micro_batch()
-                    chunks.append(self._flat_chunk(flat, rows, advantages, b, num_tokens, device))
+                    chunks.append(self._flat_chunk(flat, rows, advantages, weights, num_rows, num_tokens, device))
         except NonFiniteLossError as e:
             self.optimizer.zero_grad(set_to_none=True)
             e.batch = batch
@@ -459,7 +467,20 @@ class Learner:
         if not isinstance(flat.rewards, Tensor) or tuple(flat.rewards.shape) != shape[:1]:
             raise ValueError(f"rewards: expected shape [{shape[0]}]")
 
-    def _advantages(self, flat: Any, rewards: Tensor) -> Tensor:
+    @staticmethod
+    def _weights(flat: Any, device: torch.device) -> Tensor | None:
+        """The batch's row weights (sampled leaves per row, float64 on ``device``), or None."""
+        weights = getattr(flat, "weights", None)
+        if weights is None:
+            return None
+        b = flat.token_ids.shape[0]
+        if not isinstance(weights, Tensor) or tuple(weights.shape) != (b,) or not weights.is_floating_point():
+            raise ValueError(f"weights: expected a float tensor of shape [{b}]")
+        if not bool((torch.isfinite(weights) & (weights > 0)).all()):
+            raise ValueError("weights: every row weight must be finite and > 0")
+        return weights.to(device=device, dtype=torch.float64)
+
+    def _advantages(self, flat: Any, rewards: Tensor, weights: Tensor | None = None) -> Tensor:
         r = rewards.to(torch.float64)
         if self.algo == "flashreinforce":
             if not bool(torch.isfinite(r).all()):
@@ -468,8 +489,8 @@ class Learner:
                 groups = list(getattr(flat, "branch_rows", None) or [])
                 if len(groups) != r.shape[0]:
                     raise ValueError("branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)")
-                return self._finite(tree_advantages(r, groups))
-            return self._finite(centered_advantages(r))
+                return self._finite(tree_advantages(r, groups, weights))
+            return self._finite(centered_advantages(r, weights))
         roots = list(getattr(flat, "root_ids", None) or [])
         groups: Any = roots if len(roots) == r.shape[0] else None
         if groups is None:
@@ -479,7 +500,7 @@ class Learner:
                     f"the batch of {r.shape[0]} rows"
                 )
             groups = torch.arange(r.shape[0], device=r.device) // self.grpo_group_size
-        return self._finite(group_normalized_advantages(r, groups))
+        return self._finite(group_normalized_advantages(r, groups, weights=weights))
 
     @staticmethod
     def _finite(advantages: Tensor) -> Tensor:
@@ -520,8 +541,9 @@ class Learner:
         advantages: Tensor,
         entropies: Tensor | None,
         failures: Tensor | None,
-        num_rows: int,
-        num_tokens: int,
+        weights: Tensor | None,
+        num_rows: float,
+        num_tokens: float,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         if self.algo == "grpo":
             return grpo_loss(
@@ -532,6 +554,7 @@ class Learner:
                 clip_eps=self.grpo_clip,
                 advantages=advantages,
                 num_tokens=num_tokens,
+                weights=weights,
             )
         return flashreinforce_loss(
             log_probs,
@@ -548,6 +571,7 @@ class Learner:
             advantages=advantages,
             num_rows=num_rows,
             num_tokens=num_tokens,
+            weights=weights,
         )
 
     def _failures(self, flat: Any, rows: Tensor | None, device: torch.device) -> Tensor | None:
@@ -559,7 +583,8 @@ class Learner:
         return (failures if rows is None else failures[rows]).to(device)
 
     def _flat_chunk(
-        self, flat: Any, rows: Tensor, advantages: Tensor, b: int, num_tokens: int, device: torch.device
+        self, flat: Any, rows: Tensor, advantages: Tensor, weights: Tensor | None, num_rows: float,
+        num_tokens: float, device: torch.device,
     ) -> dict[str, Any]:
         """Forward + backward of one row chunk, trimmed to its longest real row."""
         am = flat.attention_mask[rows]
@@ -584,7 +609,8 @@ class Learner:
             advantages[sub_rows],
             entropies,
             self._failures(flat, rows, device),
-            b,
+            None if weights is None else weights[sub_rows],
+            num_rows,
             num_tokens,
         )
         loss.backward()
@@ -602,7 +628,8 @@ class Learner:
         return self.micro_batch_tokens <= 0 or batch.max_root_tokens <= self.micro_batch_tokens
 
     def _packed_chunks(
-        self, batch: Any, advantages: Tensor, b: int, num_tokens: int, device: torch.device
+        self, batch: Any, advantages: Tensor, weights: Tensor | None, num_rows: float, num_tokens: float,
+        device: torch.device,
     ) -> list[dict[str, Any]]:
         """Forward + backward of the packed batch, root group by root group (block-diagonal
         across roots, :meth:`~fr_agents.tree.batch.PackedBatch.root_chunks`)."""
@@ -610,11 +637,12 @@ class Learner:
         for roots in batch.root_chunks(self.micro_batch_tokens):
             if self.before_micro_batch is not None:
                 self.before_micro_batch()
-            chunks.append(self._packed_chunk(batch, roots, advantages, b, num_tokens, device))
+            chunks.append(self._packed_chunk(batch, roots, advantages, weights, num_rows, num_tokens, device))
         return chunks
 
     def _packed_chunk(
-        self, batch: Any, roots: list[int], advantages: Tensor, b: int, num_tokens: int, device: torch.device
+        self, batch: Any, roots: list[int], advantages: Tensor, weights: Tensor | None, num_rows: float,
+        num_tokens: float, device: torch.device,
     ) -> dict[str, Any]:
         """One forward over the packed tokens of ``roots`` (one padded row per root, each token
         attending to its own path); per-leaf log-probs are gathered from the flattened logits."""
@@ -650,7 +678,8 @@ class Learner:
             advantages[rows.to(device)],
             entropies,
             self._failures(flat, rows, device),
-            b,
+            None if weights is None else weights[rows.to(device)],
+            num_rows,
             num_tokens,
         )
         loss.backward()

@@ -405,7 +405,8 @@ class Trainer:
 
 
 def tree_metrics(batch: Any, trees: BatchTrees) -> dict[str, float]:
-    """The tree figures of one step: leaves grown per episode tree, leaves trained on, leaves
+    """The tree figures of one step: leaves grown per episode tree, leaves trained on (rows) and
+    the sampled leaves they stand for (``samples``: merged identical siblings count each), leaves
     merged/pruned, leaves scored by partial progress, the mean reward of the leaves trained on as
     the learner saw it (``learner_reward``: the partial score of a cut leaf with
     ``rollout.reward: partial``, where the step's ``reward`` is the env's), and the batch's sharing
@@ -417,6 +418,7 @@ def tree_metrics(batch: Any, trees: BatchTrees) -> dict[str, float]:
     return {
         "leaves_per_tree": trees.leaves_per_tree,
         "leaves": float(len(flat.leaf_ids)),
+        "samples": float(trees.samples),
         "merged": float(trees.merged),
         "pruned": float(trees.merged + trees.capped),
         "partial_scored": float(trees.partial_scored),

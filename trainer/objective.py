@@ -37,10 +37,24 @@ where ``S(i)`` is the set of batch rows whose path passes through row ``i``'s br
 takes ``A_i = R_i - mean_j R_j``, so on a batch without branching the tree baseline equals the
 batch baseline. The advantages are then used exactly as above.
 
+Merged rows (``weights``). Sibling branches whose continuations came out identical are one
+stored leaf, trained as one row that stands for all of them: ``w_i`` is the number of sampled
+leaves row ``i`` stands for (1 without merging). Every mean above is then a mean over the sampled
+leaves, so a merged batch has exactly the loss and gradient of the batch with the duplicates as
+separate rows (tested)::
+
+    mean_j R_j -> sum_j w_j R_j / sum_j w_j       (batch, tree and GRPO group baselines alike)
+    loss       = -(1/W) sum_i w_i (1/T_i) sum_t ...,   W = sum_i w_i        (sample mean)
+    loss       = -(1/sum_i w_i T_i) sum_i w_i sum_t ...                    (token mean, GRPO)
+
+Merging saves the duplicates' compute; it does not down-weight the continuations the policy
+samples most often, as dropping the duplicates would.
+
 Micro-batching: the learner splits a batch into row chunks. It computes the advantages on the full
 batch once (:func:`centered_advantages` / :func:`group_normalized_advantages`) and passes them in,
-together with ``num_rows`` (the full ``B``) and ``num_tokens`` (the full batch's policy-token count,
-for token-mean aggregation), so the sum of the chunk losses equals the full-batch loss.
+together with ``num_rows`` (the full ``B``, or ``W`` with weights) and ``num_tokens`` (the full
+batch's policy-token count, weighted with weights, for token-mean aggregation), so the sum of the
+chunk losses equals the full-batch loss.
 """
 
 from __future__ import annotations
@@ -143,6 +157,19 @@ def _validate_advantages(advantages: Any, b: int, device: torch.device) -> None:
         raise ValueError("advantages: every advantage must be finite")
 
 
+def _validate_weights(weights: Any, b: int, device: torch.device) -> None:
+    _check_tensor("weights", weights, shape=(b,), device=device, kind="float")
+    if not bool((torch.isfinite(weights) & (weights > 0)).all()):
+        raise ValueError("weights: every row weight must be finite and > 0")
+
+
+def _weighted_mean(values: Tensor, weights: Tensor | None) -> Tensor:
+    if weights is None:
+        return values.mean()
+    w = weights.to(values.dtype)
+    return (w * values).sum() / w.sum()
+
+
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name}: expected a positive number, got {value!r}")
@@ -151,45 +178,60 @@ def _positive_int(name: str, value: Any) -> None:
 # --------------------------------------------------------------------------- building blocks
 
 
-def centered_advantages(rewards: Tensor) -> Tensor:
-    """``A_i = R_i - mean(R)`` over the whole batch, detached."""
-    return (rewards.detach() - rewards.detach().mean()).detach()
+def centered_advantages(rewards: Tensor, weights: Tensor | None = None) -> Tensor:
+    """``A_i = R_i - mean(R)`` over the whole batch (weighted by ``weights``, the sampled leaves
+    each row stands for, when given), detached."""
+    r = rewards.detach()
+    if weights is not None:
+        _validate_weights(weights, r.shape[0], r.device)
+    return (r - _weighted_mean(r, weights)).detach()
 
 
-def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]]) -> Tensor:
+def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]], weights: Tensor | None = None) -> Tensor:
     """The tree baseline's advantages (module docstring), detached.
 
     ``branch_rows[i]`` lists the rows that pass through row ``i``'s branching node (``S(i)``,
-    row ``i`` included); empty when row ``i`` shares it with no other leaf."""
+    row ``i`` included); empty when row ``i`` shares it with no other leaf. With ``weights``
+    both means are over the sampled leaves the rows stand for."""
     r = rewards.detach()
     if len(branch_rows) != r.shape[0]:
         raise ValueError(f"branch_rows: expected {r.shape[0]} row lists, got {len(branch_rows)}")
-    global_adv = r - r.mean()
+    if weights is not None:
+        _validate_weights(weights, r.shape[0], r.device)
+    global_adv = r - _weighted_mean(r, weights)
     out = global_adv.clone()
     for i, rows in enumerate(branch_rows):
         if rows:
-            local = r[torch.as_tensor(list(rows), device=r.device)].mean()
+            idx = torch.as_tensor(list(rows), device=r.device)
+            local = _weighted_mean(r[idx], None if weights is None else weights[idx])
             out[i] = 0.5 * global_adv[i] + 0.5 * (r[i] - local)
     return out.detach()
 
 
-def group_normalized_advantages(rewards: Tensor, groups: Sequence[int] | Tensor, eps: float = 1e-6) -> Tensor:
+def group_normalized_advantages(
+    rewards: Tensor, groups: Sequence[int] | Tensor, eps: float = 1e-6, weights: Tensor | None = None
+) -> Tensor:
     """GRPO advantages ``(R - group mean) / (group std + eps)``, detached.
 
     ``groups[i]`` is the prompt id of row ``i`` (rows with the same id were sampled from the same
     prompt). The std is the unbiased sample std (as in common GRPO implementations). A group of one
-    row has no spread to normalise by: its advantage is 0.
+    row has no spread to normalise by: its advantage is 0. With ``weights`` (the sampled leaves each
+    row stands for) a row counts as that many samples: the mean, the std and the group size are
+    those of the batch with the duplicates as separate rows.
     """
     r = rewards.detach()
     ids = torch.as_tensor(list(groups) if not isinstance(groups, Tensor) else groups, device=r.device)
     if ids.shape != r.shape:
         raise ValueError(f"groups: expected {r.shape[0]} group ids, got shape {list(ids.shape)}")
+    if weights is not None:
+        _validate_weights(weights, r.shape[0], r.device)
+    w = torch.ones_like(r) if weights is None else weights.to(r.dtype)
     _, inverse = torch.unique(ids, return_inverse=True)
     n = int(inverse.max()) + 1
-    count = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
-    mean = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, r) / count
+    count = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, w)
+    mean = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, w * r) / count
     centred = r - mean[inverse]
-    sq = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, centred**2)
+    sq = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, w * centred**2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     scale = std[inverse] + eps
     # A singleton group, or a zero-spread group with eps=0, has all-zero centred rewards: advantage 0.
@@ -245,8 +287,9 @@ def flashreinforce_loss(
     importance_sampling: bool = True,
     aggregation: str = "sample_mean",
     advantages: Tensor | None = None,
-    num_rows: int | None = None,
-    num_tokens: int | None = None,
+    num_rows: float | None = None,
+    num_tokens: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The FlashREINFORCE loss on ``[B, T]`` rows (see the module docstring for the formula).
 
@@ -267,8 +310,12 @@ def flashreinforce_loss(
             (``1/sum_i T_i``, ablation).
         advantages: precomputed full-batch advantages ``[B]`` (micro-batching); default: rewards
             centred on this batch.
-        num_rows: the ``B`` of ``1/B`` (micro-batching); default: the rows given.
-        num_tokens: the token-mean denominator (micro-batching); default: the policy tokens given.
+        num_rows: the ``B`` of ``1/B`` (micro-batching); default: the rows given (their weights'
+            sum with ``weights``).
+        num_tokens: the token-mean denominator (micro-batching); default: the policy tokens given
+            (each row's counted ``w_i`` times with ``weights``).
+        weights: ``[B]`` float, the sampled leaves each row stands for (merged identical
+            siblings, module docstring); default: 1 each.
 
     Returns:
         ``(loss, stats)``; stats are detached: ``advantages``, ``sequence_kl``, ``admitted`` (bool),
@@ -302,6 +349,8 @@ def flashreinforce_loss(
         _positive_int("num_rows", num_rows)
     if num_tokens is not None:
         _positive_int("num_tokens", num_tokens)
+    if weights is not None:
+        _validate_weights(weights, b, log_probs.device)
 
     dtype = compute_dtype(log_probs)
     mask = action_mask
@@ -309,8 +358,9 @@ def flashreinforce_loss(
     # Masked slots become exact zeros before any arithmetic: NaN/inf there cannot leak.
     cur = torch.where(mask, log_probs.to(dtype), zero)
     beh = torch.where(mask, behavior_log_probs.detach().to(dtype), zero)
-    adv = (centered_advantages(rewards) if advantages is None else advantages.detach()).to(dtype)
+    adv = (centered_advantages(rewards, weights) if advantages is None else advantages.detach()).to(dtype)
     t_i = mask.sum(dim=1).to(dtype)
+    w = None if weights is None else weights.detach().to(dtype)
 
     with torch.no_grad():
         d = torch.where(mask, binary_kl(beh, cur.detach()), zero)
@@ -328,14 +378,15 @@ def flashreinforce_loss(
         if negative_min_prob > 0:  # unlikely tokens of rows pushed down: no gradient
             keep = keep & ~((adv[:, None] < 0) & (beh < math.log(negative_min_prob)))
         weight_ratio = ratio if importance_sampling else mask.to(dtype)
-        weight = torch.where(keep & admitted[:, None], weight_ratio * adv[:, None], zero)
+        row_factor = adv if w is None else w * adv
+        weight = torch.where(keep & admitted[:, None], weight_ratio * row_factor[:, None], zero)
 
     per_token = weight * cur
     if aggregation == "sample_mean":
-        rows = num_rows if num_rows is not None else b
+        rows = num_rows if num_rows is not None else (b if w is None else float(w.sum()))
         loss = -(per_token.sum(dim=1) / t_i).sum() / rows
     else:
-        tokens = num_tokens if num_tokens is not None else int(mask.sum())
+        tokens = num_tokens if num_tokens is not None else (int(mask.sum()) if w is None else float((w * t_i).sum()))
         loss = -per_token.sum() / tokens
 
     n_policy = mask.sum()
@@ -366,7 +417,8 @@ def grpo_loss(
     clip_eps: float = 0.2,
     eps: float = 1e-6,
     advantages: Tensor | None = None,
-    num_tokens: int | None = None,
+    num_tokens: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO baseline: group-normalised advantages, PPO-clip against behaviour, token mean.
 
@@ -375,8 +427,8 @@ def grpo_loss(
     ``A = (R - group mean) / (group std + eps)``. No KL penalty (beta = 0).
 
     Groups come from ``groups`` (a prompt id per row) or, failing that, ``group_size`` consecutive
-    rows. ``advantages`` / ``num_tokens`` are the micro-batching overrides, as for
-    :func:`flashreinforce_loss`. Stats: ``advantages``, ``sequence_kl`` (logged, never gating),
+    rows. ``advantages`` / ``num_tokens`` are the micro-batching overrides and ``weights`` the
+    merged rows' sample counts, as for :func:`flashreinforce_loss`. Stats: ``advantages``, ``sequence_kl`` (logged, never gating),
     ``clip_fraction``, ``ratio_mean``,
     ``ratio_max``, ``policy_tokens``.
     """
@@ -385,7 +437,10 @@ def grpo_loss(
         raise ValueError(f"clip_eps: must lie in (0, 1), got {clip_eps!r}")
     if num_tokens is not None:
         _positive_int("num_tokens", num_tokens)
+    if weights is not None:
+        _validate_weights(weights, b, log_probs.device)
     dtype = compute_dtype(log_probs)
+    w = None if weights is None else weights.detach().to(dtype)
     if advantages is not None:
         _validate_advantages(advantages, b, log_probs.device)
         adv = advantages.detach().to(dtype)
@@ -398,7 +453,7 @@ def grpo_loss(
             if b % group_size:
                 raise ValueError(f"group_size: {group_size} does not divide the batch of {b} rows")
             groups = torch.arange(b, device=log_probs.device) // group_size
-        adv = group_normalized_advantages(rewards.to(dtype), groups, eps)
+        adv = group_normalized_advantages(rewards.to(dtype), groups, eps, w)
 
     mask = action_mask
     zero = torch.zeros((), dtype=dtype, device=log_probs.device)
@@ -408,7 +463,10 @@ def grpo_loss(
     unclipped = ratio * adv[:, None]
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv[:, None]
     per_token = torch.where(mask, torch.minimum(unclipped, clipped), zero)
-    tokens = num_tokens if num_tokens is not None else int(mask.sum())
+    if w is not None:
+        per_token = per_token * w[:, None]
+    default_tokens = int(mask.sum()) if w is None else float((w * mask.sum(dim=1).to(dtype)).sum())
+    tokens = num_tokens if num_tokens is not None else default_tokens
     loss = -per_token.sum() / tokens
 
     with torch.no_grad():

@@ -28,6 +28,7 @@ normally (status truncated/aborted) or its env reward is <= 0.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -68,6 +69,9 @@ class FlatBatch:
     root_ids: list[int]  # GRPO groups: equal ids share a prompt
     branch_nodes: list[int] = field(default_factory=list)  # each row's branching node (see branching_nodes)
     branch_rows: list[list[int]] = field(default_factory=list)  # rows through that node ([] when alone)
+    # float32 [B]: the sampled leaves each row stands for (identical siblings merged into one row,
+    # trained as that many samples; see trainer/objective.py); None: one each
+    weights: Tensor | None = None
     _consumed: bool = field(default=False, repr=False)
 
     @property
@@ -240,8 +244,20 @@ def learner_rewards(trajs: Sequence[Trajectory], reward: str) -> list[float]:
     return [t.learner_reward(reward) for t in trajs]
 
 
-def build_flat(trajs: Sequence[Trajectory], reward: str = "env") -> FlatBatch:
-    """Pad trajectories into a :class:`FlatBatch`."""
+def row_weights(weights: Sequence[float] | None, b: int) -> Tensor | None:
+    """The batch's ``weights`` tensor: ``None`` when every row stands for one sampled leaf."""
+    if weights is None:
+        return None
+    if len(weights) != b:
+        raise ValueError(f"weights: expected {b} row weights, got {len(weights)}")
+    if any(not (math.isfinite(w) and w > 0) for w in weights):
+        raise ValueError("weights: every row weight must be finite and > 0")
+    return None if all(w == 1 for w in weights) else torch.tensor(weights, dtype=torch.float32)
+
+
+def build_flat(trajs: Sequence[Trajectory], reward: str = "env", weights: Sequence[float] | None = None) -> FlatBatch:
+    """Pad trajectories into a :class:`FlatBatch`; ``weights[i]`` is the number of sampled leaves
+    row ``i`` stands for (identical siblings merged into it), default one each."""
     if not trajs:
         raise ValueError("leaf_ids: empty batch")
     rewards = learner_rewards(trajs, reward)
@@ -272,6 +288,7 @@ def build_flat(trajs: Sequence[Trajectory], reward: str = "env") -> FlatBatch:
         root_ids=[x.root_id for x in trajs],
         branch_nodes=(nodes := branching_nodes(trajs)),
         branch_rows=sharing_rows(trajs, nodes),
+        weights=row_weights(weights, b),
     )
 
 
@@ -302,9 +319,10 @@ def branching_nodes(trajs: Sequence[Trajectory]) -> list[int]:
     return out
 
 
-def build_packed(trajs: Sequence[Trajectory], reward: str = "env") -> PackedBatch:
-    """Lay the union of the trajectories' path nodes out once, depth first."""
-    flat = build_flat(trajs, reward)
+def build_packed(trajs: Sequence[Trajectory], reward: str = "env", weights: Sequence[float] | None = None) -> PackedBatch:
+    """Lay the union of the trajectories' path nodes out once, depth first (``weights`` as for
+    :func:`build_flat`)."""
+    flat = build_flat(trajs, reward, weights)
     # Segments of the union: node id -> (parent node id or None, offset, tokens).
     parent_of: dict[int, int | None] = {}
     span: dict[int, tuple[int, list[int]]] = {}

@@ -100,34 +100,41 @@ def prune_redundant(
 
 def keep_per_tree(
     trees: Sequence[Sequence[tuple[int, float]]], max_per_tree: int
-) -> tuple[list[list[int]], int, int]:
-    """Which leaves of each episode tree a batch trains on: ``(kept, merged, capped)``.
+) -> tuple[list[list[int]], list[list[int]], int, int]:
+    """Which leaves of each episode tree a batch trains on: ``(kept, counts, merged, capped)``.
 
     ``trees[e]`` lists episode ``e``'s leaves as ``(leaf id, learner reward)`` in depth-first
     order. First, sibling branches with *identical continuations* are merged: the store keeps one
-    leaf per distinct path, so identical siblings carry the same leaf id and only the first stays.
-    Then at most ``max_per_tree`` (J_max) leaves are kept, chosen to keep reward diversity: the
-    leaves are grouped by reward, and one leaf is taken from each reward class in turn (classes in
-    increasing reward, each class in depth-first order) until J_max are taken, so a tree whose
-    leaves disagree keeps both a low and a high reward. Pure and deterministic (exact resume).
+    leaf per distinct path, so identical siblings carry the same leaf id; the first stays and
+    stands for all of them (``counts``: the learner trains it as that many samples, so merging
+    saves compute without changing the objective). Then at most ``max_per_tree`` (J_max) distinct
+    leaves are kept, chosen to keep reward diversity: the leaves are grouped by reward, and one
+    leaf is taken from each reward class in turn (classes in increasing reward, each class in
+    depth-first order) until J_max are taken, so a tree whose leaves disagree keeps both a low and
+    a high reward. Pure and deterministic (exact resume).
 
-    ``kept[e]`` lists the kept leaf ids in depth-first order; ``merged`` and ``capped`` count the
-    leaves dropped by each rule.
+    ``kept[e]`` lists the kept leaf ids in depth-first order and ``counts[e]`` the sampled leaves
+    each stands for; ``merged`` counts the sibling branches merged into another (of kept leaves or
+    not) and ``capped`` the distinct leaves J_max dropped.
     """
     if not isinstance(max_per_tree, int) or max_per_tree < 1:
         raise ValueError(f"max_per_root: must be a positive int, got {max_per_tree!r}")
     kept: list[list[int]] = []
+    counts: list[list[int]] = []
     merged = capped = 0
     for leaves in trees:
         seen: dict[int, float] = {}
+        times: dict[int, int] = {}
         for leaf, reward in leaves:
             if leaf in seen:
                 merged += 1
             else:
                 seen[leaf] = float(reward)
+            times[leaf] = times.get(leaf, 0) + 1
         distinct = list(seen)
         if len(distinct) <= max_per_tree:
             kept.append(distinct)
+            counts.append([times[leaf] for leaf in distinct])
             continue
         classes: dict[float, list[int]] = {}
         for leaf in distinct:
@@ -139,5 +146,6 @@ def keep_per_tree(
                 if q and len(chosen) < max_per_tree:
                     chosen.add(q.pop(0))
         kept.append([leaf for leaf in distinct if leaf in chosen])
+        counts.append([times[leaf] for leaf in kept[-1]])
         capped += len(distinct) - max_per_tree
-    return kept, merged, capped
+    return kept, counts, merged, capped

@@ -16,7 +16,7 @@ from fr_agents.config import load_config
 from fr_agents.tree import TrajectoryTree
 from fr_agents.tree.batch import build_flat, build_packed
 from fr_agents.tree.prune import STATE_PRUNED, keep_per_tree
-from tests.trainer.test_learner import make_trajectories, params_close, tiny_model
+from tests.trainer.test_learner import make_trajectories, moved, params_close, tiny_model
 from tests.trainer.test_resume import (
     OVERRIDES,
     _steps_logged,
@@ -68,14 +68,59 @@ def test_keep_per_tree_merges_identical_siblings_and_respects_j_max_with_reward_
         [(11, 0.0), (11, 0.0), (12, 1.0), (13, 0.0)],
         [(21, 0.0), (22, 0.0), (23, 0.0), (24, 0.0), (25, 1.0), (26, 1.0)],
     ]
-    kept, merged, capped = keep_per_tree(trees, 3)
+    kept, counts, merged, capped = keep_per_tree(trees, 3)
     assert kept[0] == [11, 12, 13] and merged == 1
-    assert len(kept[1]) == 3 and capped == 3
+    assert counts[0] == [2, 1, 1]  # leaf 11 stands for both identical siblings
+    assert len(kept[1]) == 3 and capped == 3 and counts[1] == [1, 1, 1]
     assert {r for leaf, r in trees[1] if leaf in kept[1]} == {0.0, 1.0}
     assert kept[1] == [21, 22, 25]  # round robin over reward classes, depth-first within each
-    assert keep_per_tree(trees, 3) == (kept, merged, capped)  # deterministic
+    assert keep_per_tree(trees, 3) == (kept, counts, merged, capped)  # deterministic
     with pytest.raises(ValueError, match="max_per_root"):
         keep_per_tree(trees, 0)
+
+
+MERGE_CONFIGS = [
+    {"baseline": "batch"},
+    {"baseline": "tree"},
+    {"baseline": "tree", "negative_token_fraction": 0.5, "aggregation": "token_mean"},
+    {"algo": "grpo"},
+]
+
+
+@pytest.mark.parametrize("switches", MERGE_CONFIGS, ids=["batch", "tree", "tree+filter+token_mean", "grpo"])
+@pytest.mark.parametrize("form", ["flat", "packed"])
+def test_a_merged_row_steps_exactly_like_its_identical_siblings_as_separate_rows(switches: dict, form: str) -> None:
+    """Merging identical siblings saves their compute and changes nothing else: one row of weight m
+    gives the loss and gradients of m identical rows (baselines, denominators, GRPO groups)."""
+    model = tiny_model()
+    trajs = make_trajectories(model)
+    ref = copy.deepcopy(model)
+    counts = [1, 3, 1, 1, 2, 1, 1, 1]  # leaf 1 was sampled 3 times, leaf 4 twice
+    separate = [t for t, c in zip(trajs, counts, strict=True) for _ in range(c)]
+    kw = {"delta": 0.05, **switches}
+    build = build_packed if form == "packed" else build_flat
+    merged = build(trajs, "env", counts)
+    assert merged.consumed is False and len((merged.flat if form == "packed" else merged).leaf_ids) == len(trajs)
+    s_merged = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=24,
+                       tree_min_saving=0, **kw).step(merged)
+    s_sep = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=0, **kw).step(build_flat(separate))
+    assert s_sep["rows"] == len(separate) and s_merged["rows"] == len(trajs)
+    for key in ("loss", "grad_norm"):
+        assert s_merged[key] == pytest.approx(s_sep[key], rel=1e-7, abs=1e-10), key
+    assert moved(ref, tiny_model()) > 1e-4  # the step really moved the weights
+    params_close(model, ref, 1e-7)
+    # dropping the duplicates instead (weight 1 each) is a different step
+    plain = Learner(copy.deepcopy(tiny_model()), lr=1e-2, **kw).step(build_flat(trajs))
+    assert plain["loss"] != pytest.approx(s_sep["loss"], rel=1e-4)
+
+
+def test_row_weights_are_refused_when_malformed() -> None:
+    trajs = make_trajectories(tiny_model())
+    with pytest.raises(ValueError, match="weights: expected 8"):
+        build_flat(trajs, "env", [1, 2])
+    with pytest.raises(ValueError, match="weights: every row weight"):
+        build_flat(trajs, "env", [1, 1, 1, 0, 1, 1, 1, 1])
+    assert build_flat(trajs, "env", [1] * 8).weights is None  # all ones: the plain batch
 
 
 # --------------------------------------------------------------------------- tree baseline
@@ -157,6 +202,10 @@ def test_branching_episodes_in_the_training_loop(tmp_path: Path) -> None:
         assert a.info["turns"] >= 1 and b.info["turns"] >= 1
         # the engine's count: a fork's shared part once, where the leaves' path tokens count it per leaf
         assert rows[k]["sampled_tokens"] == ledger.sampled_tokens(k) < sum(r[3] for r in batch)
+        # nothing is capped at J_max=5 with 2 leaves a tree: the rows stand for every sampled leaf,
+        # an identical sibling merged into its twin as one more sample of that row
+        assert rows[k]["samples"] == len(batch)
+        assert rows[k]["samples"] - rows[k]["leaves"] == rows[k]["merged"]
     stats = tree.stats()
     assert stats["available"] == 0, "every finished leaf is trained on or pruned, none left behind"
     ledger.close()
