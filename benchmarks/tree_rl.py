@@ -23,15 +23,19 @@ A 2-step pilot of the tree run measures its tokens per step, and the tree run ge
 give about ``T`` tokens; since tokens per step change as the policy learns, the tree run is then
 resumed from its last checkpoint for the tokens still missing until it has sampled at least 95% of
 ``T``. The tokens each run's store holds (each node once) are printed too, with the tree run's
-leaves trained per step (after merging identical siblings and J_max) and merges per step. (Before
+leaves trained per step (after merging identical siblings and J_max), the sampled leaves those rows
+stand for (a merged row is trained as its identical siblings' count) and merges per step. (Before
 the ledger kept the engine's count, this budget counted stored nodes, which charged a tree run
 nothing for the identical siblings it merged.)
 
-``trainer.batch_size`` counts leaves at full branching, so when most forked siblings are identical
-(and merged) a tree step trains on far fewer leaves than a linear one, and the tree run takes many
-more, smaller optimizer steps for the same tokens. ``--match-leaves`` gives the tree run a larger
-``trainer.batch_size``, from a 4-step pilot's leaves per step, so that both train on about
-``--batch-size`` leaves per step. Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
+``trainer.batch_size`` counts leaves at full branching. Identical forked siblings are merged into
+one row trained as that many samples, so a tree step trains on fewer *rows* than a linear one but
+on about as many sampled leaves (fewer where J_max drops distinct leaves or an episode ends before
+its branching turn). ``--match-samples`` sizes the tree run's ``trainer.batch_size`` from a 4-step
+pilot so that both runs train on about ``--batch-size`` sampled leaves per step (the rows' weights);
+``--match-leaves`` so that both train on about ``--batch-size`` rows (distinct leaves) per step,
+which gives a tree step several times the samples of a linear one (kept to reproduce figures from
+before merged rows were weighted). Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
 as mean and spread over ``--seeds``.
 
 Learner cost: two sets of 20 tree batches of each tree run, its last 20 (the converged policy, whose
@@ -132,7 +136,8 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
             "stored_tokens": float(stored_policy_tokens(run)), "steps": res.steps,
             "temperature": cfg.rollout.temperature,
             "leaves_per_step": statistics.mean(r["leaves"] for r in steps.values()) if steps else math.nan,
-            "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values()) if steps else math.nan}
+            "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values()) if steps else math.nan,
+            "samples_per_step": statistics.mean(r.get("samples", r["leaves"]) for r in steps.values()) if steps else math.nan}
 
 
 def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: float, micro_batch_tokens: int,
@@ -230,8 +235,13 @@ def main() -> None:
     p.add_argument("--match-leaves", action="store_true",
                    help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, about "
                         "--batch-size leaves per step survive merging and J_max, as the linear run trains on")
+    p.add_argument("--match-samples", action="store_true",
+                   help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, its rows "
+                        "stand for about --batch-size sampled leaves per step, as the linear run trains on")
     p.add_argument("--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out")
     a = p.parse_args()
+    if a.match_leaves and a.match_samples:
+        p.error("--match-leaves and --match-samples: choose one")
     if a.cost_only:
         if not a.out:
             p.error("--cost-only: needs --out, the folder of an earlier run")
@@ -269,12 +279,13 @@ def main() -> None:
         tree_over = list(base_over)
         s = [f"trainer.seed={seed}", f"model.tiny_seed={seed}"]
         lin = train(out / f"linear-{seed}", a.task, [*common, *s, f"trainer.steps={a.steps}"])
-        pilot_steps = 4 if a.match_leaves else 2
+        pilot_steps = 4 if a.match_leaves or a.match_samples else 2
         pilot = train(out / f"pilot-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
         per_step = max(1.0, pilot["tokens"] / pilot_steps)
         tree_batch = a.batch_size
-        if a.match_leaves:  # schedule more episodes so that about batch_size leaves survive merging and J_max
-            tree_batch = max(fan, round(a.batch_size * a.batch_size / pilot["leaves_per_step"] / fan) * fan)
+        if a.match_leaves or a.match_samples:  # episodes so that about batch_size rows (samples) are trained a step
+            trained = pilot["samples_per_step"] if a.match_samples else pilot["leaves_per_step"]
+            tree_batch = max(fan, round(a.batch_size * a.batch_size / trained / fan) * fan)
             per_step *= tree_batch / a.batch_size
         tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
         steps = max(1, round(lin["tokens"] / per_step))
@@ -290,8 +301,8 @@ def main() -> None:
         rows.append((seed, lin, tree, costs))
         print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
               f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
-              f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f}, merged siblings per step "
-              f"{tree['merged_per_step']:.1f}) | "
+              f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f} standing for "
+              f"{tree['samples_per_step']:.1f} sampled, merged siblings per step {tree['merged_per_step']:.1f}) | "
               f"{cost_line(costs)}", flush=True)
     print(f"[tree RL] {TASKS[a.task][0]} ({a.task}), {len(a.seeds)} seeds, runs in {out}")
     print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
