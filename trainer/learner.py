@@ -55,6 +55,7 @@ from trainer.objective import (
     validate_delta,
     validate_fraction,
     validate_min_prob,
+    validate_weights,
 )
 from trainer.spike_clip import SpikeClip
 
@@ -473,11 +474,7 @@ class Learner:
         weights = getattr(flat, "weights", None)
         if weights is None:
             return None
-        b = flat.token_ids.shape[0]
-        if not isinstance(weights, Tensor) or tuple(weights.shape) != (b,) or not weights.is_floating_point():
-            raise ValueError(f"weights: expected a float tensor of shape [{b}]")
-        if not bool((torch.isfinite(weights) & (weights > 0)).all()):
-            raise ValueError("weights: every row weight must be finite and > 0")
+        validate_weights(weights, flat.token_ids.shape[0], getattr(weights, "device", device))
         return weights.to(device=device, dtype=torch.float64)
 
     def _advantages(self, flat: Any, rewards: Tensor, weights: Tensor | None = None) -> Tensor:

@@ -157,7 +157,8 @@ def _validate_advantages(advantages: Any, b: int, device: torch.device) -> None:
         raise ValueError("advantages: every advantage must be finite")
 
 
-def _validate_weights(weights: Any, b: int, device: torch.device) -> None:
+def validate_weights(weights: Any, b: int, device: torch.device) -> None:
+    """Row weights (the sampled leaves each row stands for): float ``[b]`` on ``device``, finite, > 0."""
     _check_tensor("weights", weights, shape=(b,), device=device, kind="float")
     if not bool((torch.isfinite(weights) & (weights > 0)).all()):
         raise ValueError("weights: every row weight must be finite and > 0")
@@ -183,7 +184,7 @@ def centered_advantages(rewards: Tensor, weights: Tensor | None = None) -> Tenso
     each row stands for, when given), detached."""
     r = rewards.detach()
     if weights is not None:
-        _validate_weights(weights, r.shape[0], r.device)
+        validate_weights(weights, r.shape[0], r.device)
     return (r - _weighted_mean(r, weights)).detach()
 
 
@@ -197,7 +198,7 @@ def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]], weigh
     if len(branch_rows) != r.shape[0]:
         raise ValueError(f"branch_rows: expected {r.shape[0]} row lists, got {len(branch_rows)}")
     if weights is not None:
-        _validate_weights(weights, r.shape[0], r.device)
+        validate_weights(weights, r.shape[0], r.device)
     global_adv = r - _weighted_mean(r, weights)
     out = global_adv.clone()
     for i, rows in enumerate(branch_rows):
@@ -224,7 +225,7 @@ def group_normalized_advantages(
     if ids.shape != r.shape:
         raise ValueError(f"groups: expected {r.shape[0]} group ids, got shape {list(ids.shape)}")
     if weights is not None:
-        _validate_weights(weights, r.shape[0], r.device)
+        validate_weights(weights, r.shape[0], r.device)
     w = torch.ones_like(r) if weights is None else weights.to(r.dtype)
     _, inverse = torch.unique(ids, return_inverse=True)
     n = int(inverse.max()) + 1
@@ -350,7 +351,7 @@ def flashreinforce_loss(
     if num_tokens is not None:
         _positive_int("num_tokens", num_tokens)
     if weights is not None:
-        _validate_weights(weights, b, log_probs.device)
+        validate_weights(weights, b, log_probs.device)
 
     dtype = compute_dtype(log_probs)
     mask = action_mask
@@ -438,7 +439,7 @@ def grpo_loss(
     if num_tokens is not None:
         _positive_int("num_tokens", num_tokens)
     if weights is not None:
-        _validate_weights(weights, b, log_probs.device)
+        validate_weights(weights, b, log_probs.device)
     dtype = compute_dtype(log_probs)
     w = None if weights is None else weights.detach().to(dtype)
     if advantages is not None:

@@ -28,7 +28,6 @@ normally (status truncated/aborted) or its env reward is <= 0.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -245,13 +244,12 @@ def learner_rewards(trajs: Sequence[Trajectory], reward: str) -> list[float]:
 
 
 def row_weights(weights: Sequence[float] | None, b: int) -> Tensor | None:
-    """The batch's ``weights`` tensor: ``None`` when every row stands for one sampled leaf."""
+    """The batch's ``weights`` tensor: ``None`` when every row stands for one sampled leaf (the
+    learner refuses weights that are not finite and > 0, before any work)."""
     if weights is None:
         return None
     if len(weights) != b:
         raise ValueError(f"weights: expected {b} row weights, got {len(weights)}")
-    if any(not (math.isfinite(w) and w > 0) for w in weights):
-        raise ValueError("weights: every row weight must be finite and > 0")
     return None if all(w == 1 for w in weights) else torch.tensor(weights, dtype=torch.float32)
 
 

@@ -114,13 +114,20 @@ def test_a_merged_row_steps_exactly_like_its_identical_siblings_as_separate_rows
     assert plain["loss"] != pytest.approx(s_sep["loss"], rel=1e-4)
 
 
-def test_row_weights_are_refused_when_malformed() -> None:
-    trajs = make_trajectories(tiny_model())
+def test_row_weights_are_refused_when_malformed_before_any_work() -> None:
+    model = tiny_model()
+    trajs = make_trajectories(model)
     with pytest.raises(ValueError, match="weights: expected 8"):
         build_flat(trajs, "env", [1, 2])
-    with pytest.raises(ValueError, match="weights: every row weight"):
-        build_flat(trajs, "env", [1, 1, 1, 0, 1, 1, 1, 1])
     assert build_flat(trajs, "env", [1] * 8).weights is None  # all ones: the plain batch
+    before = copy.deepcopy(model)
+    learner = Learner(model, lr=1e-2, delta=0.05)
+    for bad in ([1, 1, 1, 0, 1, 1, 1, 1], [1, 1, float("nan"), 1, 1, 1, 1, 1]):
+        batch = build_flat(trajs, "env", bad)
+        with pytest.raises(ValueError, match="weights: every row weight"):
+            learner.step(batch)
+        assert not batch.consumed
+    params_close(model, before, 0.0)  # nothing stepped
 
 
 # --------------------------------------------------------------------------- tree baseline
