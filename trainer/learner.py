@@ -47,6 +47,7 @@ from fr_agents.tree.batch import token_logprobs
 from trainer.objective import (
     centered_advantages,
     compute_dtype,
+    denominators,
     flashreinforce_loss,
     group_normalized_advantages,
     grpo_loss,
@@ -356,7 +357,6 @@ class Learner:
         flat = batch.flat if packed_input else batch
         self._validate_flat(flat)
         device = self.params[0].device if self.params else torch.device("cpu")
-        b = flat.token_ids.shape[0]
         action_mask = flat.action_mask.to(device)
         rewards = flat.rewards.to(device)
         weights = self._weights(flat, device)
@@ -365,14 +365,7 @@ class Learner:
         except NonFiniteLossError as e:
             e.batch = batch
             raise
-        # the objective's denominators: rows and policy tokens, each row counted as the sampled
-        # leaves it stands for (merged identical siblings)
-        if weights is None:
-            num_rows: float = b
-            num_tokens: float = int(action_mask.sum())
-        else:
-            num_rows = float(weights.to(torch.float64).sum())
-            num_tokens = float((weights.to(torch.float64) * action_mask.sum(dim=1)).sum())
+        num_rows, num_tokens = denominators(action_mask, weights)  # the full batch's, for every chunk
 
         use_packed = packed_input and self._fits_packed(batch)
         self.optimizer.zero_grad(set_to_none=True)

@@ -164,6 +164,17 @@ def validate_weights(weights: Any, b: int, device: torch.device) -> None:
         raise ValueError("weights: every row weight must be finite and > 0")
 
 
+def denominators(action_mask: Tensor, weights: Tensor | None = None) -> tuple[float, float]:
+    """The objective's full-batch denominators ``(rows, policy tokens)``: ``B`` and ``sum_i T_i``,
+    or with ``weights`` ``W = sum_i w_i`` and ``sum_i w_i T_i`` (each row counted as the sampled
+    leaves it stands for). Integers without weights, so an unweighted batch divides exactly as before."""
+    t_i = action_mask.sum(dim=1)
+    if weights is None:
+        return action_mask.shape[0], int(t_i.sum())
+    w = weights.detach().to(torch.float64)
+    return float(w.sum()), float((w * t_i.to(torch.float64)).sum())
+
+
 def _weighted_mean(values: Tensor, weights: Tensor | None) -> Tensor:
     if weights is None:
         return values.mean()
@@ -384,10 +395,10 @@ def flashreinforce_loss(
 
     per_token = weight * cur
     if aggregation == "sample_mean":
-        rows = num_rows if num_rows is not None else (b if w is None else float(w.sum()))
+        rows = num_rows if num_rows is not None else denominators(mask, weights)[0]
         loss = -(per_token.sum(dim=1) / t_i).sum() / rows
     else:
-        tokens = num_tokens if num_tokens is not None else (int(mask.sum()) if w is None else float((w * t_i).sum()))
+        tokens = num_tokens if num_tokens is not None else denominators(mask, weights)[1]
         loss = -per_token.sum() / tokens
 
     n_policy = mask.sum()
@@ -466,8 +477,7 @@ def grpo_loss(
     per_token = torch.where(mask, torch.minimum(unclipped, clipped), zero)
     if w is not None:
         per_token = per_token * w[:, None]
-    default_tokens = int(mask.sum()) if w is None else float((w * mask.sum(dim=1).to(dtype)).sum())
-    tokens = num_tokens if num_tokens is not None else default_tokens
+    tokens = num_tokens if num_tokens is not None else denominators(mask, weights)[1]
     loss = -per_token.sum() / tokens
 
     with torch.no_grad():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
@@ -123,14 +124,11 @@ def keep_per_tree(
     counts: list[list[int]] = []
     merged = capped = 0
     for leaves in trees:
-        seen: dict[int, float] = {}
-        times: dict[int, int] = {}
+        seen: dict[int, float] = {}  # distinct leaves in first-seen order, with their reward
         for leaf, reward in leaves:
-            if leaf in seen:
-                merged += 1
-            else:
-                seen[leaf] = float(reward)
-            times[leaf] = times.get(leaf, 0) + 1
+            seen.setdefault(leaf, float(reward))
+        times = Counter(leaf for leaf, _ in leaves)
+        merged += len(leaves) - len(seen)
         distinct = list(seen)
         if len(distinct) <= max_per_tree:
             kept.append(distinct)
