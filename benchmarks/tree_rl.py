@@ -40,16 +40,23 @@ as mean and spread over ``--seeds``.
 
 Learner cost: two sets of 20 tree batches of each tree run, its last 20 (the converged policy, whose
 forked siblings mostly agree and merge) and 20 spread over the whole run, are stepped (on copies of
-the final model) in their flat form and in the learner's per-root packed form (tree attention or the
-dense per-root mask, whichever it picks); the figure is learner seconds per logical token (sum of
-root-to-leaf lengths), flat over packed (goal >= 2x), with the batches' ideal ratio (logical /
-packed tokens), the most packing can save on them. ``--cost-only`` measures it again on
-the tree runs of an earlier ``--out`` folder. Ratios are the result, not absolute times.
+the final model) in three forms (:func:`learner_cost`): the tree's step (its distinct leaves in the
+learner's per-root packed form, tree attention or the dense per-root mask, whichever it picks, each
+weighted by the sampled leaves it stands for), the flat form of every sampled leaf (identical
+siblings as separate rows: the same gradient, what a trainer without the tree steps), and the flat
+form of the distinct leaves. Logical tokens are root-to-leaf lengths, one path per sampled leaf (a
+path sampled twice is two logical paths and one stored path, as in the sharing ratio). The goal's
+figure (>= 2x) is learner seconds per logical token, flat form of the batch as sampled over the
+tree's step; beside it, flat over packed on the distinct leaves alone (what packing saves without the
+merge of identical siblings), each with its ideal ratio (logical / packed tokens). ``--cost-only``
+measures it again on the tree runs of an earlier ``--out`` folder. Ratios are the result, not
+absolute times.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import math
 import statistics
@@ -141,12 +148,21 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
 
 
 def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: float, micro_batch_tokens: int,
-                 repeat: int = 3) -> tuple[float, float, float]:
-    """(flat, packed) learner seconds per logical token over the run's ``batches`` (indices), each
-    stepped in both forms on the final model (step ``steps``; median of ``repeat`` per batch and
-    form), and the batches' ideal ratio (logical / packed tokens: what packing could save at best).
-    The packed form is the learner's own packed path (tree attention or the dense per-root mask,
-    whichever it picks)."""
+                 repeat: int = 3) -> dict[str, float]:
+    """Learner seconds per logical token over the run's ``batches`` (indices), each stepped on the
+    final model (step ``steps``; median of ``repeat`` per batch and form) in three forms:
+
+    * ``packed``: the tree's step: its distinct leaves in the learner's own packed path (tree
+      attention or the dense per-root mask, whichever it picks), each weighted by the sampled
+      leaves it stands for (identical siblings merged);
+    * ``flat``: the same distinct leaves, one padded row each (what packing alone saves);
+    * ``flat_sampled``: every sampled leaf its own row, identical siblings included: the flat
+      form of the batch as sampled, which gives the weighted packed step's gradient (tested in
+      ``tests/trainer/test_tree_rl.py``) and is what a trainer without the tree would step.
+
+    Logical tokens are root-to-leaf lengths: ``distinct`` over the distinct leaves, ``sampled``
+    over every sampled leaf (a path sampled twice is two logical paths, stored once). Returns the
+    seconds per token of each form and the ideal ratios (logical / packed tokens)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -157,20 +173,30 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
 
     ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
     model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step_{steps:06d}", dtype=torch.float32)
-    seconds = {"flat": 0.0, "packed": 0.0}
-    logical = packed_tokens = 0
+    seconds = {"flat": 0.0, "packed": 0.0, "flat_sampled": 0.0}
+    distinct = sampled = packed_tokens = 0
     for k in batches:
-        trajs = tree.trajectories(sorted({r[1] for r in ledger.batch_rows(k)}))
+        counts = collections.Counter(r[1] for r in ledger.batch_rows(k))  # leaf -> sampled leaves it holds
+        trajs = tree.trajectories(sorted(counts))
         if not trajs:
             continue
+        weights = [counts[t.leaf_id] for t in trajs]
+        every = [t for t, w in zip(trajs, weights, strict=True) for _ in range(w)]
         probe = build_packed(trajs)
-        logical += int(probe.flat.lengths.sum())
+        distinct += int(probe.flat.lengths.sum())
+        sampled += int(build_flat(every).lengths.sum())
         packed_tokens += probe.num_tokens
-        times: dict[str, list[float]] = {"flat": [], "packed": []}
-        for _ in range(repeat):  # alternate the forms so that a change of load hits both alike
+        build = {  # each form's builder and its arguments (built afresh for every timed step)
+            "flat": (build_flat, trajs, None),
+            "packed": (build_packed, trajs, weights),
+            "flat_sampled": (build_flat, every, None),
+        }
+        times: dict[str, list[float]] = {form: [] for form in seconds}
+        for _ in range(repeat):  # alternate the forms so that a change of load hits all alike
             for form in times:
                 m = copy.deepcopy(model)
-                batch = build_packed(trajs) if form == "packed" else build_flat(trajs)
+                builder, rows, w = build[form]
+                batch = builder(rows, weights=w)
                 learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
                                   micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
                 t0 = time.perf_counter()
@@ -180,7 +206,14 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
             seconds[form] += statistics.median(times[form])
     ledger.close()
     tree.close()
-    return seconds["flat"] / max(1, logical), seconds["packed"] / max(1, logical), logical / max(1, packed_tokens)
+    return {
+        "flat": seconds["flat"] / max(1, distinct),
+        "packed": seconds["packed"] / max(1, distinct),
+        "flat_sampled": seconds["flat_sampled"] / max(1, sampled),
+        "packed_sampled": seconds["packed"] / max(1, sampled),
+        "ideal": distinct / max(1, packed_tokens),
+        "ideal_sampled": sampled / max(1, packed_tokens),
+    }
 
 
 # the batches whose learner cost is measured: the run's last 20 (the converged policy, where forked
@@ -190,25 +223,39 @@ COST_WINDOWS = {
     "20 batches across the run": lambda steps: range(0, steps, max(1, steps // 20)),
 }
 
+# the two ratios reported per window: (key, what it compares, its ideal's key)
+COST_RATIOS = [
+    ("sampled", "learner s per sampled logical token, flat form of every sampled leaf / the tree's packed step", "ideal_sampled"),
+    ("distinct", "learner s per logical token of the distinct leaves, flat / packed (packing alone)", "ideal"),
+]
 
-def learner_costs(run: Path, steps: int, temperature: float) -> dict[str, tuple[float, float]]:
-    """Per window of :data:`COST_WINDOWS`: (flat / packed learner seconds per logical token, ideal ratio)."""
+
+def learner_costs(run: Path, steps: int, temperature: float) -> dict[str, dict[str, float]]:
+    """Per window of :data:`COST_WINDOWS`: the ratios of :data:`COST_RATIOS` and their ideals."""
     out = {}
     for name, window in COST_WINDOWS.items():
-        flat_s, packed_s, ideal = learner_cost(run, steps, window(steps), temperature, 0)
-        out[name] = (flat_s / packed_s, ideal)
+        c = learner_cost(run, steps, window(steps), temperature, 0)
+        out[name] = {
+            "sampled": c["flat_sampled"] / c["packed_sampled"], "ideal_sampled": c["ideal_sampled"],
+            "distinct": c["flat"] / c["packed"], "ideal": c["ideal"],
+        }
     return out
 
 
-def cost_line(costs: dict[str, tuple[float, float]]) -> str:
-    return "; ".join(f"{name}: learner s/logical token flat/packed {r:.2f}x (ideal {i:.2f}x)" for name, (r, i) in costs.items())
+def cost_line(costs: dict[str, dict[str, float]]) -> str:
+    return "; ".join(
+        f"{name}: learner s/logical token, flat of every sampled leaf / packed {c['sampled']:.2f}x "
+        f"(ideal {c['ideal_sampled']:.2f}x), distinct leaves flat / packed {c['distinct']:.2f}x (ideal {c['ideal']:.2f}x)"
+        for name, c in costs.items()
+    )
 
 
-def cost_summary(per_seed: list[dict[str, tuple[float, float]]]) -> None:
+def cost_summary(per_seed: list[dict[str, dict[str, float]]]) -> None:
     for name in COST_WINDOWS:
-        print(f"  learner s per logical token, flat / packed ({name} of each tree run): "
-              f"{spread([c[name][0] for c in per_seed])}x (goal >= 2); ideal (logical / packed tokens) "
-              f"{spread([c[name][1] for c in per_seed])}x")
+        for key, what, ideal in COST_RATIOS:
+            print(f"  {what} ({name} of each tree run): {spread([c[name][key] for c in per_seed])}x"
+                  f"{' (goal >= 2)' if key == 'sampled' else ''}; ideal (logical / packed tokens) "
+                  f"{spread([c[name][ideal] for c in per_seed])}x")
 
 
 def spread(xs: list[float]) -> str:
