@@ -148,8 +148,8 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
 
 
 def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: float, micro_batch_tokens: int,
-                 repeat: int = 3) -> dict[str, float]:
-    """Learner seconds per logical token over the run's ``batches`` (indices), each stepped on the
+                 repeat: int = 3) -> tuple[dict[str, float], dict[str, int]]:
+    """Learner seconds over the run's ``batches`` (indices), each stepped on the
     final model (step ``steps``; median of ``repeat`` per batch and form) in three forms:
 
     * ``packed``: the tree's step: its distinct leaves in the learner's own packed path (tree
@@ -160,9 +160,9 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
       form of the batch as sampled, which gives the weighted packed step's gradient (tested in
       ``tests/trainer/test_tree_rl.py``) and is what a trainer without the tree would step.
 
-    Logical tokens are root-to-leaf lengths: ``distinct`` over the distinct leaves, ``sampled``
-    over every sampled leaf (a path sampled twice is two logical paths, stored once). Returns the
-    seconds per token of each form and the ideal ratios (logical / packed tokens)."""
+    Returns the seconds of each form and the token counts: logical tokens (root-to-leaf lengths)
+    ``distinct`` over the distinct leaves and ``sampled`` over every sampled leaf (a path sampled
+    twice is two logical paths, stored once), and ``packed`` (the tokens the packed form holds)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -184,7 +184,7 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
         every = [t for t, w in zip(trajs, weights, strict=True) for _ in range(w)]
         probe = build_packed(trajs)
         distinct += int(probe.flat.lengths.sum())
-        sampled += int(build_flat(every).lengths.sum())
+        sampled += sum(counts[int(leaf)] * int(n) for leaf, n in zip(probe.flat.leaf_ids, probe.flat.lengths, strict=True))
         packed_tokens += probe.num_tokens
         build = {  # each form's builder and its arguments (built afresh for every timed step)
             "flat": (build_flat, trajs, None),
@@ -206,14 +206,7 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
             seconds[form] += statistics.median(times[form])
     ledger.close()
     tree.close()
-    return {
-        "flat": seconds["flat"] / max(1, distinct),
-        "packed": seconds["packed"] / max(1, distinct),
-        "flat_sampled": seconds["flat_sampled"] / max(1, sampled),
-        "packed_sampled": seconds["packed"] / max(1, sampled),
-        "ideal": distinct / max(1, packed_tokens),
-        "ideal_sampled": sampled / max(1, packed_tokens),
-    }
+    return seconds, {"distinct": distinct, "sampled": sampled, "packed": packed_tokens}
 
 
 # the batches whose learner cost is measured: the run's last 20 (the converged policy, where forked
@@ -223,10 +216,11 @@ COST_WINDOWS = {
     "20 batches across the run": lambda steps: range(0, steps, max(1, steps // 20)),
 }
 
-# the two ratios reported per window: (key, what it compares, its ideal's key)
+# the two ratios reported per window: (key, what it compares, the goal's note). Each compares two
+# forms over the same logical tokens, so the ratio of seconds per logical token is that of seconds.
 COST_RATIOS = [
-    ("sampled", "learner s per sampled logical token, flat form of every sampled leaf / the tree's packed step", "ideal_sampled"),
-    ("distinct", "learner s per logical token of the distinct leaves, flat / packed (packing alone)", "ideal"),
+    ("sampled", "learner s per sampled logical token, flat form of every sampled leaf / the tree's packed step", " (goal >= 2)"),
+    ("distinct", "learner s per logical token of the distinct leaves, flat / packed (packing alone)", ""),
 ]
 
 
@@ -234,10 +228,11 @@ def learner_costs(run: Path, steps: int, temperature: float) -> dict[str, dict[s
     """Per window of :data:`COST_WINDOWS`: the ratios of :data:`COST_RATIOS` and their ideals."""
     out = {}
     for name, window in COST_WINDOWS.items():
-        c = learner_cost(run, steps, window(steps), temperature, 0)
+        seconds, tokens = learner_cost(run, steps, window(steps), temperature, 0)
+        packed = max(1, tokens["packed"])
         out[name] = {
-            "sampled": c["flat_sampled"] / c["packed_sampled"], "ideal_sampled": c["ideal_sampled"],
-            "distinct": c["flat"] / c["packed"], "ideal": c["ideal"],
+            "sampled": seconds["flat_sampled"] / seconds["packed"], "ideal_sampled": tokens["sampled"] / packed,
+            "distinct": seconds["flat"] / seconds["packed"], "ideal_distinct": tokens["distinct"] / packed,
         }
     return out
 
@@ -245,17 +240,16 @@ def learner_costs(run: Path, steps: int, temperature: float) -> dict[str, dict[s
 def cost_line(costs: dict[str, dict[str, float]]) -> str:
     return "; ".join(
         f"{name}: learner s/logical token, flat of every sampled leaf / packed {c['sampled']:.2f}x "
-        f"(ideal {c['ideal_sampled']:.2f}x), distinct leaves flat / packed {c['distinct']:.2f}x (ideal {c['ideal']:.2f}x)"
+        f"(ideal {c['ideal_sampled']:.2f}x), distinct leaves flat / packed {c['distinct']:.2f}x (ideal {c['ideal_distinct']:.2f}x)"
         for name, c in costs.items()
     )
 
 
 def cost_summary(per_seed: list[dict[str, dict[str, float]]]) -> None:
     for name in COST_WINDOWS:
-        for key, what, ideal in COST_RATIOS:
-            print(f"  {what} ({name} of each tree run): {spread([c[name][key] for c in per_seed])}x"
-                  f"{' (goal >= 2)' if key == 'sampled' else ''}; ideal (logical / packed tokens) "
-                  f"{spread([c[name][ideal] for c in per_seed])}x")
+        for key, what, goal in COST_RATIOS:
+            print(f"  {what} ({name} of each tree run): {spread([c[name][key] for c in per_seed])}x{goal}; "
+                  f"ideal (logical / packed tokens) {spread([c[name]['ideal_' + key] for c in per_seed])}x")
 
 
 def spread(xs: list[float]) -> str:
