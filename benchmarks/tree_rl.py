@@ -35,7 +35,12 @@ its branching turn). ``--match-samples`` sizes the tree run's ``trainer.batch_si
 pilot so that both runs train on about ``--batch-size`` sampled leaves per step (the rows' weights);
 ``--match-leaves`` so that both train on about ``--batch-size`` rows (distinct leaves) per step,
 which gives a tree step several times the samples of a linear one (kept to reproduce figures from
-before merged rows were weighted). Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
+before merged rows were weighted). ``--match-steps`` holds the optimizer steps equal instead: the tree
+run takes the linear run's step count, with a ``trainer.batch_size`` (whole trees) at which, by the
+pilot's tokens per tree, a tree step samples about as many policy tokens as a linear step did; so
+both runs take as many Adam updates from the same token budget, and a tree step holds several times
+the roots of a ``--match-samples`` one. (At equal samples per step the tree run takes ~3x the steps
+of the linear one, each on a quarter of its prompts.) Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
 as mean and spread over ``--seeds``.
 
 Learner cost: two sets of 20 tree batches of each tree run, its last 20 (the converged policy, whose
@@ -279,10 +284,13 @@ def main() -> None:
     p.add_argument("--match-samples", action="store_true",
                    help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, its rows "
                         "stand for about --batch-size sampled leaves per step, as the linear run trains on")
+    p.add_argument("--match-steps", action="store_true",
+                   help="give the tree run the linear run's step count, with a trainer.batch_size (whole trees) at "
+                        "which, by the pilot, a tree step samples about the linear step's policy tokens")
     p.add_argument("--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out")
     a = p.parse_args()
-    if a.match_leaves and a.match_samples:
-        p.error("--match-leaves and --match-samples: choose one")
+    if a.match_leaves + a.match_samples + a.match_steps > 1:
+        p.error("--match-leaves, --match-samples and --match-steps: choose one")
     if a.cost_only:
         if not a.out:
             p.error("--cost-only: needs --out, the folder of an earlier run")
@@ -320,16 +328,19 @@ def main() -> None:
         tree_over = list(base_over)
         s = [f"trainer.seed={seed}", f"model.tiny_seed={seed}"]
         lin = train(out / f"linear-{seed}", a.task, [*common, *s, f"trainer.steps={a.steps}"])
-        pilot_steps = 4 if a.match_leaves or a.match_samples else 2
+        pilot_steps = 4 if a.match_leaves or a.match_samples or a.match_steps else 2
         pilot = train(out / f"pilot-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
         per_step = max(1.0, pilot["tokens"] / pilot_steps)
         tree_batch = a.batch_size
         if a.match_leaves or a.match_samples:  # episodes so that about batch_size rows (samples) are trained a step
             trained = pilot["samples_per_step"] if a.match_samples else pilot["leaves_per_step"]
             tree_batch = max(fan, round(a.batch_size * a.batch_size / trained / fan) * fan)
-            per_step *= tree_batch / a.batch_size
+        elif a.match_steps:  # whole trees so that a step samples about the linear step's tokens
+            per_tree = per_step / max(1.0, a.batch_size / fan)
+            tree_batch = max(fan, round(lin["tokens"] / lin["steps"] / per_tree) * fan)
+        per_step *= tree_batch / a.batch_size
         tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
-        steps = max(1, round(lin["tokens"] / per_step))
+        steps = lin["steps"] if a.match_steps else max(1, round(lin["tokens"] / per_step))
         tree = train(out / f"tree-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"])
         # tokens per step drift as the policy learns: resume for the missing tokens, at the
         # run's own rate so far, until the tree run has sampled at least 95% of the linear run's
