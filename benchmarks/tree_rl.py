@@ -37,7 +37,8 @@ pilot so that both runs train on about ``--batch-size`` sampled leaves per step 
 which gives a tree step several times the samples of a linear one (kept to reproduce figures from
 before merged rows were weighted). ``--match-steps`` holds the optimizer steps equal instead: the tree
 run takes the linear run's step count, with a ``trainer.batch_size`` (whole trees) at which, by the
-pilot's tokens per tree, a tree step samples about as many policy tokens as a linear step did; so
+pilot's tokens per tree, a tree step samples as many policy tokens as a linear step did or fewer
+(whole trees, rounded down; the resume above then tops the budget up to 95% if it falls short); so
 both runs take as many Adam updates from the same token budget, and a tree step holds several times
 the roots of a ``--match-samples`` one. (At equal samples per step the tree run takes ~3x the steps
 of the linear one, each on a quarter of its prompts.) Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
@@ -286,7 +287,7 @@ def main() -> None:
                         "stand for about --batch-size sampled leaves per step, as the linear run trains on")
     p.add_argument("--match-steps", action="store_true",
                    help="give the tree run the linear run's step count, with a trainer.batch_size (whole trees) at "
-                        "which, by the pilot, a tree step samples about the linear step's policy tokens")
+                        "which, by the pilot, a tree step samples at most the linear step's policy tokens (whole trees, rounded down)")
     p.add_argument("--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out")
     a = p.parse_args()
     if a.match_leaves + a.match_samples + a.match_steps > 1:
@@ -335,9 +336,9 @@ def main() -> None:
         if a.match_leaves or a.match_samples:  # episodes so that about batch_size rows (samples) are trained a step
             trained = pilot["samples_per_step"] if a.match_samples else pilot["leaves_per_step"]
             tree_batch = max(fan, round(a.batch_size * a.batch_size / trained / fan) * fan)
-        elif a.match_steps:  # whole trees so that a step samples about the linear step's tokens
+        elif a.match_steps:  # whole trees so that a step samples at most about the linear step's tokens
             per_tree = per_step / max(1.0, a.batch_size / fan)
-            tree_batch = max(fan, round(lin["tokens"] / lin["steps"] / per_tree) * fan)
+            tree_batch = max(fan, math.floor(lin["tokens"] / lin["steps"] / per_tree) * fan)
         per_step *= tree_batch / a.batch_size
         tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
         steps = lin["steps"] if a.match_steps else max(1, round(lin["tokens"] / per_step))
