@@ -6,8 +6,11 @@ The task: ``math-tiny`` (sums with the in-code tiny model) as a **two-attempt** 
 (``MathVerifier-v0(max_turns=2)``): a wrong first answer gets ``"Your answer X is incorrect. Try
 again."`` and the agent answers again, so the second attempt matters and it is where a tree forks: a
 tree episode shares the prompt, the first attempt and the feedback, and forks ``--branch`` second
-attempts there (``rollout.branch_at=[1]``), trained with ``trainer.max_per_root=5`` (J_max) and the
-tree baseline. Linear FlashREINFORCE samples one path per prompt.
+attempts there (``rollout.branch_at=[1]``), trained with ``trainer.max_per_root=5`` (J_max) and, by
+default, the same objective as the linear run (``--baseline batch``, the batch-mean baseline), so the
+two runs differ only in how they sample; ``--baseline tree`` trains the tree run with the tree baseline
+(each leaf also against the leaves sharing its branching node). Linear FlashREINFORCE samples one
+path per prompt.
 ``--branch-at 0 1`` forks the first reply too (``rollout.branch_at=[0, 1]``: up to ``--branch`` ** 2
 leaves a root, J_max of them trained), so a root also holds several first attempts.
 
@@ -285,6 +288,9 @@ def main() -> None:
     p.add_argument("--match-samples", action="store_true",
                    help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, its rows "
                         "stand for about --batch-size sampled leaves per step, as the linear run trains on")
+    p.add_argument("--baseline", choices=["batch", "tree"], default="batch",
+                   help="the tree run's objective.baseline: batch (the product's default, as the linear run: the two runs "
+                        "then differ only in how they sample) or tree (each leaf also against its branching node's leaves)")
     p.add_argument("--match-steps", action="store_true",
                    help="give the tree run the linear run's step count, with a trainer.batch_size (whole trees) at "
                         "which, by the pilot, a tree step samples at most the linear step's policy tokens (whole trees, rounded down)")
@@ -323,7 +329,7 @@ def main() -> None:
     fan = a.branch ** len(a.branch_at)  # leaves of a fully branched tree: trainer.batch_size's unit
     base_over = [f"rollout.branch_factor={a.branch}", f"rollout.branch_at=[{','.join(map(str, a.branch_at))}]",
                  "trainer.max_per_root=5",
-                 "objective.baseline=tree"]
+                 f"objective.baseline={a.baseline}"]
     rows = []
     for seed in a.seeds:
         tree_over = list(base_over)
