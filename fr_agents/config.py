@@ -186,6 +186,10 @@ class ObjectiveConfig:
     negative_min_prob: float = _opt(0.0, help="in rows with a negative advantage, tokens sampled with a probability below this "
                                     "get no gradient (pushing an already unlikely token further down can give one token a "
                                     "gradient thousands of times the rest); 0: off, the paper's loss", rule=rule_fraction)
+    negative_min_prob_scope: str = _opt("token", help="where objective.negative_min_prob cuts a row pushed down: token (only "
+                                        "its unlikely tokens) or suffix (from its first unlikely token to the row's end: the "
+                                        "tokens after an unlikely deviation are its consequences; see trainer/objective.py)",
+                                        choices=("token", "suffix"))
     baseline: str = _opt("batch", help="flashreinforce advantage: batch (R - batch mean) or tree (also against the mean of "
                          "the leaves sharing the leaf's branching node, TreeRL-style; see trainer/objective.py)",
                          choices=("batch", "tree"))
@@ -497,6 +501,9 @@ def _validate(cfg: TrainConfig) -> None:
     if o.algo != "flashreinforce" and o.negative_min_prob > 0:
         bad("objective.negative_min_prob", f"{o.negative_min_prob} filters FlashREINFORCE's tokens; objective.algo={o.algo} "
             "would ignore it (set it to 0)")
+    if o.negative_min_prob_scope != "token" and not o.negative_min_prob > 0:
+        bad("objective.negative_min_prob_scope", f"{o.negative_min_prob_scope} says where objective.negative_min_prob "
+            "cuts, and that filter is off (0); set objective.negative_min_prob")
     if o.algo == "grpo" and o.grpo_group_size < 2:
         bad("objective.grpo_group_size", "GRPO needs at least 2 samples per prompt")
     if o.algo == "grpo" and t.batch_size % o.grpo_group_size:

@@ -56,6 +56,7 @@ from trainer.objective import (
     validate_delta,
     validate_fraction,
     validate_min_prob,
+    validate_min_prob_scope,
     validate_weights,
 )
 from trainer.spike_clip import SpikeClip
@@ -184,8 +185,8 @@ class Learner:
         optimizer: defaults to ``AdamW(lr, betas, weight_decay)``.
         temperature: the sampling temperature the rollouts used.
         algo: ``"flashreinforce"`` or ``"grpo"``.
-        delta, importance_sampling, aggregation, negative_token_fraction, negative_min_prob: the
-            FlashREINFORCE switches (:func:`trainer.objective.flashreinforce_loss`).
+        delta, importance_sampling, aggregation, negative_token_fraction, negative_min_prob,
+            negative_min_prob_scope: the FlashREINFORCE switches (:func:`trainer.objective.flashreinforce_loss`).
         grpo_group_size, grpo_clip: the GRPO baseline; groups are the batch's ``root_ids`` when
             present, else consecutive runs of ``grpo_group_size`` rows.
         micro_batch_tokens: token budget of one forward (rows x padded length); <= 0 means one
@@ -224,6 +225,7 @@ class Learner:
         aggregation: str = "sample_mean",
         negative_token_fraction: float = 1.0,
         negative_min_prob: float = 0.0,
+        negative_min_prob_scope: str = "token",
         grpo_group_size: int = 4,
         grpo_clip: float = 0.2,
         micro_batch_tokens: int = 8192,
@@ -252,6 +254,7 @@ class Learner:
         validate_delta(delta)
         validate_fraction(negative_token_fraction)
         validate_min_prob(negative_min_prob)
+        validate_min_prob_scope(negative_min_prob_scope)
         validate_aggregation(aggregation)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -266,6 +269,7 @@ class Learner:
         self.aggregation = aggregation
         self.negative_token_fraction = float(negative_token_fraction)
         self.negative_min_prob = float(negative_min_prob)
+        self.negative_min_prob_scope = negative_min_prob_scope
         self.grpo_group_size = grpo_group_size
         self.grpo_clip = grpo_clip
         self.micro_batch_tokens = micro_batch_tokens
@@ -299,6 +303,7 @@ class Learner:
             aggregation=o.aggregation,
             negative_token_fraction=o.negative_token_fraction,
             negative_min_prob=o.negative_min_prob,
+            negative_min_prob_scope=o.negative_min_prob_scope,
             grpo_group_size=o.grpo_group_size,
             grpo_clip=o.grpo_clip,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens,
@@ -554,6 +559,7 @@ class Learner:
             delta=self.delta,
             negative_token_fraction=self.negative_token_fraction,
             negative_min_prob=self.negative_min_prob,
+            negative_min_prob_scope=self.negative_min_prob_scope,
             entropies=entropies,
             failures=failures,
             importance_sampling=self.importance_sampling,

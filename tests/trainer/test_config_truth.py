@@ -106,6 +106,10 @@ def test_bad_branching_values_are_refused_naming_the_field() -> None:
         load_config("math-tiny", ["objective.algo=grpo", "objective.baseline=tree"])
     with pytest.raises(ConfigError, match=r"objective\.negative_min_prob: 0\.01 filters FlashREINFORCE's tokens"):
         load_config("math-tiny", ["objective.algo=grpo", "objective.negative_min_prob=0.01"])
+    with pytest.raises(ConfigError, match=r"objective\.negative_min_prob_scope: suffix says where objective\.negative_min_prob cuts"):
+        load_config("math-tiny", ["objective.negative_min_prob_scope=suffix"])
+    with pytest.raises(ConfigError, match=r"objective\.negative_min_prob_scope: invalid value 'row'"):
+        load_config("python-tool-tiny", ["objective.negative_min_prob_scope=row"])
     cfg = load_config("python-tool-tiny", ["rollout.branch_factor=4", "rollout.branch_at=[1]", "trainer.max_per_root=3"])
     assert (cfg.rollout.branch_factor, cfg.rollout.branch_at, cfg.trainer.max_per_root) == (4, [1], 3)
     with pytest.raises(ConfigError, match=r"rollout\.engine: invalid value 'openai'"):

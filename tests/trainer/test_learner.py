@@ -334,6 +334,7 @@ def test_from_config_applies_every_switch() -> None:
                 "aggregation": "token_mean",
                 "negative_token_fraction": 0.25,
                 "negative_min_prob": 0.02,
+                "negative_min_prob_scope": "suffix",
             },
             "optim": {"lr": 3e-3, "grad_clip": 0.5, "scheduler": "cosine", "warmup_steps": 2, "spike_clip": 1.5,
                       "spike_window": 20},
@@ -344,7 +345,7 @@ def test_from_config_applies_every_switch() -> None:
     learner = Learner.from_config(model, cfg)
     assert learner.temperature == 0.8 and learner.delta == 0.01 and not learner.importance_sampling
     assert learner.aggregation == "token_mean" and learner.negative_token_fraction == 0.25
-    assert learner.negative_min_prob == 0.02
+    assert learner.negative_min_prob == 0.02 and learner.negative_min_prob_scope == "suffix"
     assert learner.micro_batch_tokens == 64 and learner.grad_clip == 0.5 and learner.packed == "never"
     assert learner.scheduler is not None
     assert learner.spike is not None and learner.spike.k == 1.5 and learner.spike.window == 20
