@@ -45,6 +45,8 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------- rules (one home each)
 
 AGGREGATIONS = ("sample_mean", "token_mean")
+#: where objective.negative_min_prob cuts a row pushed down: its unlikely tokens, or from the first one on
+MIN_PROB_SCOPES = ("token", "suffix")
 
 
 def rule_delta(value: Any) -> None:
@@ -189,7 +191,7 @@ class ObjectiveConfig:
     negative_min_prob_scope: str = _opt("token", help="where objective.negative_min_prob cuts a row pushed down: token (only "
                                         "its unlikely tokens) or suffix (from its first unlikely token to the row's end: the "
                                         "tokens after an unlikely deviation are its consequences; see trainer/objective.py)",
-                                        choices=("token", "suffix"))
+                                        choices=MIN_PROB_SCOPES)
     baseline: str = _opt("batch", help="flashreinforce advantage: batch (R - batch mean) or tree (also against the mean of "
                          "the leaves sharing the leaf's branching node, TreeRL-style; see trainer/objective.py)",
                          choices=("batch", "tree"))

@@ -76,7 +76,7 @@ from typing import Any
 
 import torch
 
-from fr_agents.config import rule_aggregation, rule_delta, rule_fraction
+from fr_agents.config import MIN_PROB_SCOPES, rule_aggregation, rule_delta, rule_fraction
 
 Tensor = torch.Tensor
 
@@ -156,10 +156,6 @@ def validate_fraction(q: float) -> None:
 
 def validate_min_prob(m: float) -> None:
     _named("negative_min_prob", rule_fraction, m)
-
-
-#: where ``negative_min_prob`` cuts a pushed-down row: the unlikely tokens only, or from its first one on
-MIN_PROB_SCOPES = ("token", "suffix")
 
 
 def validate_min_prob_scope(scope: str) -> None:
