@@ -28,8 +28,9 @@ wrong digit). Cutting only the unlikely token (``token``, the default) leaves th
 exactly those tokens. Measured on python-tool-tiny with 8 forked answers a tree and the tree
 baseline: a wrong sibling's first differing digit is below 0.01 in about half the wrong siblings, so
 ``token`` removed the one informative token of those rows and kept pushing down the rest of the
-copy; the policy unlearnt copying, the tool call included (bad calls 2% -> 64-81% of the roots in
-60 steps, held-out 8.5-39% against 81% for the same runs with the batch baseline; see
+copy; the policy unlearnt copying, the tool call included (bad calls 2% -> 62-81% of the roots
+by the last ten of 60 steps, held-out 8.5-39% against 81% for the same runs with the batch
+baseline; see
 ``benchmarks/tree_rl.py``); with ``suffix`` the same tree-baseline runs (seeds 1 and 2, one each)
 held 81% and their bad calls stayed at 0-2%. The denominators ``B`` and ``T_i``
 never shrink when rows are rejected or tokens filtered, so a rejection removes mass instead of
