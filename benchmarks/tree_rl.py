@@ -266,6 +266,8 @@ def spread(xs: list[float]) -> str:
 
 
 def main() -> None:
+    from trainer.learner import BASELINES
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--task", choices=sorted(TASKS), default="two-attempts",
@@ -288,7 +290,7 @@ def main() -> None:
     p.add_argument("--match-samples", action="store_true",
                    help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, its rows "
                         "stand for about --batch-size sampled leaves per step, as the linear run trains on")
-    p.add_argument("--baseline", choices=["batch", "tree"], default="batch",
+    p.add_argument("--baseline", choices=BASELINES, default="batch",
                    help="the tree run's objective.baseline: batch (the product's default, as the linear run: the two runs "
                         "then differ only in how they sample) or tree (each leaf also against its branching node's leaves)")
     p.add_argument("--match-steps", action="store_true",

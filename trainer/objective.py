@@ -409,9 +409,9 @@ def flashreinforce_loss(
             else mask
         )
         if negative_min_prob > 0:  # unlikely tokens of rows pushed down (and, suffix, what follows): no gradient
-            cut = mask & (beh < math.log(negative_min_prob))
+            cut = beh < math.log(negative_min_prob)  # keep is already within the policy tokens
             if negative_min_prob_scope == "suffix":
-                cut = mask & (cut.cumsum(dim=1) > 0)
+                cut = cut.cumsum(dim=1) > 0
             keep = keep & ~((adv[:, None] < 0) & cut)
         weight_ratio = ratio if importance_sampling else mask.to(dtype)
         row_factor = adv if w is None else w * adv
