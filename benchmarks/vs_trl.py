@@ -25,6 +25,11 @@ the "equal" parts instead of assuming them:
   is spent. completions/s = completions sampled during RL / RL seconds (fr-agents: every episode in
   the run's ledger, those rolled out ahead of the learner included; TRL: every completion graded).
   The JSON also holds ``trained_completions``, the ones an optimizer step used.
+* **What a completion costs.** Each run's whole process tree (fr-agents: learner, rollout process,
+  verifier workers; TRL: its process and its verifier workers) is sampled once a second from its
+  first optimizer step to its last: ``cores_busy`` (CPU seconds over wall seconds) and
+  ``cpu_ms_per_completion`` (cores_busy over completions/s). completions/s = cores busy / CPU per
+  completion, so the table shows whether a gap comes from using the cores or from the work per sample.
 * **Same judge.** The start checkpoint (once) and both final models (per seed) are evaluated with
   ``fr-agents eval --bench arithmetic --temperature 0``: greedy, the whole 1,000-problem test split.
 
@@ -75,6 +80,53 @@ def say(msg: str) -> None:
 
 def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and every live descendant, with
+    what their reaped children used: a run's whole process tree (fr-agents: the learner, the rollout
+    process, the verifier workers; TRL: its process and its verifier workers). Linux ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, CPU seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        # the fields after the command, from 0: state, ppid, ..., utime (11), stime, cutime, cstime (14)
+        stats[int(entry)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)
+    tree, grew = {pid}, True
+    while grew:
+        grew = False
+        for p, (parent, _) in stats.items():
+            if parent in tree and p not in tree:
+                tree.add(p)
+                grew = True
+    return sum(stats[p][1] for p in tree if p in stats)
+
+
+class CpuWindow:
+    """Cores a run's process tree keeps busy during RL: CPU seconds over wall seconds between the
+    first finished optimizer step (start-up, model loading and the first batch excluded) and the
+    last one. Both trainers are measured the same way, so their CPU per completion compares."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, float] | None = None  # (wall, CPU seconds)
+        self.last: tuple[float, float] | None = None
+
+    def sample(self, pid: int) -> None:
+        point = (time.perf_counter(), tree_cpu_s(pid))
+        if self.first is None:
+            self.first = point
+        self.last = point
+
+    def cores(self) -> float | None:
+        if self.first is None or self.last is None or self.last[0] - self.first[0] < 1.0:
+            return None
+        return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
 
 
 def require_trl() -> str:
@@ -211,8 +263,13 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
         "--run-dir", str(run), log=log,
     )
     t0 = time.perf_counter()
+    cpu = CpuWindow()
     while proc.poll() is None:
         time.sleep(1.0)
+        rows = _rows(run / "metrics.jsonl")
+        if any(r.get("kind") == "step" for r in rows) and not any(r.get("kind") == "end" for r in rows):
+            with contextlib.suppress(OSError):
+                cpu.sample(proc.pid)  # while RL runs: after the first step, before the end row
         if time.perf_counter() - t0 >= POLL_S:
             t0 = time.perf_counter()
             say(f"  fr-agents seed {seed}: step {_last_step(run / 'metrics.jsonl')}")
@@ -231,9 +288,23 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
         "model": str(ckpt), "run_dir": str(run),
     }
     res["completions_per_s"] = res["completions"] / res["rl_s"]
+    _cpu_fields(res, cpu.cores())
     say(f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
-        f"({res['completions_per_s']:.0f}/s), stopped: {res['stop']}")
+        f"({res['completions_per_s']:.0f}/s), stopped: {res['stop']}; {_cpu_text(res)}")
     return res
+
+
+def _cpu_fields(res: dict, cores: float | None) -> None:
+    """``cores_busy`` (the run's process tree during RL) and ``cpu_ms_per_completion`` (cores_busy over
+    completions/s): what one completion costs in CPU, whatever the trainer's parallelism."""
+    res["cores_busy"] = cores
+    res["cpu_ms_per_completion"] = None if cores is None else 1000 * cores / res["completions_per_s"]
+
+
+def _cpu_text(res: dict) -> str:
+    if res.get("cores_busy") is None:
+        return "CPU use not measured (RL too short)"
+    return f"{res['cores_busy']:.2f} cores busy, {res['cpu_ms_per_completion']:.2f} CPU-ms per completion"
 
 
 def _learner_threads(run: Path) -> int:
@@ -326,13 +397,17 @@ def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
         """Stops training once ``limit_s`` seconds of RL are spent; prints progress."""
 
         def __init__(self) -> None:
-            self.t0 = self.t_end = self.last_print = 0.0
+            self.t0 = self.t_end = self.last_print = self.last_cpu = 0.0
+            self.cpu = CpuWindow()
 
         def on_train_begin(self, args, state, control, **kw):
             self.t0 = self.last_print = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
             now = time.perf_counter()
+            if now - self.last_cpu >= 1.0 or now - self.t0 >= limit_s:  # as often as fr-agents is sampled
+                self.last_cpu = now
+                self.cpu.sample(os.getpid())
             if now - self.last_print >= POLL_S:
                 self.last_print = now
                 say(f"  TRL seed {seed}: step {state.global_step}")
@@ -377,8 +452,9 @@ def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
         "stop": "time budget" if limit.t_end else "steps", "model": str(final),
     }
     res["completions_per_s"] = res["completions"] / rl_s
+    _cpu_fields(res, limit.cpu.cores())
     say(f"TRL seed {seed}: {steps} steps, {res['completions']} completions in {rl_s:.0f}s "
-        f"({res['completions_per_s']:.0f}/s)")
+        f"({res['completions_per_s']:.0f}/s); {_cpu_text(res)}")
     grader.close()
     (work / f"trl-seed{seed}.json").write_text(json.dumps(res, indent=2))
 
@@ -423,9 +499,12 @@ def evaluate(models: dict[str, str], out: Path, *, reuse: bool = False) -> tuple
 
 
 def table(rows: list[dict], before: float) -> str:
-    lines = ["| run | seed | steps | completions/s | held-out before -> after |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| run | seed | steps | completions/s | cores busy | CPU-ms per completion | held-out before -> after |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for r in rows:
         lines.append(f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.0f} | "
+                     f"{fmt(r.get('cores_busy'), '.2f')} | {fmt(r.get('cpu_ms_per_completion'), '.2f')} | "
                      f"{100 * before:.1f} -> {100 * r['held_out']:.1f} |")
     return "\n".join(lines)
 
@@ -499,12 +578,20 @@ def main() -> int:
         "completions_per_s_mean": {"fr-agents": mean(fr_rows, "completions_per_s"), "trl": mean(trl_rows, "completions_per_s")},
     }
     summary["ratio_completions_per_s"] = summary["completions_per_s_mean"]["fr-agents"] / summary["completions_per_s_mean"]["trl"]
+    if all(r.get("cpu_ms_per_completion") is not None for r in rows):
+        summary["cpu_ms_per_completion_mean"] = {"fr-agents": mean(fr_rows, "cpu_ms_per_completion"),
+                                                 "trl": mean(trl_rows, "cpu_ms_per_completion")}
+        summary["cores_busy_mean"] = {"fr-agents": mean(fr_rows, "cores_busy"), "trl": mean(trl_rows, "cores_busy")}
     say("\n" + table(rows, before))
     say(f"\ncompletions/s fr-agents / TRL: {summary['ratio_completions_per_s']:.2f}x (per seed: "
         + ", ".join(f"{r['seed']}: {r['ratio_completions_per_s']:.2f}x" for r in fr_rows) + ")")
     say(f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
         f"TRL {100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; "
         f"greedy, {problems} arithmetic test problems)")
+    if "cpu_ms_per_completion_mean" in summary:
+        c, b = summary["cpu_ms_per_completion_mean"], summary["cores_busy_mean"]
+        say(f"CPU per completion during RL, mean over seeds: fr-agents {c['fr-agents']:.2f} ms ({b['fr-agents']:.2f} cores busy), "
+            f"TRL {c['trl']:.2f} ms ({b['trl']:.2f} cores busy): fr-agents / TRL {c['fr-agents'] / c['trl']:.2f}x")
     say("torch threads: " + ", ".join(f"{r['run']} seed {r['seed']}: {r['torch_threads']}" for r in rows))
     say(f"load average at start {load_start}, at end {load_end}")
     result = {
