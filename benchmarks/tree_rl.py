@@ -266,7 +266,7 @@ def spread(xs: list[float]) -> str:
 
 
 def main() -> None:
-    from trainer.learner import BASELINES
+    from fr_agents.config import BASELINES
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

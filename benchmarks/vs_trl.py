@@ -263,16 +263,16 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
         "--run-dir", str(run), log=log,
     )
     t0 = time.perf_counter()
-    cpu = CpuWindow()
+    cpu, metrics = CpuWindow(), MetricsTail(run / "metrics.jsonl")
     while proc.poll() is None:
         time.sleep(1.0)
-        rows = _rows(run / "metrics.jsonl")
-        if any(r.get("kind") == "step" for r in rows) and not any(r.get("kind") == "end" for r in rows):
+        metrics.read()
+        if metrics.last_step and "end" not in metrics.kinds:
             with contextlib.suppress(OSError):
                 cpu.sample(proc.pid)  # while RL runs: after the first step, before the end row
         if time.perf_counter() - t0 >= POLL_S:
             t0 = time.perf_counter()
-            say(f"  fr-agents seed {seed}: step {_last_step(run / 'metrics.jsonl')}")
+            say(f"  fr-agents seed {seed}: step {metrics.last_step}")
     rc = finish(proc, log, f"fr-agents seed {seed}")
     ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
@@ -324,8 +324,31 @@ def _rows(path: Path) -> list[dict]:
     return rows
 
 
-def _last_step(path: Path) -> int:
-    return max((r["step"] for r in _rows(path) if r.get("kind") == "step"), default=0)
+class MetricsTail:
+    """What a running fr-agents run has appended to its metrics.jsonl: the row kinds seen and the
+    last step. Each :meth:`read` parses only the lines added since the one before (the file grows to
+    megabytes; rereading it every second would load the machine the run is timed on)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.kinds: set[str] = set()
+        self.last_step = 0
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        whole = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        self.offset += whole
+        for line in data[:whole].splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                row = json.loads(line)
+                self.kinds.add(row.get("kind"))
+                if row.get("kind") == "step":
+                    self.last_step = max(self.last_step, int(row["step"]))
 
 
 def regrade_fr_rollouts(run_dir: Path, grader: Grader, prompt_ids: dict[str, list[int]], n: int, seed: int) -> dict:

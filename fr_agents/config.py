@@ -45,6 +45,10 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------- rules (one home each)
 
 AGGREGATIONS = ("sample_mean", "token_mean")
+ALGOS = ("flashreinforce", "grpo")
+#: the flashreinforce advantage: against the batch mean, or also against the leaf's branching node
+BASELINES = ("batch", "tree")
+PACKED_MODES = ("auto", "always", "never")
 #: where objective.negative_min_prob cuts a row pushed down: its unlikely tokens, or from the first one on
 MIN_PROB_SCOPES = ("token", "suffix")
 
@@ -177,7 +181,7 @@ class ObjectiveConfig:
     """The policy-gradient objective and its ablation switches."""
 
     algo: str = _opt("flashreinforce", help="flashreinforce (batch-mean baseline, one rollout per prompt) or grpo",
-                     choices=("flashreinforce", "grpo"))
+                     choices=ALGOS)
     delta: float = _opt(3e-3, help="sequence trust region: rows whose mean |log ratio| exceeds it are dropped (inf: off)",
                         rule=rule_delta)
     importance_sampling: bool = _opt(True, help="weight tokens by the policy / behaviour probability ratio")
@@ -194,7 +198,7 @@ class ObjectiveConfig:
                                         choices=MIN_PROB_SCOPES)
     baseline: str = _opt("batch", help="flashreinforce advantage: batch (R - batch mean) or tree (also against the mean of "
                          "the leaves sharing the leaf's branching node, TreeRL-style; see trainer/objective.py)",
-                         choices=("batch", "tree"))
+                         choices=BASELINES)
     grpo_group_size: int = _opt(4, help="samples per prompt when objective.algo=grpo", rule=_at_least(1))
     grpo_clip: float = _opt(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=_positive)
 
@@ -250,7 +254,7 @@ class TrainerConfig:
     micro_batch_tokens: int = _opt(8192, help="tokens per forward/backward chunk of a step (gradients are accumulated)",
                                    rule=_at_least(1))
     packed: str = _opt("auto", help="tree-packed forward: auto (when leaves share a prefix), always or never",
-                       choices=("auto", "always", "never"))
+                       choices=PACKED_MODES)
     checkpoint_every: int = _opt(25, help="steps between checkpoints (0: only at the start and the end)", rule=_at_least(0))
     eval_every: int = _opt(0, help="also evaluate every N steps (greedy figures, and avg@k when eval_k > 0); 0: before and after only",
                            rule=_at_least(0))

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from fr_agents.config import OptimConfig, TrainConfig
+from fr_agents.config import ALGOS, BASELINES, PACKED_MODES, OptimConfig, TrainConfig
 from fr_agents.tree.attention import (
     TREE_MIN_SAVING,
     supports_tree_attention,
@@ -65,9 +65,6 @@ logger = logging.getLogger(__name__)
 
 Tensor = torch.Tensor
 
-ALGOS = ("flashreinforce", "grpo")
-PACKED_MODES = ("auto", "always", "never")
-BASELINES = ("batch", "tree")
 
 
 class NonFiniteLossError(FloatingPointError):
