@@ -373,7 +373,8 @@ def _find_stop_ids(tokenizer: Any) -> tuple[int, ...]:
 
 
 def _env_name(env: Any) -> str:
-    spec = getattr(env, "spec", None)
+    # the base env's own spec: a wrapper's ``spec`` property deep-copies it on every read
+    spec = getattr(getattr(env, "unwrapped", env), "spec", None) or getattr(env, "spec", None)
     return getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
 
 
@@ -421,9 +422,60 @@ def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+_DIRECT_CLASSES: dict[type, bool] = {}
+
+
+def _direct(tokenizer: Any) -> Any | None:
+    """The Rust ``tokenizers.Tokenizer`` behind ``tokenizer`` when calling it directly gives exactly
+    what ``tokenizer.encode(text, add_special_tokens=False)`` and ``tokenizer.decode(ids,
+    skip_special_tokens=False, clean_up_tokenization_spaces=False)`` give; ``None`` otherwise.
+
+    A transformers fast tokenizer does its work in that backend; the Python around it (argument
+    checks, padding and truncation set-up, a ``BatchEncoding`` per call) cost most of the ~0.2 ms an
+    episode's prompt took to encode and check on math-tiny's rollout. The direct call is taken only
+    where the wrapper adds nothing: the tokenizer's class keeps transformers' own ``encode`` /
+    ``decode`` (a class that overrides them is always asked itself), and the backend holds no
+    truncation or padding and splits special tokens as the wrapper would ask it to (the wrapper
+    resets those per call; a backend left configured otherwise goes through the wrapper)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None:
+        return None
+    cls = type(tokenizer)
+    plain = _DIRECT_CLASSES.get(cls)
+    if plain is None:
+        try:
+            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        except ImportError:  # another transformers layout: always ask the tokenizer
+            plain = False
+        else:
+            plain = (
+                isinstance(tokenizer, TokenizersBackend)
+                and all(
+                    getattr(cls, name) is getattr(PreTrainedTokenizerBase, name)
+                    for name in ("encode", "decode", "_get_padding_truncation_strategies")
+                )
+                and all(
+                    getattr(cls, name) is getattr(TokenizersBackend, name)
+                    for name in ("_encode_plus", "_decode", "set_truncation_and_padding")
+                )
+            )
+        _DIRECT_CLASSES[cls] = plain
+    if not plain or backend.truncation is not None or backend.padding is not None:
+        return None
+    if backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
+        return None
+    return backend
+
+
 def _encode_exact(tokenizer: Any, text: str, turn: int) -> list[int]:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    direct = _direct(tokenizer)
+    if direct is not None:
+        ids = direct.encode(text, add_special_tokens=False).ids
+        back = direct.decode(ids, skip_special_tokens=False)
+    else:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     if back != text:
         raise TokenDriftError(
             turn,
@@ -449,6 +501,9 @@ def encode_prompt(tokenizer: Any, observation: str, system_prompt: str | None = 
 
 
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    direct = _direct(tokenizer)
+    if direct is not None:
+        return direct.decode(list(ids), skip_special_tokens=False)
     return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
