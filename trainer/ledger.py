@@ -81,15 +81,22 @@ class EpisodeLedger:
         :meth:`sampled_tokens`); None when not known."""
         if not leaves:
             raise ValueError(f"leaves: episode {episode} has no leaf")
+        self._write([(episode, batch, leaves, version)])
+
+    def _write(self, episodes: list[tuple[int, int, list[tuple[Any, ...]], int]]) -> None:
+        """Replace the rows of each ``(episode, batch, leaves, version)``, all in one transaction."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute("DELETE FROM episode_leaves WHERE episode = ?", (episode,))
+                self._conn.executemany(
+                    "DELETE FROM episode_leaves WHERE episode = ?", [(episode,) for episode, _, _, _ in episodes]
+                )
                 self._conn.executemany(
                     "INSERT INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version, sampled) "
                     "VALUES (?,?,?,?,?,?,?,?)",
                     [
                         (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), None if len(x) < 4 or x[3] is None else int(x[3]))
+                        for episode, batch, leaves, version in episodes
                         for i, x in enumerate(leaves)
                     ],
                 )
@@ -100,8 +107,19 @@ class EpisodeLedger:
 
     def record_outcome(self, spec: Any, outcome: Any) -> None:
         """Record an :class:`~trainer.episodes.EpisodeOutcome` of scheduled episode ``spec``."""
-        rows = [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in outcome.leaves]
-        self.record_episode(spec.episode, spec.batch, rows, spec.version)
+        self.record_outcomes([(spec, outcome)])
+
+    def record_outcomes(self, finished: Iterable[tuple[Any, Any]]) -> None:
+        """Record several ``(spec, outcome)`` pairs in one transaction (one commit instead of one per
+        episode): all of them are acknowledged together, or none is and they are re-run on resume."""
+        episodes = []
+        for spec, outcome in finished:
+            rows = [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in outcome.leaves]
+            if not rows:
+                raise ValueError(f"leaves: episode {spec.episode} has no leaf")
+            episodes.append((spec.episode, spec.batch, rows, spec.version))
+        if episodes:
+            self._write(episodes)
 
     def leaves(self, episodes: Iterable[int]) -> dict[int, int]:
         """``{episode: leaf}`` (its first leaf) for those of ``episodes`` that have finished."""

@@ -246,9 +246,10 @@ class Trainer:
             log.error("non-finite loss at step %d: %s; batch saved to %s; last good checkpoint %s", k, e, path, self.last_ckpt)
             self.metrics.event("stop", step=k, reason="non-finite loss", batch_file=str(path))
             return "non-finite loss"
+        # the new weights first: the rollout may be waiting for them to start its next batch
+        self.board.publish(self.learner.version, self.model)
         self.tree.mark_consumed(sorted(set(leaves)), durable=False)  # resume rewinds to the checkpoint's cursor
         state.step = k + 1
-        self.board.publish(self.learner.version, self.model)
         self.board.drop_below(max(0, state.step - self.lag))
         lags = self.guards.lags(flat, k)
         now = time.perf_counter()

@@ -53,6 +53,26 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
+class _Curves:
+    """The series curves.png draws, from the rows of metrics.jsonl in order."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.reward: list[float] = []
+        self.acceptance: list[float] = []
+        self.eval_steps: list[int] = []
+        self.eval_success: list[float] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        if row.get("kind") == "step":
+            self.steps.append(row["step"])
+            self.reward.append(row.get("reward", math.nan))
+            self.acceptance.append(row.get("acceptance", math.nan))
+        elif row.get("kind") == "eval":
+            self.eval_steps.append(row["step"])
+            self.eval_success.append(row["success"])
+
+
 class MetricsSink:
     """Fan one metrics row out to jsonl, TensorBoard, the PNG and the console."""
 
@@ -62,6 +82,9 @@ class MetricsSink:
         self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
         self.plot_every = max(1, plot_every)
         self.log_every = max(1, log_every)
+        # what curves.png draws, kept as rows are written (read from the file once, on the first
+        # redraw after opening it): a redraw need not re-read a metrics.jsonl that grows all run
+        self._curves: _Curves | None = None
         self._tb = None
         try:
             from tensorboard.compat.proto.summary_pb2 import Summary
@@ -81,17 +104,22 @@ class MetricsSink:
         """Reopen metrics.jsonl (after :func:`truncate_metrics` replaced the file)."""
         self._file.close()
         self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
+        self._curves = None  # the file changed under us: read it again on the next redraw
 
     def event(self, kind: str, **fields: Any) -> None:
         """A non-step row (warm start, evaluation, stop reason)."""
         row = {"kind": kind, **fields}
         self._file.write(json.dumps(row, default=float) + "\n")
+        if self._curves is not None:
+            self._curves.add(row)
         if "step" in fields:
             self._scalars(kind, fields, int(fields["step"]))
 
     def step(self, row: dict[str, Any]) -> None:
         row = {"kind": "step", **row}
         self._file.write(json.dumps(row, default=float) + "\n")
+        if self._curves is not None:
+            self._curves.add(row)
         step = int(row["step"])
         self._scalars("train", row, step)
         if self._console is not None and step % self.log_every == 0:
@@ -132,9 +160,12 @@ class MetricsSink:
 
     def plot(self) -> Path | None:
         """Redraw ``curves.png`` from metrics.jsonl (reward and acceptance against step)."""
-        every = read_metrics(self.run_dir)
-        rows = [r for r in every if r.get("kind") == "step"]
-        if not rows:
+        if self._curves is None:
+            self._curves = _Curves()
+            for row in read_metrics(self.run_dir):
+                self._curves.add(row)
+        c = self._curves
+        if not c.steps:
             return None
         try:
             import matplotlib
@@ -143,16 +174,14 @@ class MetricsSink:
             import matplotlib.pyplot as plt
         except ImportError:  # pragma: no cover - matplotlib is a core dependency
             return None
-        steps = [r["step"] for r in rows]
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        axes[0].plot(steps, [r.get("reward", math.nan) for r in rows], label="batch reward")
-        evals = [r for r in every if r.get("kind") == "eval"]
-        if evals:
-            axes[0].plot([e["step"] for e in evals], [e["success"] for e in evals], "o-", label="held-out success")
+        axes[0].plot(c.steps, c.reward, label="batch reward")
+        if c.eval_steps:
+            axes[0].plot(c.eval_steps, c.eval_success, "o-", label="held-out success")
         axes[0].set_xlabel("step")
         axes[0].set_ylabel("reward")
         axes[0].legend(loc="lower right")
-        axes[1].plot(steps, [r.get("acceptance", math.nan) for r in rows], color="tab:green")
+        axes[1].plot(c.steps, c.acceptance, color="tab:green")
         axes[1].set_xlabel("step")
         axes[1].set_ylabel("acceptance rate")
         axes[1].set_ylim(0, 1.02)

@@ -5,7 +5,10 @@ It runs beside the learner (``trainer.backend=local``), or as the main loop of t
 
 Batch ``k`` starts once version ``schedule.sampling_version(k)`` is on the :class:`WeightBoard`
 (the admission rule); its episodes run concurrently (at most ``concurrency`` at once) and each
-finished one is recorded in the ledger. Episodes the ledger already holds (a resumed run) are not
+finished one is recorded in the ledger: the episodes that finish in the same turn of the event
+loop (a burst of tree commits resolves many at once) share one ledger transaction, written before
+the loop turns again, so an acknowledgement waits no longer than one loop turn and a batch is
+whole in the ledger before ``on_batch_done``. Episodes the ledger already holds (a resumed run) are not
 run again. ``on_batch_done(k)`` tells the learner thread that batch ``k`` is whole
 (``-1``: the thread failed, see ``error``).
 """
@@ -57,6 +60,8 @@ class RolloutThread(threading.Thread):
         self.on_episode_done = on_episode_done  # a hook: each finished episode's outcome
         self.error: BaseException | None = None
         self._loop_version: int | None = None
+        self._unrecorded: list[tuple[EpisodeSpec, Any]] = []  # finished this loop turn, for the ledger
+        self._record_error: BaseException | None = None
 
     def run(self) -> None:
         try:
@@ -67,6 +72,25 @@ class RolloutThread(threading.Thread):
             self.error = e
             log.exception("rollout thread failed")
             self.on_batch_done(-1)
+
+    def _record(self) -> None:
+        """Write the finished episodes not yet in the ledger, in one transaction, then tell the
+        ``on_episode_done`` hook of each. Raises a failure of an earlier :meth:`_record_soon`."""
+        if self._record_error is not None:
+            raise self._record_error
+        finished, self._unrecorded = self._unrecorded, []
+        self.ledger.record_outcomes(finished)
+        if self.on_episode_done is not None:
+            for _, out in finished:
+                self.on_episode_done(out)
+
+    def _record_soon(self) -> None:
+        """:meth:`_record` as a loop callback: a failure is kept for the batch to raise (a callback's
+        exception would only be logged by the loop)."""
+        try:
+            self._record()
+        except BaseException as e:  # noqa: BLE001 - raised by the batch, see _record
+            self._record_error = e
 
     async def _main(self) -> None:
         sem = asyncio.Semaphore(self.concurrency)
@@ -86,9 +110,9 @@ class RolloutThread(threading.Thread):
                     if self.board.stopped:
                         raise TrainingStopped()
                     out = await self.run_episode(spec)
-                    self.ledger.record_outcome(spec, out)
-                    if self.on_episode_done is not None:
-                        self.on_episode_done(out)
+                    if not self._unrecorded:  # the first of this loop turn: record them all at its end
+                        asyncio.get_running_loop().call_soon(self._record_soon)
+                    self._unrecorded.append((spec, out))
 
             tasks = [asyncio.create_task(one(s)) for s in todo]
             try:
@@ -97,6 +121,8 @@ class RolloutThread(threading.Thread):
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                self._record()  # the episodes that did finish are kept
                 raise
+            self._record()
             self.next_batch = k + 1
             self.on_batch_done(k)

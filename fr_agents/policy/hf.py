@@ -202,21 +202,35 @@ class HFEngine(Engine):
         if first is None:
             return None
         batch = [first]
-        start = time.monotonic()
-        deadline = start + self.batch_wait_s
+        end = time.monotonic() + self.max_wait_s
+        # A burst is still arriving while a wait of batch_wait_s brings more (within max_wait_s in
+        # all). The thread sleeps and then takes what came, rather than waking at each arrival: on
+        # one busy core every wake-up is a switch away from the event loop that is queueing them.
+        self._take(batch)
         while len(batch) < self.max_batch_size:
-            timeout = deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=max(timeout, 0)) if timeout > 0 else self._queue.get_nowait()
-            except queue.Empty:
+            left = end - time.monotonic()
+            if left <= 0:
                 break
+            time.sleep(min(self.batch_wait_s, left))
+            if not self._take(batch):
+                break
+        return batch
+
+    def _take(self, batch: list[_Request]) -> bool:
+        """Move what is queued into ``batch`` (up to ``max_batch_size``); False when the queue held
+        nothing, or the close marker (left queued for :meth:`_loop`)."""
+        took = False
+        while len(batch) < self.max_batch_size:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return took
             if item is None:
                 self._queue.put(None)
-                break
+                return False
             batch.append(item)
-            # a burst is still arriving: wait batch_wait_s past this arrival, within max_wait_s in all
-            deadline = min(start + self.max_wait_s, time.monotonic() + self.batch_wait_s)
-        return batch
+            took = True
+        return took
 
     def _loop(self) -> None:
         while True:
@@ -359,8 +373,8 @@ class HFEngine(Engine):
             rows = logp[plain]
             draws = torch.multinomial(rows.exp(), 1, generator=self._gen).squeeze(1)
             picked = rows.gather(1, draws[:, None]).squeeze(1)
-            for j, i in enumerate(plain):
-                out[i] = (int(draws[j]), float(picked[j]))
+            for i, tok, lp in zip(plain, draws.tolist(), picked.tolist(), strict=True):  # one copy, not one per row
+                out[i] = (tok, lp)
         seeded = [i for i, r in enumerate(reqs) if r.generator is not None and _untruncated(r.options)]
         if seeded:
             # One uniform per row from the row's own generator, then one vectorised inverse-CDF draw
@@ -370,9 +384,9 @@ class HFEngine(Engine):
             cdf = rows.exp().cumsum(dim=-1)
             draws = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=rows.shape[1] - 1)
             picked = rows.gather(1, draws).squeeze(1)
-            for j, i in enumerate(seeded):
-                if math.isfinite(float(picked[j])):  # else (float rounding at the very top) drawn below
-                    out[i] = (int(draws[j]), float(picked[j]))
+            for i, tok, lp in zip(seeded, draws.squeeze(1).tolist(), picked.tolist(), strict=True):
+                if math.isfinite(lp):  # else (float rounding at the very top) drawn below
+                    out[i] = (tok, lp)
         for i, r in enumerate(reqs):
             if out[i] is not None:
                 continue

@@ -38,3 +38,36 @@ def test_every_number_of_a_step_row_reaches_tensorboard_under_train_in_one_event
     events = [e for p in (tmp_path / "tb").iterdir() for e in EventFileLoader(str(p)).Load() if e.summary.value]
     assert len(events) == 4  # one event per row
     assert [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "step"] == [1, 2, 3]
+
+
+def _drawn(png: Path) -> tuple:
+    """curves.png's pixels."""
+    import matplotlib.image as mpimg
+
+    return tuple(mpimg.imread(png).ravel().tolist())
+
+
+def test_curves_drawn_from_rows_kept_in_memory_equal_a_redraw_from_the_file(tmp_path: Path) -> None:
+    """The sink keeps what curves.png draws as it writes rows (no re-read of metrics.jsonl per
+    redraw): its drawing equals one made from the file alone, also after a resume truncated the
+    file and reopened the sink."""
+    from trainer.metrics import truncate_metrics
+
+    live = tmp_path / "live"
+    sink = MetricsSink(live, plot_every=2, console=False)
+    for s in range(1, 7):
+        sink.step({"step": s, "reward": 0.1 * s, "acceptance": 1.0 - 0.05 * s})
+        if s == 4:
+            sink.event("eval", step=4, success=0.4)
+    assert sink._curves is not None and sink._curves.steps == [1, 2, 3, 4, 5, 6]  # drawn from memory
+    assert sink._curves.eval_steps == [4] and sink._curves.eval_success == [0.4]
+    fresh = MetricsSink(live, plot_every=1000, console=False)
+    live_png = _drawn(live / "curves.png")
+    fresh.plot()
+    assert _drawn(live / "curves.png") == live_png
+    truncate_metrics(live, 3)  # a resume from step 3 drops steps 4-6 and ...
+    sink.reopen()
+    assert sink._curves is None  # the file changed: the next redraw reads it again
+    sink.step({"step": 4, "reward": 0.9, "acceptance": 0.5})  # ... recomputes step 4 (and redraws)
+    assert sink._curves.steps == [1, 2, 3, 4] and sink._curves.reward[-1] == 0.9
+    assert sink._curves.eval_steps == [4]  # the eval row is not a step row: truncation keeps it
