@@ -85,6 +85,17 @@ def why_not_pinned(cfg: TrainConfig) -> str | None:
     return f"no CPU is left for the rollout beside the learner's {learner_threads(cfg)}"
 
 
+def apply_memory_option(cfg: TrainConfig) -> None:
+    """``trainer.keep_freed_memory`` for this process (each side's builder calls it, in whichever
+    process that side runs): see :mod:`trainer.memory`."""
+    if not cfg.trainer.keep_freed_memory:
+        return
+    from trainer.memory import keep_freed_memory
+
+    if why := keep_freed_memory():
+        logging.getLogger(__name__).warning("trainer.keep_freed_memory: nothing changed: %s", why)
+
+
 def model_dir(cfg: TrainConfig) -> Path | str:
     """The local directory (or hub id) of ``model.name``; the tiny model is built in code on first use."""
     from fr_agents.models import resolve_model, tiny_dir
@@ -226,6 +237,7 @@ def build_rollout_side(
     from trainer.ledger import EpisodeLedger
     from trainer.schedule import EpisodeSchedule
 
+    apply_memory_option(cfg)
     run_dir = Path(run_dir)
     where = model_dir(cfg)
     tok = tokenizer if tokenizer is not None else load_tokenizer(str(where))
@@ -293,6 +305,7 @@ def build_learner_side(
     from trainer.metrics import MetricsSink
     from trainer.weights import WeightBoard
 
+    apply_memory_option(cfg)
     run_dir = Path(run_dir)
     torch.set_num_threads(learner_threads(cfg))
     torch.manual_seed(cfg.trainer.seed)

@@ -1,0 +1,51 @@
+"""Keeping freed CPU memory in the process (``trainer.keep_freed_memory``).
+
+A training step on CPU allocates and frees the same tensors every time: activations, gradients,
+a decode step's key/value rows. glibc's malloc serves a block over its mmap threshold (128 KiB at
+start, raised as such blocks are freed) with a fresh ``mmap`` and returns it to the kernel on
+``free``, and trims the top of its heap once enough is free there. Either way the next step's
+tensor lands on pages the kernel must fault in and zero again. On math-tiny (2 cores) that was
+~2,500 page faults and ~4-5 ms of system time per learner step of ~100 ms, and ~2,400 faults per
+64-episode rollout batch.
+
+:func:`keep_freed_memory` raises both limits for the process (``mallopt``): blocks up to
+``mmap_threshold`` come from the heap and go back to it, and the heap is trimmed only once more
+than ``trim_threshold`` lies free at its top, so a step reuses the pages the last one freed.
+Blocks larger than ``mmap_threshold`` (a large model's weights while loading) are still mapped and
+returned to the kernel one by one. The price: the process keeps up to ``trim_threshold`` of freed
+heap resident.
+
+glibc only (Linux); elsewhere nothing changes and :func:`keep_freed_memory` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 64 << 20
+TRIM_THRESHOLD = 256 << 20
+
+
+def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> str | None:
+    """Make this process's malloc keep freed blocks up to ``mmap_threshold`` bytes and trim its heap
+    only past ``trim_threshold`` free bytes. Returns ``None`` when applied, else why not."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "no glibc mallopt on this platform"
+    gnu = getattr(libc, "gnu_get_libc_version", None)
+    if gnu is None:
+        return "the C library is not glibc"
+    if not mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)) or not mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)):
+        return "glibc refused the thresholds"
+    log.debug("malloc keeps freed blocks up to %d bytes, trims past %d", mmap_threshold, trim_threshold)
+    return None
