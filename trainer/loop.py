@@ -34,6 +34,7 @@ back and evaluated held out as ``after_rl``, at that checkpoint's step.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import math
 import threading
@@ -98,6 +99,8 @@ class Trainer:
         self.hooks = hooks or TrainerHooks()
         self.rollout_process: RolloutProcess | None = None  # trainer.backend=process: spawned by _build
         self.cpus: tuple[list[int], list[int]] | None = None  # trainer.pin_cpus: (learner, rollout) CPUs, by _build
+        self._marker: concurrent.futures.ThreadPoolExecutor | None = None  # marks consumed batches (_mark_consumed)
+        self._marking: concurrent.futures.Future | None = None
         inside = [h for h in ("engine", "episode_done") if getattr(type(self.hooks), h) is not getattr(TrainerHooks, h)]
         if cfg.trainer.backend == "process" and inside:
             raise ConfigError(
@@ -167,7 +170,25 @@ class Trainer:
                 f"{g} {100 * m['success']:.0f}% of {m['tasks']}" for g, m in by_group.items()))
         return res
 
+    def _mark_consumed(self, leaves: list[int]) -> None:
+        """Mark batch ``leaves`` consumed in the tree on the marker thread: the learner goes on to
+        its metrics and next batch meanwhile. The mark is a write to the store the rollout writes
+        all the time, so it often waits for the write lock, in SQLite's busy sleeps of 1, 2, 5 ms
+        (measured on math-tiny: 3.1 ms median, 34 ms p99, of a ~110 ms step). Marks run one at a
+        time in step order; :meth:`_settle_marks` waits for them (and raises a failed one)."""
+        self._settle_marks()
+        if self._marker is None:
+            self._marker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fr-mark")
+        self._marking = self._marker.submit(self.tree.mark_consumed, leaves, durable=False)
+
+    def _settle_marks(self) -> None:
+        """Wait for the pending mark (before the next one, a checkpoint's cursor, the run's end)."""
+        marking, self._marking = self._marking, None
+        if marking is not None:
+            marking.result()
+
     def _checkpoint(self, state: TrainerState) -> Path:
+        self._settle_marks()  # the checkpoint stores the store's cursor: every consumed batch in it
         return checkpoint_run(
             self.run_dir,
             self.learner_side,
@@ -248,7 +269,7 @@ class Trainer:
             return "non-finite loss"
         # the new weights first: the rollout may be waiting for them to start its next batch
         self.board.publish(self.learner.version, self.model)
-        self.tree.mark_consumed(sorted(set(leaves)), durable=False)  # resume rewinds to the checkpoint's cursor
+        self._mark_consumed(sorted(set(leaves)))  # not durable: resume rewinds to the checkpoint's cursor
         state.step = k + 1
         self.board.drop_below(max(0, state.step - self.lag))
         lags = self.guards.lags(flat, k)
@@ -300,6 +321,10 @@ class Trainer:
         says so), so a stopped run still reports where RL left the model it keeps.
         """
         self._spend_rl_time(state)
+        self._settle_marks()
+        if self._marker is not None:
+            self._marker.shutdown()
+            self._marker = None
         if ok:
             ev = self.evaluate("after_rl", state.step)
             if ev:

@@ -169,3 +169,22 @@ def test_the_warm_start_uses_every_core_and_rl_uses_trainer_threads(tmp_path: Pa
     assert ws["threads"] == os.cpu_count()
     assert seen == [1, 1]
     assert torch.get_num_threads() == 1
+
+
+def test_every_checkpoint_holds_the_cursor_of_every_batch_it_trained(tmp_path: Path) -> None:
+    """Batches are marked consumed off the learner's path (a thread), yet each checkpoint's store
+    cursor counts exactly the batches trained before it, and the store ends with all consumed."""
+    torch.set_num_threads(1)
+    steps = 6
+    cfg = load_config("math-tiny", [*BASE, "rollout.max_policy_lag=1", f"trainer.steps={steps}",
+                                    "trainer.checkpoint_every=2", "trainer.keep_checkpoints=10"])
+    res = run_training(cfg, tmp_path, console=False)
+    assert res.ok and res.steps == steps
+    cursors = {}
+    for ckpt in sorted((tmp_path / "checkpoints").glob("step_*")):
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
+        cursors[state["step"]] = state["extra"]["store_cursor"]
+    assert cursors == {0: 0, 2: 2, 4: 4, 6: 6}  # step 0: the kept warm start
+    tree = TrajectoryTree.open(tmp_path / "store.sqlite")
+    assert tree.cursor() == steps and tree.stats()["available"] == 0
+    tree.close()
