@@ -285,6 +285,11 @@ class TrainerConfig:
                                    "(math-tiny: ~2,500 page faults and ~4-5 ms of system time per learner step of ~100 ms "
                                    "gone); costs up to 256 MiB of freed heap kept resident per process. Linux/glibc only: "
                                    "elsewhere the run's log says it did nothing")
+    freeze_gc: bool = _opt(True, help="during RL, in the learner's and the rollout's processes: collect once, freeze every "
+                           "object made so far (the model, the libraries) out of the garbage collector's passes, and "
+                           "run its young pass every 10,000 allocations instead of 700 (math-tiny's rollout: ~7 ms of "
+                           "collection per 64-episode batch -> ~0.03 ms); reference counting frees objects as before. "
+                           "trainer.backend process and local (Ray's actors keep Python's default)")
     elastic: bool = _opt(False, help="move CPU slots between the rollout and train pools as the load shifts (local, hf)")
     devices: int = _opt(3, help="slots in both elastic pools together (trainer.elastic only)")
     rollout_devices: int = _opt(0, help="slots that start in the rollout pool (0: devices - 1; trainer.elastic only)")

@@ -49,7 +49,7 @@ from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
-from trainer.parts import all_cores, cpu_split, rollout_threads, why_not_pinned
+from trainer.parts import all_cores, cpu_split, quiet_gc, rollout_threads, why_not_pinned
 from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread
 
@@ -412,7 +412,8 @@ class Trainer:
         self.hooks.rollout_started(rollout)
         stop_reason, ok = "steps", True
         try:
-            with pinned(self.cpus[0] if self.cpus else None):  # RL only: the warm start and the evaluations are not pinned
+            # RL only: the warm start and the evaluations are not pinned
+            with pinned(self.cpus[0] if self.cpus else None), quiet_gc(cfg):
                 while state.step < cfg.trainer.steps:
                     if not self._wait_batch(state.step, rollout, deadline):
                         stop_reason = "time budget"

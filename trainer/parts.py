@@ -96,6 +96,16 @@ def apply_memory_option(cfg: TrainConfig) -> None:
         logging.getLogger(__name__).warning("trainer.keep_freed_memory: nothing changed: %s", why)
 
 
+def quiet_gc(cfg: TrainConfig) -> contextlib.AbstractContextManager[None]:
+    """``trainer.freeze_gc``: the garbage-collector setting of :func:`trainer.memory.frozen_gc`
+    for a block of RL (nothing when off)."""
+    if not cfg.trainer.freeze_gc:
+        return contextlib.nullcontext()
+    from trainer.memory import frozen_gc
+
+    return frozen_gc()
+
+
 def model_dir(cfg: TrainConfig) -> Path | str:
     """The local directory (or hub id) of ``model.name``; the tiny model is built in code on first use."""
     from fr_agents.models import resolve_model, tiny_dir

@@ -56,3 +56,33 @@ def test_keep_freed_memory_reports_why_it_did_nothing(monkeypatch):
 
     monkeypatch.setattr(ctypes, "CDLL", NoMallopt)
     assert memory.keep_freed_memory() == "no glibc mallopt on this platform"
+
+
+def test_frozen_gc_skips_the_objects_made_before_and_restores_the_collector_after():
+    import gc
+
+    from trainer.memory import frozen_gc
+
+    before = gc.get_threshold()
+    old = [[i] for i in range(1000)]  # objects that exist when RL starts
+    with frozen_gc(young=5000):
+        assert gc.get_freeze_count() >= len(old)
+        assert gc.get_threshold() == (5000, *before[1:])
+        cycle = []
+        cycle.append(cycle)  # garbage made during RL is still collected
+        del cycle
+        assert gc.collect() >= 1
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_freeze_gc_key_decides(on):
+    from fr_agents.config import load_config
+    from trainer.parts import quiet_gc
+
+    cfg = load_config("math-tiny", [f"trainer.freeze_gc={str(on).lower()}"])
+    import gc
+
+    with quiet_gc(cfg):
+        assert (gc.get_freeze_count() > 0) == on
+    assert gc.get_freeze_count() == 0
