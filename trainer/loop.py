@@ -34,7 +34,6 @@ back and evaluated held out as ``after_rl``, at that checkpoint's step.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import math
 import threading
@@ -54,6 +53,8 @@ from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread
 
 log = logging.getLogger(__name__)
+
+MARK_EVERY = 25  # trained batches marked consumed in the store per transaction (Trainer._mark_consumed)
 
 
 @dataclass
@@ -99,8 +100,7 @@ class Trainer:
         self.hooks = hooks or TrainerHooks()
         self.rollout_process: RolloutProcess | None = None  # trainer.backend=process: spawned by _build
         self.cpus: tuple[list[int], list[int]] | None = None  # trainer.pin_cpus: (learner, rollout) CPUs, by _build
-        self._marker: concurrent.futures.ThreadPoolExecutor | None = None  # marks consumed batches (_mark_consumed)
-        self._marking: concurrent.futures.Future | None = None
+        self._unmarked: list[list[int]] = []  # trained batches not yet marked consumed (_mark_consumed)
         inside = [h for h in ("engine", "episode_done") if getattr(type(self.hooks), h) is not getattr(TrainerHooks, h)]
         if cfg.trainer.backend == "process" and inside:
             raise ConfigError(
@@ -171,21 +171,22 @@ class Trainer:
         return res
 
     def _mark_consumed(self, leaves: list[int]) -> None:
-        """Mark batch ``leaves`` consumed in the tree on the marker thread: the learner goes on to
-        its metrics and next batch meanwhile. The mark is a write to the store the rollout writes
-        all the time, so it often waits for the write lock, in SQLite's busy sleeps of 1, 2, 5 ms
-        (measured on math-tiny: 3.1 ms median, 34 ms p99, of a ~110 ms step). Marks run one at a
-        time in step order; :meth:`_settle_marks` waits for them (and raises a failed one)."""
-        self._settle_marks()
-        if self._marker is None:
-            self._marker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fr-mark")
-        self._marking = self._marker.submit(self.tree.mark_consumed, leaves, durable=False)
+        """Mark batch ``leaves`` consumed in the tree, :data:`MARK_EVERY` batches to a transaction.
+
+        The marks serve a resume (which rewinds the store to its checkpoint's cursor, so a mark not
+        yet written costs nothing) and tools reading the store. Written one transaction per step,
+        they cost the learner ~3 ms of a ~110 ms step on math-tiny: the store changes under it all
+        the time (the rollout writes it), so each transaction re-reads its pages and waits for the
+        write lock in SQLite's busy sleeps (34 ms at the 99th percentile)."""
+        self._unmarked.append(leaves)
+        if len(self._unmarked) >= MARK_EVERY:
+            self._settle_marks()
 
     def _settle_marks(self) -> None:
-        """Wait for the pending mark (before the next one, a checkpoint's cursor, the run's end)."""
-        marking, self._marking = self._marking, None
-        if marking is not None:
-            marking.result()
+        """Write the marks held (before a checkpoint's cursor, at the run's end)."""
+        if self._unmarked:
+            batches, self._unmarked = self._unmarked, []
+            self.tree.mark_consumed_batches(batches, durable=False)
 
     def _checkpoint(self, state: TrainerState) -> Path:
         self._settle_marks()  # the checkpoint stores the store's cursor: every consumed batch in it
@@ -269,7 +270,7 @@ class Trainer:
             return "non-finite loss"
         # the new weights first: the rollout may be waiting for them to start its next batch
         self.board.publish(self.learner.version, self.model)
-        self._mark_consumed(sorted(set(leaves)))  # not durable: resume rewinds to the checkpoint's cursor
+        self._mark_consumed(sorted(set(leaves)))
         state.step = k + 1
         self.board.drop_below(max(0, state.step - self.lag))
         lags = self.guards.lags(flat, k)
@@ -322,9 +323,6 @@ class Trainer:
         """
         self._spend_rl_time(state)
         self._settle_marks()
-        if self._marker is not None:
-            self._marker.shutdown()
-            self._marker = None
         if ok:
             ev = self.evaluate("after_rl", state.step)
             if ev:

@@ -423,13 +423,26 @@ class TrajectoryTree:
         cursor anyway, so a mark lost with the machine costs nothing (and an fsync per step does).
 
         Raises ValueError (nothing written) when a leaf is unknown or not available."""
-        ids = [_node_id(i, "leaf_ids") for i in leaf_ids]
-        if not ids:
-            raise ValueError("leaf_ids: empty")
-        if len(set(ids)) != len(ids):
-            raise ValueError("leaf_ids: contains duplicates")
+        return self.mark_consumed_batches([leaf_ids], durable=durable)
+
+    def mark_consumed_batches(self, batches: Sequence[Sequence[int]], durable: bool = True) -> int:
+        """:meth:`mark_consumed` of several batches in order, in one transaction (each batch gets
+        its own batch number, as with one call per batch); returns the new cursor. Nothing is
+        written when any batch is refused."""
+        checked = []
+        for leaf_ids in batches:
+            ids = [_node_id(i, "leaf_ids") for i in leaf_ids]
+            if not ids:
+                raise ValueError("leaf_ids: empty")
+            if len(set(ids)) != len(ids):
+                raise ValueError("leaf_ids: contains duplicates")
+            checked.append(ids)
+        if not checked:
+            raise ValueError("batches: empty")
         with self._db.write(durable=durable) as c:
-            return _consume(c, ids)
+            for ids in checked:
+                cursor = _consume(c, ids)
+            return cursor
 
     def cursor(self) -> int:
         """Number of the last consumed batch (store it in a checkpoint)."""

@@ -207,6 +207,29 @@ def test_cursor_mark_consumed_and_rewind(tree):
     assert tree.unconsumed_count() == 2
 
 
+def test_marking_several_batches_at_once_numbers_them_as_one_call_each(tree, tmp_path):
+    r = tree.add_root([1])
+    ids = [tree.finish(tree.append(r, [2 + k], [-0.1], True, 0), 1.0) for k in range(6)]
+    assert tree.mark_consumed_batches([ids[:2], ids[2:3], ids[3:5]]) == 3
+    one = TrajectoryTree.open(tmp_path / "one.sqlite")
+    r1 = one.add_root([1])
+    ids1 = [one.finish(one.append(r1, [2 + k], [-0.1], True, 0), 1.0) for k in range(6)]
+    for part in (ids1[:2], ids1[2:3], ids1[3:5]):
+        one.mark_consumed(part)
+    def numbers(t, leaves):
+        with t._db.read() as c:
+            return [c.execute("SELECT consumed_seq FROM leaves WHERE id = ?", (i,)).fetchone()[0] for i in leaves]
+    assert numbers(tree, ids) == numbers(one, ids1) == [1, 1, 2, 3, 3, None]
+    assert tree.rewind(1) == 3 and tree.unconsumed_count() == 4  # batches 2 and 3 are available again
+    before = tree.cursor()
+    with pytest.raises(ValueError, match="not available"):  # the second batch is refused: nothing written
+        tree.mark_consumed_batches([ids[2:3], ids[:1]])
+    assert tree.cursor() == before and tree.unconsumed_count() == 4
+    with pytest.raises(ValueError, match="batches: empty"):
+        tree.mark_consumed_batches([])
+    one.close()
+
+
 def test_open_paths_track_inflight_tips(tree):
     r = tree.add_root([1])
     a = tree.append(r, [2], [-0.1], True, 0)
