@@ -4,6 +4,15 @@
 one at a time. Prints policy tokens/s of both runs and their ratio (goal >= 4x), measured in one
 process, same model (tiny micro, fp32, CPU), same env, same seeds.
 
+``python benchmarks/rollout.py --cpu``: where the training rollout's CPU goes, per batch: the preset's
+:class:`~trainer.episodes.EpisodeRunner` alone (no learner), in fresh processes with the process
+memory settings ``trainer.keep_freed_memory`` and ``trainer.freeze_gc`` on (the defaults) and off,
+alternating. Prints each batch's wall and CPU milliseconds split by thread (the event loop, the tree
+writer, the engine, the env threads), minor page faults and garbage-collection milliseconds, the
+medians per setting, and the load average. Pass ``model.name=DIR`` for a trained policy (its answers
+decide the grading path: an untrained model's go to math-verify's worker processes);
+``benchmarks/vs_trl.py``'s work directory holds the warm-started start checkpoint (``WORK/start``).
+
 ``python benchmarks/rollout.py --engines``: the *training* rollout (the preset's own
 :class:`~trainer.episodes.EpisodeRunner`: its env, tasks, prompts, sampling and concurrency) with
 ``rollout.engine=vllm`` vs ``hf``, the same scheduled episodes for both. Prints generated policy
@@ -95,6 +104,115 @@ def _training_rollout(preset: str, engine: str, batches: int, overrides: list[st
     return out
 
 
+def _thread_cpu_ms() -> dict[str, float]:
+    """CPU milliseconds so far of each live thread of this process, by thread name (env threads summed)."""
+    import os
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(int(tid), "other")
+        name = "env threads" if name.startswith("fr-env") else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * 1000.0 / tick
+    return out
+
+
+def cpu_child(preset: str, batches: int, overrides: list[str]) -> dict[str, Any]:
+    """One setting, in this (fresh) process: ``batches`` timed batches of the preset's rollout after
+    3 warm-up ones; per-batch means of wall, CPU by thread, page faults and GC time."""
+    import gc
+    import resource
+
+    from fr_agents.config import load_config
+    from trainer.parts import build_rollout_side, quiet_gc
+
+    cfg = load_config(preset, ["warm_start.examples=0", *overrides])
+    gc_ms = [0.0]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            gc_ms[0] += (time.perf_counter() - started[0]) * 1000
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        side = build_rollout_side(cfg, run_dir)  # applies trainer.keep_freed_memory
+        sem = asyncio.Semaphore(cfg.rollout.concurrency)
+
+        async def one(spec: Any) -> None:
+            async with sem:
+                await side.runner.run(spec)
+
+        async def go(ks: range) -> None:
+            for k in ks:
+                await asyncio.gather(*(one(s) for s in side.schedule.episodes(k)))
+
+        asyncio.run(go(range(3)))
+        with quiet_gc(cfg):  # trainer.freeze_gc, as the rollout process runs RL
+            gc.callbacks.append(on_gc)
+            cpu0, faults0, t0 = _thread_cpu_ms(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            asyncio.run(go(range(3, 3 + batches)))
+            cpu1, faults1, t1 = _thread_cpu_ms(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            gc.callbacks.remove(on_gc)
+        side.close()
+    threads = {k: (v - cpu0.get(k, 0.0)) / batches for k, v in cpu1.items() if v - cpu0.get(k, 0.0) > 0}
+    return {
+        "wall_ms": (t1 - t0) * 1000 / batches,
+        "cpu_ms": sum(threads.values()),
+        "threads_ms": threads,
+        "faults": (faults1 - faults0) / batches,
+        "gc_ms": gc_ms[0] / batches,
+    }
+
+
+def compare_cpu(preset: str, batches: int, rounds: int, overrides: list[str]) -> None:
+    import json
+    import os
+    import statistics
+    import subprocess
+    import sys
+
+    settings = {
+        "on": ["trainer.keep_freed_memory=true", "trainer.freeze_gc=true"],
+        "off": ["trainer.keep_freed_memory=false", "trainer.freeze_gc=false"],
+    }
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in settings}
+    print(f"preset {preset}: {batches} batches of {load_batch_size(preset, overrides)} episodes per run, "
+          f"{rounds} rounds alternating (per batch: ms, faults)")
+    for r in range(rounds):
+        for name, extra in settings.items():
+            out = subprocess.run(
+                [sys.executable, __file__, "--cpu-child", "--preset", preset, "--batches", str(batches),
+                 *overrides, *extra],
+                capture_output=True, text=True, check=True,
+            )
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            runs[name].append(res)
+            threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(res["threads_ms"].items(), key=lambda kv: -kv[1]))
+            print(f"round {r} {name:<3}: wall {res['wall_ms']:6.1f}  cpu {res['cpu_ms']:6.1f} ({threads})  "
+                  f"faults {res['faults']:7.0f}  gc {res['gc_ms']:5.2f}")
+    for name, rs in runs.items():
+        med = {k: statistics.median(x[k] for x in rs) for k in ("wall_ms", "cpu_ms", "faults", "gc_ms")}
+        print(f"median {name:<3}: wall {med['wall_ms']:6.1f} ms  cpu {med['cpu_ms']:6.1f} ms  "
+              f"faults {med['faults']:7.0f}  gc {med['gc_ms']:5.2f} ms")
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def load_batch_size(preset: str, overrides: list[str]) -> int:
+    from fr_agents.config import load_config
+
+    return load_config(preset, ["warm_start.examples=0", *overrides]).trainer.batch_size
+
+
 def compare_engines(preset: str, batches: int, overrides: list[str]) -> None:
     import os
 
@@ -118,13 +236,25 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engines", action="store_true", help="training rollout with vllm vs hf (see above)")
-    ap.add_argument("--preset", default="math-tiny", help="preset whose rollout --engines measures")
-    ap.add_argument("--batches", type=int, default=4, help="timed batches per engine (--engines)")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides of the preset (--engines)")
+    ap.add_argument("--cpu", action="store_true", help="the training rollout's CPU per batch, memory settings on/off")
+    ap.add_argument("--cpu-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating runs per setting (--cpu)")
+    ap.add_argument("--preset", default="math-tiny", help="preset whose rollout --engines / --cpu measures")
+    ap.add_argument("--batches", type=int, default=None, help="timed batches per engine (--engines, default 4) or "
+                    "per run (--cpu, default 30)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of the preset (--engines, --cpu)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.cpu_child:
+        import json
+
+        print(json.dumps(cpu_child(a.preset, a.batches or 30, a.overrides)))
+        return
+    if a.cpu:
+        compare_cpu(a.preset, a.batches or 30, a.rounds, a.overrides)
+        return
     if a.engines:
-        compare_engines(a.preset, a.batches, a.overrides)
+        compare_engines(a.preset, a.batches or 4, a.overrides)
         return
     with tempfile.TemporaryDirectory() as d:
         create_tiny(f"{d}/m", size="micro", seed=0)
