@@ -4,8 +4,9 @@ How it works
 ------------
 Every ``generate()`` call (from any number of concurrent episodes) puts a request on a queue and
 awaits a future. One background thread owns the model and runs *waves*: it takes every pending
-request (a wave starts once no request has arrived for ``batch_wait_s``, or ``max_wait_s`` after its
-first, so that a burst of episodes stepping their envs at the same moment lands in one batch),
+request (a wave starts once a sleep of ``batch_wait_s`` brings no new request, or ``max_wait_s`` after
+its first, or when it is full; the thread sleeps and then takes what came instead of waking at each
+arrival, so that a burst of episodes stepping their envs at the same moment lands in one batch),
 left-pads the prompts into one batch, runs the prefill (the tokens every prompt of the wave starts
 with, such as the chat template's opening, once for the wave), then decodes one token per step for all
 rows with a shared KV cache. Rows that finish (stop token, stop string, ``max_tokens``) are dropped
