@@ -373,9 +373,10 @@ def _find_stop_ids(tokenizer: Any) -> tuple[int, ...]:
 
 
 def _env_name(env: Any) -> str:
+    base = getattr(env, "unwrapped", env)
     # the base env's own spec: a wrapper's ``spec`` property deep-copies it on every read
-    spec = getattr(getattr(env, "unwrapped", env), "spec", None) or getattr(env, "spec", None)
-    return getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    spec = getattr(base, "spec", None) or getattr(env, "spec", None)
+    return getattr(spec, "id", None) or type(base).__name__
 
 
 def _check_obs(env: Any, obs: Any, where: str) -> str:

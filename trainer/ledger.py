@@ -79,12 +79,14 @@ class EpisodeLedger:
         """Record all leaves ``(leaf, reward, policy tokens[, sampled tokens])`` of one episode in
         one transaction. Sampled tokens: what the engine sampled for that branch itself (see
         :meth:`sampled_tokens`); None when not known."""
-        if not leaves:
-            raise ValueError(f"leaves: episode {episode} has no leaf")
         self._write([(episode, batch, leaves, version)])
 
     def _write(self, episodes: list[tuple[int, int, list[tuple[Any, ...]], int]]) -> None:
-        """Replace the rows of each ``(episode, batch, leaves, version)``, all in one transaction."""
+        """Replace the rows of each ``(episode, batch, leaves, version)``, all in one transaction;
+        nothing is written when an episode has no leaf."""
+        for episode, _, leaves, _ in episodes:
+            if not leaves:
+                raise ValueError(f"leaves: episode {episode} has no leaf")
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -112,12 +114,10 @@ class EpisodeLedger:
     def record_outcomes(self, finished: Iterable[tuple[Any, Any]]) -> None:
         """Record several ``(spec, outcome)`` pairs in one transaction (one commit instead of one per
         episode): all of them are acknowledged together, or none is and they are re-run on resume."""
-        episodes = []
-        for spec, outcome in finished:
-            rows = [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in outcome.leaves]
-            if not rows:
-                raise ValueError(f"leaves: episode {spec.episode} has no leaf")
-            episodes.append((spec.episode, spec.batch, rows, spec.version))
+        episodes = [
+            (spec.episode, spec.batch, [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in out.leaves], spec.version)
+            for spec, out in finished
+        ]
         if episodes:
             self._write(episodes)
 
