@@ -255,6 +255,11 @@ class TrainerConfig:
                                    rule=_at_least(1))
     packed: str = _opt("auto", help="tree-packed forward: auto (when leaves share a prefix), always or never",
                        choices=PACKED_MODES)
+    compact_forward: bool = _opt(True, help="the learner's flat steps run fr_agents.models.compact (Qwen2/Llama in float32, "
+                                 "right-padded rows): a forward that runs a shared prefix once, the last layer only where "
+                                 "logits are kept, and fused projections; the same logits and gradients as transformers' "
+                                 "forward up to float rounding (math-tiny's step ~25% less CPU). false, or any other model: "
+                                 "transformers' forward")
     checkpoint_every: int = _opt(25, help="steps between checkpoints (0: only at the start and the end)", rule=_at_least(0))
     eval_every: int = _opt(0, help="also evaluate every N steps (greedy figures, and avg@k when eval_k > 0); 0: before and after only",
                            rule=_at_least(0))

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from fr_agents.config import ALGOS, BASELINES, PACKED_MODES, OptimConfig, TrainConfig
+from fr_agents.models.compact import compact_logits, compact_reason
 from fr_agents.tree.attention import (
     TREE_MIN_SAVING,
     supports_tree_attention,
@@ -125,7 +126,9 @@ def _shared_prefix(ids: Tensor, attn: Tensor, limit: int) -> int:
     return int(torch.argmin(same.to(torch.int8)))
 
 
-def policy_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor) -> tuple[int, Tensor]:
+def policy_logits(
+    model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor, compact: bool = False
+) -> tuple[int, Tensor]:
     """The logits a step needs for rows ``ids`` [B, W]: ``(first, logits)`` where ``logits[:, j]``
     predicts column ``first + j`` and ``first`` is the first column holding a policy token.
 
@@ -139,6 +142,10 @@ def policy_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask
       a one-row forward whose key/value cache is repeated for the batch; autograd sums the rows'
       gradients back through the repeat. The prefix stops before the first policy token.
 
+    ``compact``: the caller checked :func:`~fr_agents.models.compact.compact_reason`; right-padded
+    rows then take :func:`~fr_agents.models.compact.compact_logits`, which also runs the last layer
+    only at the kept columns (the same logits and gradients up to float rounding, tested).
+
     A model without ``logits_to_keep`` or a repeatable cache gets the plain forward. A float64
     model never shares the prefix: float64 is the reference precision of the equality tests, and
     transformers' RMSNorm computes in float32, so summing the rows' gradients before it instead
@@ -151,6 +158,8 @@ def policy_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask
     keep = torch.arange(first - 1, w - 1, device=ids.device)
     exact = next(model.parameters()).dtype == torch.float64
     prefix = _shared_prefix(ids, attn, first - 1) if b > 1 and not exact else 0
+    if compact and bool((attn[:, 1:] <= attn[:, :-1]).all()):  # right-padded rows
+        return first, compact_logits(model, ids, keep, prefix if prefix >= 2 else 0)
     try:
         if prefix >= 2:
             head = model(input_ids=ids[:1, :prefix], use_cache=True, logits_to_keep=1)
@@ -208,6 +217,9 @@ class Learner:
         version: the policy version of the current weights; +1 per step.
         before_micro_batch: a hook called before every flat micro-batch of a step (the elastic
             runtime hands a step the train slots that joined while it ran); None: nothing.
+        compact_forward: flat steps use :func:`~fr_agents.models.compact.compact_logits` where
+            :func:`~fr_agents.models.compact.compact_reason` allows (``.compact_reason`` then is
+            None, else it says why not); False: transformers' forward always.
     """
 
     def __init__(
@@ -239,6 +251,7 @@ class Learner:
         scheduler: Any = None,
         version: int = 0,
         before_micro_batch: Callable[[], None] | None = None,
+        compact_forward: bool = True,
     ) -> None:
         if algo not in ALGOS:
             raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
@@ -278,6 +291,11 @@ class Learner:
         self.baseline = baseline
         self.version = version
         self.before_micro_batch = before_micro_batch
+        self.compact_reason = compact_reason(model) if compact_forward else "trainer.compact_forward is false"
+        if self.compact_reason is None:
+            logger.info("learner: flat steps run the compact forward (fr_agents.models.compact)")
+        else:
+            logger.info("learner: transformers' forward (no compact forward: %s)", self.compact_reason)
 
     @classmethod
     def from_config(
@@ -313,6 +331,7 @@ class Learner:
             packed=cfg.trainer.packed,
             baseline=o.baseline,
             before_micro_batch=before_micro_batch,
+            compact_forward=cfg.trainer.compact_forward,
         )
         if opt.scheduler != "constant" or opt.warmup_steps:
             learner.scheduler = make_scheduler(learner.optimizer, opt, cfg.trainer.steps)
@@ -519,6 +538,11 @@ class Learner:
         chunks.append(current)
         return [torch.tensor(c, dtype=torch.long) for c in chunks]
 
+    def _scale(self, logits: Tensor) -> Tensor:
+        """Logits at the sampling temperature, in the objective's precision (no division at 1)."""
+        logits = logits.to(compute_dtype(logits))
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
     def _check_current(self, log_probs: Tensor, action_mask: Tensor) -> None:
         """The model's own log-probs must be finite on policy tokens (else the weights diverged)."""
         if not bool(torch.isfinite(log_probs.detach()[action_mask]).all()):
@@ -585,8 +609,8 @@ class Learner:
         ids = flat.token_ids[rows, :width].to(device)
         attn = am[:, :width].to(device)
         action_mask = flat.action_mask[rows, :width].to(device)
-        first, logits = policy_logits(self.model, ids, attn, action_mask)
-        scaled = logits.to(compute_dtype(logits)) / self.temperature  # predicts columns first..width-1
+        first, logits = policy_logits(self.model, ids, attn, action_mask, compact=self.compact_reason is None)
+        scaled = self._scale(logits)  # predicts columns first..width-1
         lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device)
         lp = torch.cat([lp[:, :first], token_logprobs(scaled, ids[:, first:])], dim=1)
         entropies = None
@@ -655,7 +679,7 @@ class Learner:
         prev = ((prev // width) * keep.numel() + column[prev % width].clamp(min=0)).to(device)
         out, used_tree = self._packed_forward(batch, roots, part, layout, keep.to(device), dtype, device)
         logits = out.logits.reshape(-1, out.logits.shape[-1])
-        scaled = logits.to(compute_dtype(logits)) / self.temperature  # [R*K, V]
+        scaled = self._scale(logits)  # [R*K, V]
         lp = token_logprobs(scaled, flat.token_ids[rows].to(device), prev)  # [b, T]
         valid = flat.attention_mask[rows].to(device) & kept.to(device)
         valid[:, 0] = False

@@ -460,3 +460,32 @@ def test_acceptance_is_also_reported_per_sign_of_the_advantage() -> None:
     assert 0.0 < stats["acceptance_rate"] < 1.0
     same = Learner(tiny_model()).step(build_flat(make_trajectories(model, rewards=[1.0] * 8)))
     assert math.isnan(same["acceptance_positive"]) and math.isnan(same["acceptance_negative"])
+
+
+@pytest.mark.parametrize("switches", CONFIGS, ids=["default", "filter+token_mean", "no_is", "grpo"])
+def test_a_compact_forward_step_equals_a_transformers_forward_step(switches: dict) -> None:
+    """trainer.compact_forward: a float32 step through fr_agents.models.compact gives transformers'
+    step (statistics and updated weights, up to float32 rounding), micro-batched or not; false (or
+    a model it does not handle) takes transformers' forward and says why."""
+    for micro in (0, 24):
+        model = tiny_model().to(torch.float32)
+        ref = copy.deepcopy(model)
+        trajs = make_trajectories(model)
+        switches = {"delta": 0.05, **switches}
+        # plain SGD: the weights move by lr x gradient (Adam's normalisation would magnify float32
+        # rounding in near-zero gradient entries)
+        compact = Learner(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batch_tokens=micro, **switches)
+        plain = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1.0), micro_batch_tokens=micro,
+                        compact_forward=False, **switches)
+        assert compact.compact_reason is None and "compact_forward" in plain.compact_reason
+        s_compact = compact.step(build_flat(trajs))
+        s_plain = plain.step(build_flat(trajs))
+        for key in ("loss", "grad_norm", "acceptance_rate", "seq_kl_mean", "ratio_max", "retained_tokens"):
+            assert s_compact[key] == pytest.approx(s_plain[key], rel=1e-4, abs=1e-6), key
+        assert moved(ref, tiny_model().to(torch.float32)) > 1e-4
+        params_close(model, ref, 1e-5)
+    assert "float32" in Learner(tiny_model().to(torch.float64)).compact_reason
+    off = Learner.from_config(tiny_model().to(torch.float32),
+                              config_from_dict({"trainer": {"compact_forward": False}}))
+    assert off.compact_reason == "trainer.compact_forward is false"
+    assert Learner.from_config(tiny_model().to(torch.float32), config_from_dict({})).compact_reason is None

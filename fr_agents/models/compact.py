@@ -1,0 +1,185 @@
+"""A compact training forward for Llama-family causal LMs that computes only what a step uses.
+
+The learner needs, for rows of ``[B, W]`` token ids, the logits that predict the policy tokens and
+their gradient. ``model(ids, logits_to_keep=...)`` computes more than that, and a small model on a
+CPU spends most of a step in matrix products, so every product skipped is time won. This forward
+reads the model's own parameters (autograd flows back into them; nothing is copied or replaced)
+and skips, exactly:
+
+* **a prefix every row shares** (a chat template's opening): its tokens go through each layer once,
+  and every row's queries attend to that one copy of its keys and values;
+* **the last layer's dead work**: the last layer's output is read only at the kept columns (those
+  whose logits predict a policy token), so its queries, attention output, output projection and
+  MLP run on those columns alone (its keys and values still cover every token);
+* **each row's last column and the padding after a row**: no later token reads them;
+* **the extra passes of a general implementation**: the query/key/value and gate/up projections
+  run as one product each, rotary embeddings are applied to queries and keys together, and every
+  linear layer sees the tokens of the whole batch as one flat matrix.
+
+What it computes equals ``model(...)`` up to float rounding (the tests compare logits and every
+parameter's gradient with transformers' forward). It runs where that is known to hold
+(:func:`compact_reason` says why not otherwise): a ``Qwen2ForCausalLM`` or ``LlamaForCausalLM``
+in float32, SiLU MLP, default rotary embeddings, no sliding window, rows right-padded (each row's
+real tokens first). Everything else takes transformers' forward.
+
+Measured on the math-tiny learner step (``benchmarks/learner_step.py``), see ``docs/DESIGN.md``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+_FAMILIES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+def compact_reason(model: torch.nn.Module) -> str | None:
+    """Why :func:`compact_logits` cannot stand in for ``model``'s forward, or None when it can."""
+    name = type(model).__name__
+    if name not in _FAMILIES:
+        return f"{name} is not one of {_FAMILIES}"
+    c = model.config
+    params = list(model.parameters())
+    if any(p.dtype != torch.float32 for p in params):
+        return "its parameters are not all float32"
+    if getattr(c, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(c, 'hidden_act', None)!r} is not 'silu'"
+    rope = getattr(c, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
+        return f"rotary embeddings {rope.get('rope_type')!r} are not the default kind"
+    if getattr(c, "use_sliding_window", False):
+        return "it uses sliding-window attention"
+    if getattr(c, "pretraining_tp", 1) != 1 or getattr(c, "mlp_bias", False):
+        return "pretraining_tp or mlp_bias is set"
+    if getattr(model.model, "gradient_checkpointing", False) and model.training:
+        return "gradient checkpointing is on"
+    return None
+
+
+def _rope(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin ``[N, head_dim]`` of the default rotary embedding at ``positions`` [N]."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[:, None] * inv.to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of ``x`` [..., N, heads, D] with cos/sin [N, 1, D] (half-rotation layout)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Attention of ``q`` [b, H, L, D] over ``k``/``v`` [b, KV, S, D] with an additive ``mask``
+    [L, S]; query head ``h`` reads key/value head ``h // (H // KV)`` (grouped-query attention).
+
+    Two batched products: at a few dozen tokens per row this is cheaper on a CPU than the fused
+    attention kernels, which are tiled for long sequences."""
+    b, h, length, d = q.shape
+    kv = k.shape[1]
+    group = h // kv
+    scores = torch.matmul(q.reshape(b, kv, group * length, d), k.transpose(-1, -2)) * (d**-0.5)
+    probs = torch.softmax(scores.view(b, kv, group, length, -1) + mask, dim=-1)
+    return torch.matmul(probs.view(b, kv, group * length, -1), v).view(b, h, length, d)
+
+
+def _causal(rows: int, cols: int, offset: int, device: torch.device) -> Tensor:
+    """Additive mask [rows, cols]: query ``i`` (at position ``offset + i``) sees keys ``<= offset + i``."""
+    q = torch.arange(rows, device=device)[:, None] + offset
+    k = torch.arange(cols, device=device)[None, :]
+    return torch.zeros(rows, cols, device=device).masked_fill(k > q, -math.inf)
+
+
+def _norm(x: Tensor, module: torch.nn.Module) -> Tensor:
+    return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+
+
+def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int = 0) -> Tensor:
+    """Logits ``[B, K, V]`` of ``model`` at columns ``keep`` [K] of right-padded rows ``ids`` [B, W].
+
+    Equal, up to float rounding, to ``model(input_ids=ids, attention_mask=mask,
+    logits_to_keep=keep).logits`` for any right-padding ``mask`` whose rows are real through the
+    largest kept column. ``prefix``: the number of leading columns every row holds the same tokens
+    in (run once); it must not exceed ``keep.min()``. ``keep`` must be sorted ascending.
+    Check :func:`compact_reason` first.
+    """
+    b = ids.shape[0]
+    kept = keep.numel()
+    last_col = int(keep[-1]) + 1  # no column after the last kept one is read by anything
+    if not 0 <= prefix <= int(keep[0]):
+        raise ValueError(f"prefix: must be in [0, {int(keep[0])}], got {prefix}")
+    ids = ids[:, :last_col]
+    rest = last_col - prefix
+    c = model.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    device = ids.device
+    theta = float(c.rope_parameters["rope_theta"])
+
+    # every token of the step as one flat matrix: the shared prefix once, then each row's rest
+    tokens = torch.cat([ids[0, :prefix], ids[:, prefix:].reshape(-1)])
+    positions = torch.cat([torch.arange(prefix, device=device),
+                           torch.arange(prefix, last_col, device=device).repeat(b)])
+    cos, sin = (t[:, None] for t in _rope(positions, head_dim, theta))
+    rest_mask = _causal(rest, last_col, prefix, device)
+    prefix_mask = _causal(prefix, prefix, 0, device)
+    keep_rest = keep - prefix  # kept columns among each row's rest
+    flat_keep = (prefix + torch.arange(b, device=device)[:, None] * rest + keep_rest[None]).reshape(-1)
+    keep_cos, keep_sin = cos[flat_keep], sin[flat_keep]
+    keep_mask = rest_mask[keep_rest]
+
+    x = F.embedding(tokens, model.model.embed_tokens.weight)  # [N, C]
+    layers = model.model.layers
+    q_size = heads * head_dim
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        last = i == len(layers) - 1
+        h = _norm(x, layer.input_layernorm)
+        weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        bias = None
+        if attn.q_proj.bias is not None:
+            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        if last:  # keys and values for every token, queries at the kept columns only
+            kv = F.linear(h, weight[q_size:], None if bias is None else bias[q_size:])
+            q = F.linear(h[flat_keep], weight[:q_size], None if bias is None else bias[:q_size])
+            q = _rotate(q.view(-1, heads, head_dim), keep_cos, keep_sin)
+            k, v = kv.view(-1, 2 * kv_heads, head_dim).split(kv_heads, dim=1)
+            k = _rotate(k, cos, sin)
+        else:
+            qkv = F.linear(h, weight, bias).view(-1, heads + 2 * kv_heads, head_dim)
+            qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+
+        # keys/values [b, KV, prefix + rest, D]: the prefix's once, broadcast to every row
+        def rows(t: Tensor, n_heads: int) -> Tensor:
+            own = t[prefix:].view(b, rest, n_heads, head_dim).transpose(1, 2)
+            if not prefix:
+                return own
+            shared = t[:prefix].transpose(0, 1).unsqueeze(0).expand(b, -1, -1, -1)
+            return torch.cat([shared, own], dim=2)
+
+        keys, values = rows(k, kv_heads), rows(v, kv_heads)
+        if last:
+            q_rows = q.view(b, kept, heads, head_dim).transpose(1, 2)
+            out = _attend(q_rows, keys, values, keep_mask).transpose(1, 2).reshape(b * kept, q_size)
+            x = x[flat_keep]
+        else:
+            q_rows = q[prefix:].view(b, rest, heads, head_dim).transpose(1, 2)
+            out = _attend(q_rows, keys, values, rest_mask).transpose(1, 2).reshape(b * rest, q_size)
+            if prefix:
+                q_pre = q[:prefix].transpose(0, 1).unsqueeze(0)
+                k_pre, v_pre = k[:prefix].transpose(0, 1).unsqueeze(0), v[:prefix].transpose(0, 1).unsqueeze(0)
+                out_pre = _attend(q_pre, k_pre, v_pre, prefix_mask)[0].transpose(0, 1).reshape(prefix, q_size)
+                out = torch.cat([out_pre, out])
+        x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        h = _norm(x, layer.post_attention_layernorm)
+        gate, up = F.linear(h, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])).chunk(2, dim=-1)
+        x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+    x = _norm(x, model.model.norm)
+    logits = F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
+    return logits.view(b, kept, -1)

@@ -1,0 +1,115 @@
+"""fr_agents.models.compact: the learner's compact forward against transformers' own forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from fr_agents.models.compact import compact_logits, compact_reason
+
+torch.set_num_threads(1)
+
+VOCAB = 96
+
+
+def qwen2(seed: int = 0, layers: int = 3) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=False, initializer_range=0.3)
+    return Qwen2ForCausalLM(cfg)
+
+
+def llama(seed: int = 0, **extra) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128,
+                      tie_word_embeddings=True, initializer_range=0.3, **extra)
+    return LlamaForCausalLM(cfg)
+
+
+def ragged_rows(shared: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded rows: ``shared`` common leading tokens, prompts and replies of different
+    lengths; returns ids, attention mask and the policy-token mask."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(7):
+        prompt = list(range(5, 5 + shared)) + torch.randint(10, VOCAB, (2 + i % 3,), generator=g).tolist()
+        reply = torch.randint(10, VOCAB, (1 + i % 4,), generator=g).tolist()
+        rows.append((prompt, reply))
+    width = max(len(p) + len(a) for p, a in rows) + 1  # one all-padding column at the end
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attn = torch.zeros_like(ids, dtype=torch.bool)
+    act = torch.zeros_like(attn)
+    for r, (p, a) in enumerate(rows):
+        ids[r, : len(p) + len(a)] = torch.tensor(p + a)
+        attn[r, : len(p) + len(a)] = True
+        act[r, len(p) : len(p) + len(a)] = True
+    return ids, attn, act
+
+
+def logprobs_and_grads(model, ids, attn, act, compact: bool, prefix: int):
+    """Policy-token log-probs and every parameter's gradient of a weighted sum of them."""
+    model.zero_grad(set_to_none=True)
+    first = int(act.any(0).nonzero()[0])
+    keep = torch.arange(first - 1, ids.shape[1] - 1)
+    if compact:
+        logits = compact_logits(model, ids, keep, prefix)
+    else:
+        logits = model(input_ids=ids, attention_mask=attn.long(), logits_to_keep=keep).logits
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, first:, None])[..., 0] * act[:, first:]
+    (lp.sum(1) * torch.linspace(-1, 1, ids.shape[0])).sum().backward()
+    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """Equal up to float32 rounding, measured against the tensor's own scale (gradients summed over
+    a batch in a different order differ by ~1e-6 of their largest entry)."""
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()) + 1e-7, msg=name)
+
+
+@pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
+@pytest.mark.parametrize("shared", [0, 1, 4])
+def test_compact_logits_and_gradients_equal_transformers_forward(build, shared: int) -> None:
+    """Every policy token's log-prob and every parameter's gradient match the plain forward, with a
+    shared opening run once or not, rows of different lengths and a padding-only last column."""
+    model = build()
+    assert compact_reason(model) is None
+    ids, attn, act = ragged_rows(shared)
+    first = int(act.any(0).nonzero()[0])
+    for prefix in sorted({0, shared}):
+        assert prefix <= first - 1
+        lp_c, g_c = logprobs_and_grads(model, ids, attn, act, True, prefix)
+        lp_t, g_t = logprobs_and_grads(model, ids, attn, act, False, 0)
+        torch.testing.assert_close(lp_c, lp_t, rtol=1e-5, atol=1e-5)
+        assert g_c.keys() == g_t.keys() and len(g_c) == len(list(model.parameters()))
+        for name in g_t:
+            close(g_c[name], g_t[name], name)
+
+
+def test_compact_logits_one_layer_model_and_prefix_bounds() -> None:
+    """A one-layer model (its only layer is the trimmed last one) matches too; a prefix past the
+    first kept column is refused by name."""
+    model = qwen2(layers=1)
+    ids, attn, act = ragged_rows(3)
+    lp_c, g_c = logprobs_and_grads(model, ids, attn, act, True, 3)
+    lp_t, g_t = logprobs_and_grads(model, ids, attn, act, False, 0)
+    torch.testing.assert_close(lp_c, lp_t, rtol=1e-5, atol=1e-5)
+    for name in g_t:
+        close(g_c[name], g_t[name], name)
+    keep = torch.arange(4, ids.shape[1] - 1)
+    with pytest.raises(ValueError, match="prefix"):
+        compact_logits(model, ids, keep, 5)
+
+
+def test_compact_reason_names_what_it_does_not_handle() -> None:
+    """Only float32 Qwen2/Llama with SiLU, default rotary embeddings and no sliding window qualify."""
+    assert "float32" in compact_reason(qwen2().to(torch.float64))
+    assert "rotary" in compact_reason(
+        llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}))
+    assert "hidden_act" in compact_reason(llama(hidden_act="gelu"))
+    sliding = qwen2()
+    sliding.config.use_sliding_window = True
+    assert "sliding" in compact_reason(sliding)
+    assert "not one of" in compact_reason(torch.nn.Linear(2, 2))
