@@ -109,6 +109,12 @@ class ModelConfig:
                       choices=("float32", "bfloat16", "float16", "float64"))
     tiny_size: str = _opt("micro", help="size of the in-code tiny model (model.name=tiny)", choices=("nano", "micro", "small"))
     tiny_seed: int = _opt(0, help="initialisation seed of the in-code tiny model (model.name=tiny)")
+    compact_forward: bool = _opt(True, help="run fr_agents.models.compact where it applies (Qwen2/Llama in float32): in "
+                                 "the learner's flat steps (a shared prefix once, the last layer only where logits are "
+                                 "kept, fused projections) and in the HF engine's waves of the rollout and the held-out "
+                                 "evaluations (right-padded prefill, a preallocated cache); the same logits and gradients "
+                                 "as transformers' forward up to float rounding (math-tiny: learner step ~20% and a "
+                                 "generation wave ~15% less CPU). false, or any other model: transformers' forward")
 
 
 @dataclass
@@ -255,11 +261,6 @@ class TrainerConfig:
                                    rule=_at_least(1))
     packed: str = _opt("auto", help="tree-packed forward: auto (when leaves share a prefix), always or never",
                        choices=PACKED_MODES)
-    compact_forward: bool = _opt(True, help="the learner's flat steps run fr_agents.models.compact (Qwen2/Llama in float32, "
-                                 "right-padded rows): a forward that runs a shared prefix once, the last layer only where "
-                                 "logits are kept, and fused projections; the same logits and gradients as transformers' "
-                                 "forward up to float rounding (math-tiny's step ~25% less CPU). false, or any other model: "
-                                 "transformers' forward")
     checkpoint_every: int = _opt(25, help="steps between checkpoints (0: only at the start and the end)", rule=_at_least(0))
     eval_every: int = _opt(0, help="also evaluate every N steps (greedy figures, and avg@k when eval_k > 0); 0: before and after only",
                            rule=_at_least(0))

@@ -106,7 +106,9 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
         model.to(cfg.trainer.device)
     else:
         model = copy.deepcopy(model)
-    return HFEngine(model, tokenizer, max_batch_size=max(1, r.concurrency), seed=cfg.trainer.seed)
+    return HFEngine(
+        model, tokenizer, max_batch_size=max(1, r.concurrency), seed=cfg.trainer.seed, compact=cfg.model.compact_forward
+    )
 
 
 class EpisodeRunner:

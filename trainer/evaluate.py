@@ -28,10 +28,12 @@ log = logging.getLogger(__name__)
 class HeldOutEval:
     """Greedy held-out figures of the live policy (see the module docstring)."""
 
-    def __init__(self, bench: Bench, out_dir: str | Path, *, seed: int = 0, concurrency: int = 32) -> None:
+    def __init__(
+        self, bench: Bench, out_dir: str | Path, *, seed: int = 0, concurrency: int = 32, compact: bool = True
+    ) -> None:
         self.bench = bench
         self.out_dir = Path(out_dir)
-        self.settings = EvalSettings(k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency))
+        self.settings = EvalSettings(k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency), compact=compact)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, run_dir: str | Path, bench: Bench) -> HeldOutEval | None:
@@ -45,6 +47,7 @@ class HeldOutEval:
             Path(run_dir) / "evals",
             seed=cfg.trainer.seed,
             concurrency=cfg.rollout.concurrency,
+            compact=cfg.model.compact_forward,
         )
 
     def run(self, name: str, step: int, model: Any, tokenizer: Any) -> dict[str, float]:

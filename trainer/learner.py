@@ -291,7 +291,7 @@ class Learner:
         self.baseline = baseline
         self.version = version
         self.before_micro_batch = before_micro_batch
-        self.compact_reason = compact_reason(model) if compact_forward else "trainer.compact_forward is false"
+        self.compact_reason = compact_reason(model) if compact_forward else "model.compact_forward is false"
         if self.compact_reason is None:
             logger.info("learner: flat steps run the compact forward (fr_agents.models.compact)")
         else:
@@ -331,7 +331,7 @@ class Learner:
             packed=cfg.trainer.packed,
             baseline=o.baseline,
             before_micro_batch=before_micro_batch,
-            compact_forward=cfg.trainer.compact_forward,
+            compact_forward=cfg.model.compact_forward,
         )
         if opt.scheduler != "constant" or opt.warmup_steps:
             learner.scheduler = make_scheduler(learner.optimizer, opt, cfg.trainer.steps)

@@ -45,7 +45,7 @@ def evaluate_live(
 
     was_training = model.training
     model.eval()
-    engine = HFEngine(model, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed)
+    engine = HFEngine(model, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed, compact=settings.compact)
     try:
         return run_bench(engine, tokenizer, bench, settings, label=label, out_dir=out_dir)
     finally:
@@ -66,13 +66,14 @@ class PeriodicEval:
         temperature: float = 1.0,
         seed: int = 0,
         concurrency: int = 64,
+        compact: bool = True,
     ) -> None:
         if every < 1:
             raise ValueError(f"trainer.eval_every: must be >= 1 for periodic evaluation, got {every}")
         self.bench = bench
         self.out_dir = Path(out_dir)
         self.every = every
-        self.settings = EvalSettings(k=k, temperature=temperature, seed=seed, concurrency=concurrency)
+        self.settings = EvalSettings(k=k, temperature=temperature, seed=seed, concurrency=concurrency, compact=compact)
         self.history: list[dict[str, Any]] = []
 
     @classmethod
@@ -90,6 +91,7 @@ class PeriodicEval:
             temperature=t.eval_temperature,
             seed=t.seed,
             concurrency=max(1, cfg.rollout.concurrency),
+            compact=cfg.model.compact_forward,
         )
 
     def due(self, step: int) -> bool:

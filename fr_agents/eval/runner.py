@@ -69,6 +69,7 @@ class EvalSettings:
     max_context: int | None = None
     system_prompt: str | None = None
     concurrency: int = 32
+    compact: bool = True  # an HF engine built for the run takes fr_agents.models.compact where it applies
 
     def __post_init__(self) -> None:
         if self.k < 1:

@@ -99,6 +99,30 @@ def _norm(x: Tensor, module: torch.nn.Module) -> Tensor:
     return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
 
 
+class CompactCache:
+    """Keys and values of every layer, preallocated ``[B, KV, slots, D]``, for generation.
+
+    Row ``b``'s tokens sit in slots ``0 .. length[b] - 1`` with no holes (prompts are right-padded
+    and each generated token overwrites the slot after its row's last one), so a row attends to
+    the slots below its own length and a slot past it is never read."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, slots: int, device: torch.device) -> None:
+        c = model.config
+        heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        dtype = next(model.parameters()).dtype
+        shape = (rows, kv_heads, slots, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.model.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.model.layers]
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only ``rows`` (indices into the current rows), in that order."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.lengths = self.lengths.index_select(0, rows)
+
+
 def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int = 0) -> Tensor:
     """Logits ``[B, K, V]`` of ``model`` at columns ``keep`` [K] of right-padded rows ``ids`` [B, W].
 
@@ -108,42 +132,99 @@ def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: in
     in (run once); it must not exceed ``keep.min()``. ``keep`` must be sorted ascending.
     Check :func:`compact_reason` first.
     """
-    b = ids.shape[0]
-    kept = keep.numel()
-    last_col = int(keep[-1]) + 1  # no column after the last kept one is read by anything
     if not 0 <= prefix <= int(keep[0]):
         raise ValueError(f"prefix: must be in [0, {int(keep[0])}], got {prefix}")
-    ids = ids[:, :last_col]
-    rest = last_col - prefix
+    return _forward(model, ids[:, : int(keep[-1]) + 1], keep.expand(ids.shape[0], -1), prefix)
+
+
+def compact_prefill(model: torch.nn.Module, ids: Tensor, lengths: Tensor, prefix: int, cache: CompactCache) -> Tensor:
+    """Run right-padded prompts ``ids`` [B, W] (row ``b`` real in its first ``lengths[b]``
+    columns, every row the same in its first ``prefix``), fill ``cache`` with their keys and
+    values, and return the logits ``[B, V]`` that predict each row's next token.
+
+    ``prefix`` must be below every length. Equal, up to float rounding, to transformers' forward
+    of each prompt alone."""
+    if not 0 <= prefix < int(lengths.min()):
+        raise ValueError(f"prefix: must be in [0, {int(lengths.min()) - 1}], got {prefix}")
+    logits = _forward(model, ids[:, : int(lengths.max())], (lengths - 1)[:, None], prefix, cache)
+    cache.lengths = lengths.clone()
+    return logits[:, 0]
+
+
+def compact_decode(model: torch.nn.Module, tokens: Tensor, cache: CompactCache) -> Tensor:
+    """Append one token per row (``tokens`` [B]) after each row's cached tokens and return the
+    logits ``[B, V]`` that predict the next one."""
+    c = model.config
+    heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, cache.head_dim
+    b = tokens.shape[0]
+    pos = cache.lengths
+    rows = torch.arange(b, device=tokens.device)
+    cos, sin = (t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"])))
+    span = int(pos.max()) + 1
+    mask = torch.zeros(b, span, device=tokens.device).masked_fill(
+        torch.arange(span, device=tokens.device)[None] > pos[:, None], -math.inf)[:, None, None, None]
+    x = F.embedding(tokens, model.model.embed_tokens.weight)  # [B, C]
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = F.linear(_norm(x, layer.input_layernorm), *_qkv(attn)).view(b, heads + 2 * kv_heads, head_dim)
+        qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
+        cache.keys[i][rows, :, pos] = qk[:, heads:]
+        cache.values[i][rows, :, pos] = qkv[:, heads + kv_heads :]
+        q = qk[:, :heads, None]  # [B, H, 1, D]
+        out = _attend(q, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
+        x = x + F.linear(out.reshape(b, heads * head_dim), attn.o_proj.weight, attn.o_proj.bias)
+        x = x + _mlp(_norm(x, layer.post_attention_layernorm), mlp)
+    cache.lengths = pos + 1
+    x = _norm(x, model.model.norm)
+    return F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
+
+
+def _qkv(attn: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    """The query, key and value projections as one weight (and bias)."""
+    weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    if attn.q_proj.bias is None:
+        return weight, None
+    return weight, torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+
+
+def _mlp(h: Tensor, mlp: torch.nn.Module) -> Tensor:
+    gate, up = F.linear(h, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+
+
+def _forward(
+    model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int, cache: CompactCache | None = None
+) -> Tensor:
+    """Logits ``[B, K, V]`` at columns ``keep`` [B, K] (per row, each at or after ``prefix``) of
+    right-padded rows ``ids`` [B, W] whose first ``prefix`` columns are the same in every row;
+    with ``cache``, every layer's keys and values of all columns also go into it."""
+    b, width = ids.shape
+    kept = keep.shape[1]
+    rest = width - prefix
     c = model.config
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     device = ids.device
-    theta = float(c.rope_parameters["rope_theta"])
 
-    # every token of the step as one flat matrix: the shared prefix once, then each row's rest
+    # every token as one flat matrix: the shared prefix once, then each row's rest
     tokens = torch.cat([ids[0, :prefix], ids[:, prefix:].reshape(-1)])
-    positions = torch.cat([torch.arange(prefix, device=device),
-                           torch.arange(prefix, last_col, device=device).repeat(b)])
-    cos, sin = (t[:, None] for t in _rope(positions, head_dim, theta))
-    rest_mask = _causal(rest, last_col, prefix, device)
+    positions = torch.cat([torch.arange(prefix, device=device), torch.arange(prefix, width, device=device).repeat(b)])
+    cos, sin = (t[:, None] for t in _rope(positions, head_dim, float(c.rope_parameters["rope_theta"])))
+    rest_mask = _causal(rest, width, prefix, device)
     prefix_mask = _causal(prefix, prefix, 0, device)
-    keep_rest = keep - prefix  # kept columns among each row's rest
-    flat_keep = (prefix + torch.arange(b, device=device)[:, None] * rest + keep_rest[None]).reshape(-1)
+    keep_rest = keep - prefix  # [B, K] kept columns among each row's rest
+    flat_keep = (prefix + torch.arange(b, device=device)[:, None] * rest + keep_rest).reshape(-1)
     keep_cos, keep_sin = cos[flat_keep], sin[flat_keep]
-    keep_mask = rest_mask[keep_rest]
+    keep_mask = rest_mask[keep_rest][:, None, None]  # [B, 1, 1, K, W]
 
     x = F.embedding(tokens, model.model.embed_tokens.weight)  # [N, C]
     layers = model.model.layers
     q_size = heads * head_dim
     for i, layer in enumerate(layers):
-        attn, mlp = layer.self_attn, layer.mlp
+        attn = layer.self_attn
         last = i == len(layers) - 1
         h = _norm(x, layer.input_layernorm)
-        weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        bias = None
-        if attn.q_proj.bias is not None:
-            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        weight, bias = _qkv(attn)
         if last:  # keys and values for every token, queries at the kept columns only
             kv = F.linear(h, weight[q_size:], None if bias is None else bias[q_size:])
             q = F.linear(h[flat_keep], weight[:q_size], None if bias is None else bias[:q_size])
@@ -156,14 +237,17 @@ def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: in
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
         # keys/values [b, KV, prefix + rest, D]: the prefix's once, broadcast to every row
-        def rows(t: Tensor, n_heads: int) -> Tensor:
-            own = t[prefix:].view(b, rest, n_heads, head_dim).transpose(1, 2)
+        def rows(t: Tensor) -> Tensor:
+            own = t[prefix:].view(b, rest, kv_heads, head_dim).transpose(1, 2)
             if not prefix:
                 return own
             shared = t[:prefix].transpose(0, 1).unsqueeze(0).expand(b, -1, -1, -1)
             return torch.cat([shared, own], dim=2)
 
-        keys, values = rows(k, kv_heads), rows(v, kv_heads)
+        keys, values = rows(k), rows(v)
+        if cache is not None:
+            cache.keys[i][:, :, :width] = keys
+            cache.values[i][:, :, :width] = values
         if last:
             q_rows = q.view(b, kept, heads, head_dim).transpose(1, 2)
             out = _attend(q_rows, keys, values, keep_mask).transpose(1, 2).reshape(b * kept, q_size)
@@ -177,9 +261,7 @@ def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: in
                 out_pre = _attend(q_pre, k_pre, v_pre, prefix_mask)[0].transpose(0, 1).reshape(prefix, q_size)
                 out = torch.cat([out_pre, out])
         x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        h = _norm(x, layer.post_attention_layernorm)
-        gate, up = F.linear(h, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+        x = x + _mlp(_norm(x, layer.post_attention_layernorm), layer.mlp)
     x = _norm(x, model.model.norm)
     logits = F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
     return logits.view(b, kept, -1)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from fr_agents import hops
+from fr_agents.models.compact import CompactCache, compact_decode, compact_prefill, compact_reason
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,11 @@ class HFEngine(Engine):
     ``model`` is a loaded ``AutoModelForCausalLM``; ``tokenizer`` is only needed for stop strings
     and the pad id. ``max_batch_size`` caps the rows of one wave. ``on_token``, when set, is called
     from the engine thread with every sampled token id as it is drawn (``fr-agents play`` streams a
-    model's turn with it); it observes, it never changes what is sampled.
+    model's turn with it); it observes, it never changes what is sampled. ``compact``: waves run
+    :mod:`fr_agents.models.compact`'s prefill and decode (right-padded prompts, a preallocated
+    cache, the last layer of the prefill only at each row's last token) where
+    :func:`~fr_agents.models.compact.compact_reason` allows (``.compact_reason`` None), else
+    transformers' forward with its cache; both give the same logits up to float rounding.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class HFEngine(Engine):
         seed: int = 0,
         version: int = 0,
         on_token: Callable[[int], None] | None = None,
+        compact: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -112,6 +118,8 @@ class HFEngine(Engine):
         self._closed = False
         self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "shared_prefill_tokens": 0}
         self.on_token = on_token
+        # None: waves run fr_agents.models.compact's prefill and decode; else why they do not
+        self.compact_reason = compact_reason(model) if compact else "compact is off"
 
     # ------------------------------------------------------------------ public API
 
@@ -260,34 +268,13 @@ class HFEngine(Engine):
                 r.resolve(False, RuntimeError("HFEngine closed"))
 
     def _run_wave(self, reqs: list[_Request]) -> None:
-        from transformers import DynamicCache
-
         self.stats["waves"] += 1
         self.stats["rows"] += len(reqs)
-        dev = self.device
         version = self._between_steps()
-        cache = DynamicCache(config=self.model.config)
-        shared = self._prefill_shared(reqs, cache)
-        rests = [r.prompt_ids[shared:] for r in reqs]
-        longest = max(len(x) for x in rests)
-        input_ids = torch.full((len(reqs), longest), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((len(reqs), shared + longest), dtype=torch.long, device=dev)
-        mask[:, :shared] = 1
-        for i, rest in enumerate(rests):
-            input_ids[i, longest - len(rest) :] = torch.tensor(rest, dtype=torch.long, device=dev)
-            mask[i, shared + longest - len(rest) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        wave = (_CompactWave if self.compact_reason is None else _TransformersWave)(self, reqs, self._shared_len(reqs))
+        self.stats["shared_prefill_tokens"] += wave.shared
+        logits = wave.first_logits()
         active = list(range(len(reqs)))  # indices into reqs of the rows still in the batch
-
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1, :]
-        next_pos = positions[:, -1:] + 1
         while True:
             self.stats["steps"] += 1
             tokens = self._sample([reqs[i] for i in active], logits)
@@ -317,32 +304,19 @@ class HFEngine(Engine):
                     )
             if not keep:
                 return
-            last = torch.tensor([reqs[active[row]].token_ids[-1] for row in keep], device=dev).unsqueeze(1)
+            last = torch.tensor([reqs[active[row]].token_ids[-1] for row in keep], device=self.device)
             if len(keep) < len(active):
-                idx = torch.tensor(keep, dtype=torch.long, device=dev)
-                cache.batch_select_indices(idx)
-                mask = mask.index_select(0, idx)
-                next_pos = next_pos.index_select(0, idx)
+                wave.select(torch.tensor(keep, dtype=torch.long, device=self.device))
                 active = [active[row] for row in keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             version = self._between_steps()
-            logits = self.model(
-                input_ids=last,
-                attention_mask=mask,
-                position_ids=next_pos,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1, :]
-            next_pos = next_pos + 1
+            logits = wave.next_logits(last)
 
-    def _prefill_shared(self, reqs: list[_Request], cache: Any) -> int:
-        """Run the prompt tokens that every row of the wave starts with (a chat template's opening,
-        a system prompt) once, as a one-row forward whose key/value cache is then repeated for the
-        rows; returns how many (0: none shared, nothing run). Each row keeps at least one token of
-        its own for the batched prefill, which yields its first logits. The rows' left padding
-        then sits between the shared tokens and each row's rest, masked out, with the positions
-        running on from the shared part, so each row attends to exactly its own prompt."""
-        if len(reqs) < 2 or not hasattr(cache, "batch_repeat_interleave"):
+    @staticmethod
+    def _shared_len(reqs: list[_Request]) -> int:
+        """How many leading prompt tokens every row of the wave shares (a chat template's opening,
+        a system prompt), run once for the wave; 0 below 2 (or for a one-row wave). Each row keeps
+        at least one token of its own for the batched prefill, which yields its first logits."""
+        if len(reqs) < 2:
             return 0
         first = reqs[0].prompt_ids
         n = min(len(r.prompt_ids) for r in reqs) - 1
@@ -354,14 +328,6 @@ class HFEngine(Engine):
             n = k
             if n < 2:
                 return 0
-        self.model(
-            input_ids=torch.tensor([first[:n]], dtype=torch.long, device=self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache.batch_repeat_interleave(len(reqs))
-        self.stats["shared_prefill_tokens"] += n
         return n
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> list[tuple[int, float]]:
@@ -408,6 +374,78 @@ class HFEngine(Engine):
         if len(r.token_ids) >= o.max_tokens:
             return "length"
         return None
+
+
+class _TransformersWave:
+    """A wave through transformers' forward: left-padded prompts after the shared opening (run
+    once as a one-row forward whose cache is repeated for the rows; the padding sits between it
+    and each row's rest, masked out, with the positions running on from it) and its DynamicCache."""
+
+    def __init__(self, engine: HFEngine, reqs: list[_Request], shared: int) -> None:
+        from transformers import DynamicCache
+
+        self.model, dev = engine.model, engine.device
+        self.cache = DynamicCache(config=self.model.config)
+        if shared and hasattr(self.cache, "batch_repeat_interleave"):
+            self.model(input_ids=torch.tensor([reqs[0].prompt_ids[:shared]], dtype=torch.long, device=dev),
+                       past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            self.cache.batch_repeat_interleave(len(reqs))
+        else:
+            shared = 0
+        self.shared = shared
+        rests = [r.prompt_ids[shared:] for r in reqs]
+        longest = max(len(x) for x in rests)
+        self.input_ids = torch.full((len(reqs), longest), engine.pad_id, dtype=torch.long, device=dev)
+        self.mask = torch.zeros((len(reqs), shared + longest), dtype=torch.long, device=dev)
+        self.mask[:, :shared] = 1
+        for i, rest in enumerate(rests):
+            self.input_ids[i, longest - len(rest) :] = torch.tensor(rest, dtype=torch.long, device=dev)
+            self.mask[i, shared + longest - len(rest) :] = 1
+        self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+
+    def first_logits(self) -> torch.Tensor:
+        out = self.model(input_ids=self.input_ids, attention_mask=self.mask, position_ids=self.positions,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.next_pos = self.positions[:, -1:] + 1
+        return out.logits[:, -1, :]
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask.index_select(0, rows)
+        self.next_pos = self.next_pos.index_select(0, rows)
+
+    def next_logits(self, last: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        out = self.model(input_ids=last[:, None], attention_mask=self.mask, position_ids=self.next_pos,
+                         past_key_values=self.cache, use_cache=True)
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1, :]
+
+
+class _CompactWave:
+    """A wave through :mod:`fr_agents.models.compact`: right-padded prompts (the shared opening
+    run once inside the prefill) and a preallocated cache where each sampled token takes the slot
+    after its row's last one."""
+
+    def __init__(self, engine: HFEngine, reqs: list[_Request], shared: int) -> None:
+        self.model, dev = engine.model, engine.device
+        lengths = [len(r.prompt_ids) for r in reqs]
+        self.ids = torch.full((len(reqs), max(lengths)), engine.pad_id, dtype=torch.long, device=dev)
+        for i, r in enumerate(reqs):
+            self.ids[i, : lengths[i]] = torch.tensor(r.prompt_ids, dtype=torch.long, device=dev)
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=dev)
+        self.shared = shared
+        slots = max(lengths) + max(r.options.max_tokens - len(r.token_ids) for r in reqs)
+        self.cache = CompactCache(self.model, len(reqs), slots, dev)
+
+    def first_logits(self) -> torch.Tensor:
+        return compact_prefill(self.model, self.ids, self.lengths, self.shared, self.cache)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.select(rows)
+
+    def next_logits(self, last: torch.Tensor) -> torch.Tensor:
+        return compact_decode(self.model, last, self.cache)
 
 
 def _untruncated(o: SamplingOptions) -> bool:

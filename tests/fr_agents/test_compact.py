@@ -113,3 +113,69 @@ def test_compact_reason_names_what_it_does_not_handle() -> None:
     sliding.config.use_sliding_window = True
     assert "sliding" in compact_reason(sliding)
     assert "not one of" in compact_reason(torch.nn.Linear(2, 2))
+
+
+def _generate(engine, prompts: list[list[int]], max_tokens: int, stop: list[int]) -> list:
+    import asyncio
+
+    from fr_agents.policy.base import SamplingOptions
+
+    async def go() -> list:
+        return list(await asyncio.gather(*(
+            engine.generate(p, SamplingOptions(temperature=1.0, max_tokens=max_tokens, seed=i,
+                                               stop_token_ids=stop))
+            for i, p in enumerate(prompts))))
+
+    try:
+        return asyncio.run(go())
+    finally:
+        engine.close_sync()
+
+
+@pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
+@pytest.mark.parametrize("shared", [0, 3])
+def test_engine_waves_through_the_compact_forward_sample_what_transformers_does(build, shared: int) -> None:
+    """HFEngine's compact waves (right-padded prefill, preallocated cache, rows dropped as they
+    finish) draw the same tokens with the same log-probs (float rounding) as its transformers
+    waves, seeded, for prompts of different lengths with or without a shared opening."""
+    from fr_agents.policy.hf import HFEngine
+
+    model = build(seed=1)
+    g = torch.Generator().manual_seed(5)
+    prompts = [list(range(5, 5 + shared)) + torch.randint(10, VOCAB, (1 + i % 5,), generator=g).tolist()
+               for i in range(9)]
+    stop = [7, 8]  # token ids that end a row early, so rows leave the wave at different steps
+    compact = HFEngine(model, max_batch_size=16, batch_wait_s=0.05)
+    plain = HFEngine(model, max_batch_size=16, batch_wait_s=0.05, compact=False)
+    assert compact.compact_reason is None and plain.compact_reason == "compact is off"
+    got = _generate(compact, prompts, 6, stop)
+    want = _generate(plain, prompts, 6, stop)
+    assert compact.stats["waves"] == 1 and compact.stats["shared_prefill_tokens"] == (shared if shared >= 2 else 0)
+    assert {len(x.token_ids) for x in want} != {6}  # some rows stopped early
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert "float32" in HFEngine(build().to(torch.float64)).compact_reason
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_model_compact_forward_reaches_the_rollout_engine_and_both_evaluations(on: bool, tmp_path) -> None:
+    """model.compact_forward is read by every HF engine a run builds: the rollout's, the held-out
+    evaluation's and the periodic evaluation's (the learner's is tested in test_learner.py)."""
+    from envs.benches import eval_bench_for
+    from fr_agents.config import config_from_dict
+    from fr_agents.eval.periodic import PeriodicEval
+    from fr_agents.policy.hf import HFEngine
+    from trainer.episodes import make_engine
+    from trainer.evaluate import HeldOutEval
+
+    cfg = config_from_dict({"model": {"compact_forward": on},
+                            "trainer": {"eval_episodes": 5, "eval_every": 2, "eval_k": 2}})
+    engine = make_engine(cfg, "unused", None, model=qwen2())
+    try:
+        assert isinstance(engine, HFEngine) and (engine.compact_reason is None) == on
+    finally:
+        engine.close_sync()
+    bench = eval_bench_for(cfg)
+    assert HeldOutEval.from_config(cfg, tmp_path, bench).settings.compact == on
+    assert PeriodicEval.from_config(cfg, tmp_path, bench).settings.compact == on

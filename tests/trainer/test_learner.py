@@ -464,7 +464,7 @@ def test_acceptance_is_also_reported_per_sign_of_the_advantage() -> None:
 
 @pytest.mark.parametrize("switches", CONFIGS, ids=["default", "filter+token_mean", "no_is", "grpo"])
 def test_a_compact_forward_step_equals_a_transformers_forward_step(switches: dict) -> None:
-    """trainer.compact_forward: a float32 step through fr_agents.models.compact gives transformers'
+    """model.compact_forward: a float32 step through fr_agents.models.compact gives transformers'
     step (statistics and updated weights, up to float32 rounding), micro-batched or not; false (or
     a model it does not handle) takes transformers' forward and says why."""
     for micro in (0, 24):
@@ -486,6 +486,6 @@ def test_a_compact_forward_step_equals_a_transformers_forward_step(switches: dic
         params_close(model, ref, 1e-5)
     assert "float32" in Learner(tiny_model().to(torch.float64)).compact_reason
     off = Learner.from_config(tiny_model().to(torch.float32),
-                              config_from_dict({"trainer": {"compact_forward": False}}))
-    assert off.compact_reason == "trainer.compact_forward is false"
+                              config_from_dict({"model": {"compact_forward": False}}))
+    assert off.compact_reason == "model.compact_forward is false"
     assert Learner.from_config(tiny_model().to(torch.float32), config_from_dict({})).compact_reason is None
