@@ -22,7 +22,9 @@ parameter's gradient with transformers' forward). It runs where that is known to
 in float32, SiLU MLP, default rotary embeddings, no sliding window, rows right-padded (each row's
 real tokens first). Everything else takes transformers' forward.
 
-Measured on the math-tiny learner step (``benchmarks/learner_step.py``), see ``docs/DESIGN.md``.
+Measured on math-tiny with ``benchmarks/compact_forward.py`` (see ``docs/DESIGN.md``). The HF engine
+uses the same pieces for generation (:class:`CompactCache`, :func:`compact_prefill`,
+:func:`compact_decode`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,12 @@ awaits a future. One background thread owns the model and runs *waves*: it takes
 request (a wave starts once a sleep of ``batch_wait_s`` brings no new request, or ``max_wait_s`` after
 its first, or when it is full; the thread sleeps and then takes what came instead of waking at each
 arrival, so that a burst of episodes stepping their envs at the same moment lands in one batch),
-left-pads the prompts into one batch, runs the prefill (the tokens every prompt of the wave starts
-with, such as the chat template's opening, once for the wave), then decodes one token per step for all
-rows with a shared KV cache. Rows that finish (stop token, stop string, ``max_tokens``) are dropped
+batches the prompts, runs the prefill (the tokens every prompt of the wave starts with, such as the
+chat template's opening, once for the wave), then decodes one token per step for all rows with a
+shared KV cache. For float32 Qwen2/Llama models a wave runs :mod:`fr_agents.models.compact`
+(right-padded prompts, a preallocated cache, the prefill's last layer only at each row's last
+token; ``_CompactWave``); any other model runs transformers' forward with left padding and its
+``DynamicCache`` (``_TransformersWave``). Both give the same logits up to float rounding. Rows that finish (stop token, stop string, ``max_tokens``) are dropped
 from the batch and the cache between steps, and their futures resolve at once, so a fast episode
 does not wait for the slowest row of its wave.
 
