@@ -120,7 +120,7 @@ def main() -> None:
             res = run_child([os.path.join(HERE, "rollout.py"), "--cpu-child", "--preset", a.preset,
                              "--batches", str(a.batches), *a.overrides, setting])
             engine[name].append(res)
-            print(f"rollout round {r} {name:<3}: engine thread {res['threads_ms'].get('fr-hf-engine', 0.0):6.1f} ms, "
+            print(f"rollout round {r} {name:<3}: engine thread {res['threads_ms'].get('HFEngine', 0.0):6.1f} ms, "
                   f"process {res['cpu_ms']:6.1f} ms, wall {res['wall_ms']:6.1f} ms per batch")
     for name in SETTINGS:
         medians["engine", name] = statistics.median(x["threads_ms"].get("HFEngine", 0.0) for x in engine[name])
