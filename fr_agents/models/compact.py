@@ -19,8 +19,8 @@ and skips, exactly:
 What it computes equals ``model(...)`` up to float rounding (the tests compare logits and every
 parameter's gradient with transformers' forward). It runs where that is known to hold
 (:func:`compact_reason` says why not otherwise): a ``Qwen2ForCausalLM`` or ``LlamaForCausalLM``
-in float32, SiLU MLP, default rotary embeddings, no sliding window, rows right-padded (each row's
-real tokens first). Everything else takes transformers' forward.
+in float32, SiLU MLP, default rotary embeddings, no sliding window or attention dropout, rows
+right-padded (each row's real tokens first). Everything else takes transformers' forward.
 
 Measured on math-tiny with ``benchmarks/compact_forward.py`` (see ``docs/DESIGN.md``). The HF engine
 uses the same pieces for generation (:class:`CompactCache`, :func:`compact_prefill`,
@@ -57,6 +57,8 @@ def compact_reason(model: torch.nn.Module) -> str | None:
         return "it uses sliding-window attention"
     if getattr(c, "pretraining_tp", 1) != 1 or getattr(c, "mlp_bias", False):
         return "pretraining_tp or mlp_bias is set"
+    if getattr(c, "attention_dropout", 0.0):
+        return "attention_dropout is not 0"
     if getattr(model.model, "gradient_checkpointing", False) and model.training:
         return "gradient checkpointing is on"
     return None

@@ -109,6 +109,7 @@ def test_compact_reason_names_what_it_does_not_handle() -> None:
     assert "rotary" in compact_reason(
         llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}))
     assert "hidden_act" in compact_reason(llama(hidden_act="gelu"))
+    assert "attention_dropout" in compact_reason(llama(attention_dropout=0.1))
     sliding = qwen2()
     sliding.config.use_sliding_window = True
     assert "sliding" in compact_reason(sliding)
