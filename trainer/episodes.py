@@ -106,9 +106,14 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
         model.to(cfg.trainer.device)
     else:
         model = copy.deepcopy(model)
-    return HFEngine(
+    engine = HFEngine(
         model, tokenizer, max_batch_size=max(1, r.concurrency), seed=cfg.trainer.seed, compact=cfg.model.compact_forward
     )
+    if engine.compact_reason is None:
+        log.info("rollout engine: waves run the compact forward (fr_agents.models.compact)")
+    else:
+        log.info("rollout engine: transformers' forward (no compact forward: %s)", engine.compact_reason)
+    return engine
 
 
 class EpisodeRunner:

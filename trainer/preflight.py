@@ -276,6 +276,7 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
             f"cpu pinning during RL: learner on CPU(s) {split[0]}, rollout process on CPU(s) {split[1]}" if split
             else f"cpu pinning: none ({why_not_pinned(cfg)})"
         )
+    lines.append(forward_plan(cfg))
     lines.append(
         f"staleness: batch k is sampled with policy version k-{cfg.rollout.max_policy_lag} "
         f"(max_policy_lag={cfg.rollout.max_policy_lag}); weights synced to the engine after every step"
@@ -286,6 +287,37 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
         + (f", GRPO groups of {cfg.objective.grpo_group_size}" if cfg.objective.algo == "grpo" else "")
     )
     return lines
+
+
+def forward_plan(cfg: TrainConfig) -> str:
+    """Which forward the learner's flat steps and the hf engine's waves would run
+    (``model.compact_forward``; :func:`fr_agents.models.compact.compact_reason`), from the config
+    and the model's config.json alone: no weights are loaded, the tiny model is not built."""
+    where = "the learner's flat steps" + (" and the hf engine's waves" if cfg.rollout.engine == "hf" else "")
+    reason = None
+    if not cfg.model.compact_forward:
+        reason = "model.compact_forward is false"
+    elif cfg.model.dtype != "float32":
+        reason = f"model.dtype is {cfg.model.dtype}; it needs float32"
+    else:
+        name = cfg.model.name.strip()
+        if not (name == "tiny" or name.startswith("tiny-")):  # the tiny model is a Qwen2ForCausalLM
+            path = Path(name).expanduser() / "config.json"
+            if not path.is_file():
+                return (f"forward: fr_agents.models.compact in {where} if {name} is a Qwen2/Llama model that "
+                        "qualifies (decided once its config is loaded; the run's log names the choice)")
+            from transformers import AutoConfig
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+            from fr_agents.models.compact import architecture_reason
+
+            config = AutoConfig.from_pretrained(path.parent)
+            # the class AutoModelForCausalLM, which loads the policy, picks for this config
+            architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, config.model_type)
+            reason = architecture_reason(architecture, config)
+    if reason is None:
+        return f"forward: fr_agents.models.compact in {where} (model.compact_forward)"
+    return f"forward: transformers' in {where} ({reason})"
 
 
 def dry_run_report(cfg: TrainConfig, pf: Preflight | None = None) -> str:

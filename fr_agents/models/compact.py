@@ -30,6 +30,7 @@ uses the same pieces for generation (:class:`CompactCache`, :func:`compact_prefi
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,26 +42,30 @@ _FAMILIES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 
 def compact_reason(model: torch.nn.Module) -> str | None:
     """Why :func:`compact_logits` cannot stand in for ``model``'s forward, or None when it can."""
-    name = type(model).__name__
-    if name not in _FAMILIES:
-        return f"{name} is not one of {_FAMILIES}"
-    c = model.config
-    params = list(model.parameters())
-    if any(p.dtype != torch.float32 for p in params):
+    if any(p.dtype != torch.float32 for p in model.parameters()):
         return "its parameters are not all float32"
-    if getattr(c, "hidden_act", None) != "silu":
-        return f"hidden_act {getattr(c, 'hidden_act', None)!r} is not 'silu'"
-    rope = getattr(c, "rope_parameters", None) or {}
+    reason = architecture_reason(type(model).__name__, getattr(model, "config", None))
+    if reason is None and getattr(model.model, "gradient_checkpointing", False) and model.training:
+        return "gradient checkpointing is on"
+    return reason
+
+
+def architecture_reason(architecture: str, config: Any) -> str | None:
+    """The part of :func:`compact_reason` a model's class name and config decide (what a dry run
+    can tell before any weights are loaded), or None when they allow the compact forward."""
+    if architecture not in _FAMILIES:
+        return f"{architecture} is not one of {_FAMILIES}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(config, 'hidden_act', None)!r} is not 'silu'"
+    rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
         return f"rotary embeddings {rope.get('rope_type')!r} are not the default kind"
-    if getattr(c, "use_sliding_window", False):
+    if getattr(config, "use_sliding_window", False):
         return "it uses sliding-window attention"
-    if getattr(c, "pretraining_tp", 1) != 1 or getattr(c, "mlp_bias", False):
+    if getattr(config, "pretraining_tp", 1) != 1 or getattr(config, "mlp_bias", False):
         return "pretraining_tp or mlp_bias is set"
-    if getattr(c, "attention_dropout", 0.0):
+    if getattr(config, "attention_dropout", 0.0):
         return "attention_dropout is not 0"
-    if getattr(model.model, "gradient_checkpointing", False) and model.training:
-        return "gradient checkpointing is on"
     return None
 
 

@@ -180,3 +180,23 @@ def test_model_compact_forward_reaches_the_rollout_engine_and_both_evaluations(o
     bench = eval_bench_for(cfg)
     assert HeldOutEval.from_config(cfg, tmp_path, bench).settings.compact == on
     assert PeriodicEval.from_config(cfg, tmp_path, bench).settings.compact == on
+
+
+def test_the_dry_run_plan_names_the_forward_a_run_takes(tmp_path) -> None:
+    """--dry-run's placement plan says which forward the learner and the hf engine will run, from the
+    config and the model's config.json (no weights loaded), and why not the compact one."""
+    from fr_agents.config import config_from_dict
+    from trainer.preflight import dry_run_report, forward_plan
+
+    assert "fr_agents.models.compact in the learner's flat steps and the hf engine's waves" in forward_plan(
+        config_from_dict({}))
+    assert "(model.compact_forward is false)" in forward_plan(config_from_dict({"model": {"compact_forward": False}}))
+    assert "model.dtype is float64" in forward_plan(config_from_dict({"model": {"dtype": "float64"}}))
+    qwen_dir, rope_dir = tmp_path / "qwen", tmp_path / "rope"
+    qwen2().config.save_pretrained(qwen_dir)
+    llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}).config.save_pretrained(rope_dir)
+    qwen = config_from_dict({"model": {"name": str(qwen_dir)}})
+    assert forward_plan(qwen).startswith("forward: fr_agents.models.compact")
+    assert "- " + forward_plan(qwen) in dry_run_report(qwen)
+    plan = forward_plan(config_from_dict({"model": {"name": str(rope_dir)}}))
+    assert plan.startswith("forward: transformers'") and "rotary embeddings 'linear'" in plan
