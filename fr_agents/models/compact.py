@@ -226,6 +226,14 @@ def _forward(
     keep_cos, keep_sin = cos[flat_keep], sin[flat_keep]
     keep_mask = rest_mask[keep_rest][:, None, None]  # [B, 1, 1, K, W]
 
+    def rows(t: Tensor) -> Tensor:
+        """Keys or values [N, KV, D] as [b, KV, prefix + rest, D]: the prefix's once, broadcast to every row."""
+        own = t[prefix:].view(b, rest, kv_heads, head_dim).transpose(1, 2)
+        if not prefix:
+            return own
+        shared = t[:prefix].transpose(0, 1).unsqueeze(0).expand(b, -1, -1, -1)
+        return torch.cat([shared, own], dim=2)
+
     x = F.embedding(tokens, model.model.embed_tokens.weight)  # [N, C]
     layers = model.model.layers
     q_size = heads * head_dim
@@ -244,15 +252,6 @@ def _forward(
             qkv = F.linear(h, weight, bias).view(-1, heads + 2 * kv_heads, head_dim)
             qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
-
-        # keys/values [b, KV, prefix + rest, D]: the prefix's once, broadcast to every row
-        def rows(t: Tensor) -> Tensor:
-            own = t[prefix:].view(b, rest, kv_heads, head_dim).transpose(1, 2)
-            if not prefix:
-                return own
-            shared = t[:prefix].transpose(0, 1).unsqueeze(0).expand(b, -1, -1, -1)
-            return torch.cat([shared, own], dim=2)
-
         keys, values = rows(k), rows(v)
         if cache is not None:
             cache.keys[i][:, :, :width] = keys

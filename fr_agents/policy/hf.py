@@ -438,7 +438,7 @@ class _CompactWave:
             self.ids[i, : lengths[i]] = torch.tensor(r.prompt_ids, dtype=torch.long, device=dev)
         self.lengths = torch.tensor(lengths, dtype=torch.long, device=dev)
         self.shared = shared
-        slots = max(lengths) + max(r.options.max_tokens - len(r.token_ids) for r in reqs)
+        slots = max(lengths) + max(r.options.max_tokens for r in reqs)  # a wave starts every reply
         self.cache = CompactCache(self.model, len(reqs), slots, dev)
 
     def first_logits(self) -> torch.Tensor:
