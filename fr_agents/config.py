@@ -1,7 +1,7 @@
 """Typed run configuration: YAML presets plus dotted ``key=value`` overrides.
 
 A run is described by one :class:`TrainConfig`, a tree of small dataclasses. Presets ship inside
-the package (``fr_agents/configs/*.yaml``, see :func:`list_presets`) and name only what differs
+the package (``configs/*.yaml``, see :func:`list_presets`) and name only what differs
 from the defaults here. On the command line, ``fr-agents train math-tiny trainer.batch_size=32
 objective.delta=inf`` overrides single fields; ``env.kwargs={...}`` replaces a whole mapping
 while ``env.kwargs.name=value`` sets one entry of it.
@@ -31,8 +31,14 @@ from fr_agents import defaults
 
 
 def presets_dir() -> Path:
-    """The folder of the shipped YAML presets (package data, so a plain ``pip install`` has them)."""
-    return Path(str(resources.files("fr_agents") / "configs"))
+    """The folder of the YAML presets: ``configs/`` at the top of a checkout (editable installs and
+    runs from the source tree read it in place), shipped in a wheel as the package data
+    ``fr_agents/configs/`` (``setup.py`` maps the one folder onto that package), so a plain
+    ``pip install`` has them too."""
+    installed = Path(str(resources.files("fr_agents") / "configs"))
+    if installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parent.parent / "configs"
 
 
 CONFIG_DIR = presets_dir()
@@ -49,6 +55,7 @@ ALGOS = ("flashreinforce", "grpo")
 #: the flashreinforce advantage: against the batch mean, or also against the leaf's branching node
 BASELINES = ("batch", "tree")
 PACKED_MODES = ("auto", "always", "never")
+WARM_START_SCHEDULES = ("constant", "cosine")
 #: where objective.negative_min_prob cuts a row pushed down: its unlikely tokens, or from the first one on
 MIN_PROB_SCOPES = ("token", "suffix")
 
@@ -237,6 +244,11 @@ class WarmStartConfig:
     lr: float = _opt(1e-3, help="learning rate of the warm start", rule=_positive)
     batch_size: int = _opt(32, help="demos per warm-start step", rule=_at_least(1))
     max_minutes: float = _opt(0.0, help="wall-time cap of the warm start (0: none)", rule=_at_least(0))
+    schedule: str = _opt("constant", help="learning-rate schedule: constant, or cosine (linear warm-up over the first 5% of "
+                                          "the steps, then a half cosine down to zero). Use cosine when the result must not hinge "
+                                          "on the last few updates: under a constant rate the final weights, and the held-out "
+                                          "score after the warm start, change with float summation order (the thread count)",
+                         choices=WARM_START_SCHEDULES)
     balance: str = _opt("natural", help="which train tasks are the demos: natural (the first `examples`) or answer_length "
                                         "(an equal share of each gold-answer length, each length's first ones; a length with "
                                         "too few gives all it has and train order fills the rest)",
@@ -548,7 +560,7 @@ def _validate(cfg: TrainConfig) -> None:
 
 
 def list_presets() -> list[str]:
-    """Names of the YAML presets shipped with the package (``fr_agents/configs/``)."""
+    """Names of the YAML presets shipped with the package (``configs/``, see :func:`presets_dir`)."""
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 

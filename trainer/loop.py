@@ -48,7 +48,7 @@ from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
 from trainer.guards import Guards
 from trainer.hooks import TrainerHooks
-from trainer.parts import all_cores, cpu_split, quiet_gc, rollout_threads, why_not_pinned
+from trainer.parts import cpu_split, quiet_gc, rollout_threads, warm_start_cores, why_not_pinned
 from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread
 
@@ -226,7 +226,7 @@ class Trainer:
             if ev := self.evaluate("before", 0):
                 evals["before"] = ev
             if cfg.warm_start.examples > 0:
-                with all_cores():  # supervised steps with nothing beside them
+                with warm_start_cores():  # supervised steps with nothing beside them
                     run_warm_start(cfg, self.model, self.runner, self.demo_tasks, self.metrics, state, self.run_dir)
                 if ev := self.evaluate("after_warm_start", 0):
                     evals["after_warm_start"] = ev

@@ -26,27 +26,31 @@ from pathlib import Path
 from typing import Any
 
 from fr_agents.config import TrainConfig, leaves_per_tree
-from trainer.affinity import split
+from trainer.affinity import cores_given, split
 
 STORE_FILE = "store.sqlite"
 LEDGER_FILE = "episodes.sqlite"
 
 
-@contextlib.contextmanager
-def all_cores() -> Iterator[None]:
-    """Give torch every core for a phase that runs alone in the process, then restore the count.
+def warm_start_threads() -> int:
+    """Torch threads of the warm start: the cores this process is given (:func:`cores_given`), or
+    ``OMP_NUM_THREADS`` when the user set it (the thread count decides nothing but speed: the warm
+    start's recipe is chosen to land at the same held-out score on any thread count)."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return cores_given()
 
-    ``trainer.threads`` sizes the learner for RL, where the rollout side shares the process (and,
-    on a small machine, the cores). The warm start's supervised steps run with nothing beside them,
-    so they use every core (measured on 2 cores: math-tiny's warm start 70 -> 52 s, python-tool-tiny's
-    61 -> 42 s). The held-out evaluations stay on ``trainer.threads``: their engine's small forwards
-    share the cores with the sandboxes and grading workers, and 2 torch threads made them slower
-    (math-tiny's first evaluation 4.7 -> 7.2 s, python-tool-tiny's 11.9 -> 18.1 s).
-    """
+
+@contextlib.contextmanager
+def warm_start_cores() -> Iterator[None]:
+    """Run a block (the warm start: supervised steps with nothing beside them in the process) on
+    :func:`warm_start_threads` torch threads, then restore the count (``trainer.threads`` sizes the
+    learner for RL, where the rollout side shares the cores)."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(max(before, os.cpu_count() or 1))
+    torch.set_num_threads(warm_start_threads())
     try:
         yield
     finally:
@@ -54,8 +58,9 @@ def all_cores() -> Iterator[None]:
 
 
 def learner_threads(cfg: TrainConfig) -> int:
-    """Torch threads of the learner and its held-out evaluations: ``trainer.threads``, or half the cores."""
-    return cfg.trainer.threads or max(1, (os.cpu_count() or 2) // 2)
+    """Torch threads of the learner and its held-out evaluations: ``trainer.threads``, or half the
+    cores this process is given."""
+    return cfg.trainer.threads or max(1, cores_given() // 2)
 
 
 def rollout_threads(cfg: TrainConfig) -> int:
@@ -64,7 +69,7 @@ def rollout_threads(cfg: TrainConfig) -> int:
     cpus = cpu_split(cfg)
     if cpus is not None:
         return len(cpus[1])
-    return max(1, (os.cpu_count() or 1) - learner_threads(cfg))
+    return max(1, cores_given() - learner_threads(cfg))
 
 
 def cpu_split(cfg: TrainConfig) -> tuple[list[int], list[int]] | None:

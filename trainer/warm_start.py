@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -98,9 +99,16 @@ def warm_start(
     pad_id: int,
     seed: int = 0,
     max_minutes: float = 0.0,
+    schedule: str = "constant",
 ) -> WarmStartResult:
     """Train ``model`` in place on ``demos`` with AdamW and token cross-entropy on their loss spans
     (a pair's target, a :class:`SpanDemo`'s spans).
+
+    ``schedule``: ``constant`` keeps ``lr`` throughout; ``cosine`` warms up linearly over the first
+    :data:`WARMUP_SHARE` of the steps, then decays to zero along a half cosine. Under a constant rate
+    the weights at the last step are one draw from the noise of the last few updates, so which
+    held-out problems they solve depends on float summation order (a thread count); a rate that
+    decays to zero settles them.
 
     Its optimizer is private (discarded afterwards): the RL optimizer starts fresh, as it would
     from any pretrained checkpoint.
@@ -112,6 +120,8 @@ def warm_start(
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     order = list(range(len(demos)))
+    total = epochs * math.ceil(len(demos) / batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(schedule, step, total))
     model.train()
     steps, loss_value = 0, float("nan")
     deadline = started + max_minutes * 60 if max_minutes > 0 else float("inf")
@@ -129,6 +139,7 @@ def warm_start(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            sched.step()
             steps += 1
             loss_value = float(loss.detach())
             if time.perf_counter() > deadline:
@@ -140,6 +151,23 @@ def warm_start(
         break
     model.eval()
     return WarmStartResult(len(demos), steps, loss_value, time.perf_counter() - started)
+
+
+WARMUP_SHARE = 0.05
+"""The share of the warm start's steps over which ``schedule=cosine`` warms its rate up."""
+
+def lr_factor(schedule: str, step: int, total: int) -> float:
+    """The learning-rate multiplier at ``step`` of ``total`` (see :func:`warm_start`; the
+    schedules are ``fr_agents.config.WARM_START_SCHEDULES``)."""
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"warm_start.schedule: unknown schedule {schedule!r} (constant or cosine)")
+    warmup = max(1, round(WARMUP_SHARE * total))
+    if step < warmup:
+        return (step + 1) / warmup
+    done = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done)))
 
 
 def expert_demos(cfg: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], store: str | Path) -> list[SpanDemo]:
@@ -204,6 +232,7 @@ def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[
         pad_id=runner.pad_id,
         seed=cfg.trainer.seed,
         max_minutes=ws.max_minutes,
+        schedule=ws.schedule,
     )
     model.train()
     threads = torch.get_num_threads()
@@ -211,3 +240,32 @@ def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[
                                   "demos": ws.demos, "collect_seconds": collect_s, "threads": threads}
     metrics.event("warm_start", examples=res.examples, steps=res.steps, loss=res.final_loss, seconds=res.seconds,
                   demos=ws.demos, collect_seconds=collect_s, threads=threads)
+
+
+def warm_start_score(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
+    """The warm start of ``cfg`` alone, then its greedy held-out figures: what ``fr-agents train``
+    does before RL, without the evaluation of the untrained model, the rollout engine or RL.
+
+    Returns the held-out figures (``success``, ``episodes``, ...) with the warm start's ``steps``,
+    ``loss``, ``seconds`` and ``threads``. ``benchmarks/warm_start.py`` compares recipes with it,
+    and a test holds the default preset's warm start above a floor.
+    """
+    from trainer.checkpoint import TrainerState
+    from trainer.parts import build_learner_side, build_rollout_side, warm_start_cores
+
+    if cfg.warm_start.examples <= 0:
+        raise ValueError("warm_start.examples: 0 means no warm start; nothing to score")
+    if cfg.trainer.eval_episodes <= 0:
+        raise ValueError("trainer.eval_episodes: 0 means no held-out evaluation; nothing to score with")
+    learner_side = build_learner_side(cfg, run_dir, console=False)
+    rollout_side = build_rollout_side(cfg, run_dir, tokenizer=learner_side.tokenizer, with_engine=False)
+    state = TrainerState()
+    try:
+        with warm_start_cores():
+            run_warm_start(cfg, learner_side.model, rollout_side.runner, rollout_side.demo_tasks,
+                           learner_side.metrics, state, run_dir)
+        figures = learner_side.held_out.run("after_warm_start", 0, learner_side.model, learner_side.tokenizer)
+    finally:
+        rollout_side.close()
+        learner_side.metrics.close()
+    return {**figures, **{k: state.warm_start["result"][k] for k in ("steps", "loss", "seconds", "threads")}}
