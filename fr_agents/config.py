@@ -172,6 +172,10 @@ class RolloutConfig:
     max_new_tokens: int = _opt(defaults.MAX_NEW_TOKENS, help="tokens the policy may sample per turn", rule=_at_least(1))
     max_context: int = _opt(defaults.MAX_CONTEXT, help="prompt + reply tokens an episode may hold; longer ones end truncated", rule=_at_least(2))
     concurrency: int = _opt(64, help="episodes running at once in the rollout engine", rule=_at_least(1))
+    max_infra_retries: int = _opt(2, help="times an episode is run again (fresh env, same task and seed) while none of its "
+                                  "leaves could be graded because the grader or sandbox failed (such leaves end aborted and "
+                                  "are never trained on); after the last, the episode adds nothing to its batch",
+                                  rule=_at_least(0))
     branch_factor: int = _opt(1, help="branches forked at each turn of branch_at (1: linear rollouts); an episode becomes a "
                               "tree of up to branch_factor ** len(branch_at) leaves sharing their prefixes", rule=_at_least(1))
     branch_at: list[int] = _opt(help="turn boundaries at which episodes fork (0: before the first action); needs branch_factor > 1",
@@ -283,6 +287,15 @@ class TrainerConfig:
     eval_bench: str = _opt("", help="bench of the eval_k evaluation (fr-agents eval --list); empty: this config's test split")
     eval_temperature: float = _opt(1.0, help="sampling temperature of the eval_k replies", rule=_positive)
     eval_bench_provider: str = _opt("envs.benches:eval_bench_for", help="module:attr of (cfg) -> Bench for the eval_k evaluation")
+    plateau_patience: int = _opt(0, help="stop RL (normally: final evaluation and checkpoint follow) once the mean batch reward "
+                                 "over the last plateau_window steps has not gained plateau_min_delta for this many steps; "
+                                 "0: never. Use it with a large trainer.steps and a max_minutes budget, so a run ends when "
+                                 "it stops learning, not at a step count that may cut it off while it climbs",
+                                 rule=_at_least(0))
+    plateau_window: int = _opt(200, help="steps in the moving mean of the batch reward that plateau_patience watches "
+                               "(longer: less noise, a later stop)", rule=_at_least(1))
+    plateau_min_delta: float = _opt(0.01, help="the gain in the moving mean batch reward that counts as progress for "
+                                    "plateau_patience", rule=_at_least(0))
     collapse_guard: bool = _opt(True, help="stop when the batch reward falls below half its starting level; "
                                 "the run's result is then its last good checkpoint, evaluated held out as after_rl")
     seed: int = _opt(0, help="seed of the schedule, the sampling and the model's initial state")

@@ -22,6 +22,24 @@ def _run(cmd: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
     return r
 
 
+def active_site_packages() -> list[str]:
+    """The site-packages folders of the interpreter running the tests: a virtualenv's own when the
+    tests run in one (``--system-site-packages`` would expose the *base* interpreter's instead)."""
+    import site
+
+    return [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
+
+
+def see_active_packages(venv_python: Path) -> None:
+    """Let a fresh venv import this environment's packages (torch and friends), as users of
+    ``pip install --target`` do: a ``.pth`` file in its site-packages lists the active folders, after
+    its own (so the wheel installed into it wins). Only their paths are added: the ``.pth`` files in
+    them (such as this checkout's editable install of fr-agents) are not run."""
+    out = subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    (Path(out) / "active_env.pth").write_text("".join(f"{p}\n" for p in active_site_packages()))
+
+
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_trains_from_another_directory(tmp_path: Path) -> None:
     if shutil.which("git") is None:
@@ -36,9 +54,9 @@ def test_wheel_installs_into_a_fresh_venv_and_trains_from_another_directory(tmp_
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)], tmp_path)
     (wheel,) = dist.glob("fr_agents-*.whl")
     venv = tmp_path / "venv"
-    # system site packages: torch and friends come from this machine; fr-agents itself from the wheel
-    _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp_path)
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     py, cli = venv / "bin" / "python", venv / "bin" / "fr-agents"
+    see_active_packages(py)
     _run([str(py), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], tmp_path)
     work = tmp_path / "elsewhere"
     work.mkdir()

@@ -1,4 +1,5 @@
-"""The run's guards: the staleness bound checked on every batch, and the collapse guard.
+"""The run's guards: the staleness bound checked on every batch, the collapse guard, and the
+plateau stop.
 
 * **Lag.** Every trajectory's lag (the learner's version at the step minus the oldest policy
   version on its path) must stay within ``rollout.max_policy_lag``; a larger one is a bug in the
@@ -6,6 +7,9 @@
 * **Collapse.** The mean reward of the first five batches is the baseline; when the mean of the
   last ten falls below half of it (and the baseline is at least 0.05), the run stops; its result
   is the last good checkpoint, which the loop evaluates held out (``trainer.collapse_guard``).
+* **Plateau.** A run that still learns should go on; one that stopped learning should not spend
+  its time budget. :class:`Plateau` ends RL (normally: the final evaluation and checkpoint follow)
+  once the batch reward's moving mean has not improved for ``trainer.plateau_patience`` steps.
 """
 
 from __future__ import annotations
@@ -56,3 +60,39 @@ class Guards:
 
     def restore(self, histogram: dict[str, int]) -> None:
         self.lag_histogram.update({int(k): v for k, v in histogram.items()})
+
+
+class Plateau:
+    """The plateau stop (``trainer.plateau_patience``, ``plateau_window``, ``plateau_min_delta``).
+
+    The signal is the mean batch reward over the last ``window`` steps (the policy's own samples,
+    so no extra evaluation is paid for). Each time that mean beats the best so far by at least
+    ``min_delta``, the best moves up; when ``patience`` steps pass without such a gain, the run has
+    reached its plateau. The state lives in ``state.extra["plateau"]`` so a resumed run stops
+    where the uninterrupted one would.
+    """
+
+    def __init__(self, patience: int, window: int, min_delta: float) -> None:
+        self.patience, self.window, self.min_delta = patience, window, min_delta
+        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.best = -float("inf")
+        self.best_step = 0
+
+    def reached(self, reward: float, state: Any) -> bool:
+        """Record the batch ``reward`` of step ``state.step``; True when the plateau is reached
+        (never when ``patience`` is 0)."""
+        if self.patience <= 0:
+            return False
+        self.recent.append(reward)
+        if len(self.recent) == self.window:
+            mean = sum(self.recent) / self.window
+            if mean >= self.best + self.min_delta:
+                self.best, self.best_step = mean, state.step
+        state.extra["plateau"] = {"recent": list(self.recent), "best": self.best, "best_step": self.best_step}
+        return len(self.recent) == self.window and state.step - self.best_step >= self.patience
+
+    def restore(self, saved: dict[str, Any] | None) -> None:
+        """Continue from ``state.extra["plateau"]`` of a checkpoint (None: from scratch)."""
+        if saved:
+            self.recent.extend(saved["recent"])
+            self.best, self.best_step = float(saved["best"]), int(saved["best_step"])

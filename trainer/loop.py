@@ -46,7 +46,7 @@ from fr_agents.config import ConfigError, TrainConfig
 from trainer.affinity import pinned
 from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
-from trainer.guards import Guards
+from trainer.guards import Guards, Plateau
 from trainer.hooks import TrainerHooks
 from trainer.parts import cpu_split, quiet_gc, rollout_threads, warm_start_cores, why_not_pinned
 from trainer.rollout_process import RolloutProcess
@@ -109,6 +109,8 @@ class Trainer:
             )
         self.lag = cfg.rollout.max_policy_lag
         self.guards = Guards(self.lag, cfg.trainer.collapse_guard)
+        t = cfg.trainer
+        self.plateau = Plateau(t.plateau_patience, t.plateau_window, t.plateau_min_delta)
         self._ready = threading.Condition()
         self._batches_done = -1
 
@@ -218,6 +220,7 @@ class Trainer:
         if resume:
             state, ckpt = resume_run(self.run_dir, self.learner_side, tree=self.tree)
             self.guards.restore(state.extra.get("lag_histogram", {}))
+            self.plateau.restore(state.extra.get("plateau"))
             evals = dict(state.extra.get("evals", {}))
             log.info("resumed from %s at step %d (open episodes in the store: %d)", ckpt, state.step, len(self.tree.open_paths()))
         else:
@@ -311,6 +314,14 @@ class Trainer:
             self._spend_rl_time(state)
             self.last_ckpt = self._checkpoint(state)
         return None
+
+    def plateau_reached(self, state: TrainerState) -> bool:
+        """After a step: has the run reached its plateau (``trainer.plateau_patience``)?"""
+        if not self.plateau.reached(self.last_row["reward"], state):
+            return False
+        log.info("plateau at step %d: the batch reward's %d-step mean last gained %s at step %d",
+                 state.step, self.plateau.window, self.cfg.trainer.plateau_min_delta, self.plateau.best_step)
+        return True
 
     def close_run(self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str) -> float:
         """The end of the RL phase: the final evaluation and checkpoint (when ``ok``), the ``end``
@@ -419,6 +430,9 @@ class Trainer:
                     failed = self.learn(state.step, state)
                     if failed:
                         stop_reason, ok = failed, False
+                        break
+                    if self.plateau_reached(state):
+                        stop_reason = "plateau"
                         break
         finally:
             self.board.stop()

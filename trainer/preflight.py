@@ -284,6 +284,8 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     lines.append(
         f"batches: B={t.batch_size} trajectories/step, {t.steps} steps"
         + (f" or {t.max_minutes} min" if t.max_minutes else "")
+        + (f" or a plateau (the {t.plateau_window}-step mean batch reward gains < {t.plateau_min_delta} in "
+           f"{t.plateau_patience} steps)" if t.plateau_patience else "")
         + (f", GRPO groups of {cfg.objective.grpo_group_size}" if cfg.objective.algo == "grpo" else "")
     )
     return lines

@@ -141,11 +141,13 @@ class LearnerCore:
             raise KeyError(f"policy version {version} is no longer kept (current {self.trainer.learner.version})")
         return w
 
-    def step(self, k: int) -> tuple[dict[str, Any], str | None, dict[str, torch.Tensor] | None]:
-        """Step ``k``: the metrics row, why the run must stop (or None), the new weights (None when stopping)."""
+    def step(self, k: int) -> tuple[dict[str, Any], str | None, dict[str, torch.Tensor] | None, bool]:
+        """Step ``k``: the metrics row, why the run must stop (or None), the new weights (None when
+        stopping), and whether the run has reached its plateau (``trainer.plateau_patience``)."""
         failed = self.trainer.learn(k, self.state)
         row = self.trainer.last_row if self.state.step > k else {}  # a non-finite loss made no step
-        return row, failed, None if failed else self.weights(self.state.step)
+        plateau = not failed and self.trainer.plateau_reached(self.state)
+        return row, failed, None if failed else self.weights(self.state.step), plateau
 
     def finish(self, ok: bool, stop_reason: str) -> tuple[str | None, float, dict[str, dict[str, float]]]:
         """The final evaluation and checkpoint; returns (checkpoint, RL seconds, evaluations)."""
@@ -179,7 +181,7 @@ class RolloutCore:
             self.version = version
         mine = set(episodes)
         specs = [s for s in t.schedule.episodes(k) if s.episode in mine]
-        done = t.ledger.leaves(s.episode for s in specs)  # recorded before a crash: kept, not rerun
+        done = t.ledger.done(s.episode for s in specs)  # recorded before a crash: kept, not rerun
         specs = [s for s in specs if s.episode not in done]
 
         async def go() -> list[tuple[int, float, int]]:
@@ -248,10 +250,13 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
     try:
         for k in range(first, steps):
             ray.get(pending.pop(k))
-            row, failed, w_ref = learner.step.options(num_returns=3).remote(k)
+            row, failed, w_ref, plateau = learner.step.options(num_returns=4).remote(k)
             failed = ray.get(failed)
             if failed:
                 stop, ok = failed, False
+                break
+            if ray.get(plateau):
+                done, stop = k + 1, "plateau"
                 break
             weights[k + 1] = w_ref
             if k + 1 + lag < steps:

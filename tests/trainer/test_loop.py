@@ -146,9 +146,10 @@ def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
     assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
 
 
-def test_the_warm_start_uses_every_core_and_rl_uses_trainer_threads(tmp_path: Path) -> None:
-    """The warm start runs on every core, each RL step on ``trainer.threads``, and the caller's
-    thread count is what it was once the run is over."""
+def test_the_warm_start_uses_the_cores_it_is_given_and_rl_uses_trainer_threads(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm start runs on every core this process may use, each RL step on ``trainer.threads``,
+    and the caller's thread count is what it was once the run is over."""
     import os
 
     from trainer.hooks import TrainerHooks
@@ -161,14 +162,52 @@ def test_the_warm_start_uses_every_core_and_rl_uses_trainer_threads(tmp_path: Pa
             seen.append(torch.get_num_threads())
             return step()
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     torch.set_num_threads(1)
     cfg = load_config("math-tiny", [*BASE, "trainer.steps=2", "warm_start.examples=4", "warm_start.epochs=1"])
     res = Trainer(cfg, tmp_path, console=False, hooks=Threads()).run()
     assert res.ok and res.steps == 2
     (ws,) = [r for r in _rows(tmp_path) if r["kind"] == "warm_start"]
-    assert ws["threads"] == os.cpu_count()
+    assert ws["threads"] == len(os.sched_getaffinity(0))
     assert seen == [1, 1]
     assert torch.get_num_threads() == 1
+
+
+def test_the_warm_start_takes_one_thread_when_given_one_core_or_told_by_omp_num_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned to one CPU (``taskset -c 0``), or with ``OMP_NUM_THREADS=1``, the warm start does
+    not raise torch's threads to the machine's core count (threads spinning against each other on
+    shared cores slowed it ~20x)."""
+    import os
+
+    from trainer.affinity import pinned, usable_cpus
+    from trainer.parts import warm_start_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pinned(usable_cpus()[:1]), warm_start_cores():
+        assert torch.get_num_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with warm_start_cores():
+        assert torch.get_num_threads() == 1
+    if len(os.sched_getaffinity(0)) > 1:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        with warm_start_cores():
+            assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+
+
+def test_a_run_that_reaches_its_plateau_stops_and_ends_normally(tmp_path: Path) -> None:
+    """``trainer.plateau_patience``: a gain of 1.0 in a mean reward is impossible after the first
+    full window (step 2), so the run stops 3 steps later, at step 5, of the 40 it may take, and
+    ends as a normal run does (the final evaluation and checkpoint)."""
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "trainer.steps=40", "trainer.plateau_patience=3", "trainer.plateau_window=2",
+                                    "trainer.plateau_min_delta=1.0", "trainer.eval_episodes=4"])
+    res = run_training(cfg, tmp_path, console=False)
+    assert res.ok and res.stop_reason == "plateau" and res.steps == 5
+    assert "after_rl" in res.evals
+    (end,) = [r for r in _rows(tmp_path) if r.get("kind") == "end"]
+    assert end["reason"] == "plateau"
+    assert latest_checkpoint(tmp_path).name == "step_000005"
 
 
 def test_every_checkpoint_holds_the_cursor_of_every_batch_it_trained(tmp_path: Path) -> None:
