@@ -36,9 +36,12 @@ from typing import Any, SupportsFloat
 
 import gymnasium
 
-from envs.answer_extract import ANSWER_FORMATS, extract_answer
+from envs.answer_extract import ANSWER_FORMATS, extract_answer, normalize_simple
+from envs.answer_forms import classify_gold, echoes_prompt, normalize_text, parse_number, restates_question
 from envs.tasks import Task, TaskSource, get_task_source
-from envs.verifier import VerifierPool, shared_pool
+from envs.tasks.reasoning_gym_source import task_scorer
+from envs.verifier import _INT_RE, VerifierPool, shared_pool
+from fr_agents.errors import InfrastructureFailure
 from fr_agents.spaces import AnyText
 
 DEFAULT_SUFFIX = {
@@ -51,6 +54,23 @@ _HOW = {
     "answer_tag": "inside <answer>...</answer>",
     "plain": "as the whole reply",
 }
+
+
+def _judge_by_scorer(scorer: Any, extracted: str) -> dict[str, Any]:
+    """A reasoning-gym task graded by its dataset's own ``score_answer``: only a full score (1.0)
+    is a success; the raw score is kept in ``scorer_score``. An exception raised by the scorer on
+    this answer scores 0 (``scorer_error``): the answer is the only input that varies."""
+    try:
+        score = float(scorer(extracted))
+    except Exception as e:  # noqa: BLE001 - third-party scorer code on an arbitrary answer
+        return {"correct": False, "reason": f"scorer_error: {type(e).__name__}", "verify_path": "reasoning_gym"}
+    full = score >= 1.0
+    return {
+        "correct": full,
+        "reason": "correct" if full else ("partial" if score > 0 else "wrong"),
+        "verify_path": "reasoning_gym",
+        "scorer_score": score,
+    }
 
 
 class MathVerifierEnv(gymnasium.Env[str, str]):
@@ -176,23 +196,96 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         return obs, {"task_id": self._task["id"], "turn": 0, "answer_format": self.answer_format}
 
     def _score(self, reply: str) -> dict[str, Any]:
+        """Grade ``reply``: extract the final answer, then judge it by the gold's kind (module docstring)."""
         assert self._task is not None
         gold = self._task["answer"]
         extracted = extract_answer(reply, self.answer_format)
+        scorer = task_scorer(self._task)
         info: dict[str, Any] = {
             "gold": gold,
             "extracted": extracted,
             "verify_seconds": 0.0,
             "verify_path": None,
+            "gold_kind": "reasoning_gym" if scorer is not None else classify_gold(gold),
         }
         if extracted is None:
             return {**info, "correct": False, "reason": "no_answer", "format_ok": False}
         if len(extracted) > self.max_answer_chars:
             return {**info, "correct": False, "reason": "too_long", "format_ok": False}
-        pool = self._pool if self._pool is not None else shared_pool()
-        verdict = pool.check(gold, extracted, timeout_s=self.verify_timeout)
-        info.update(verify_seconds=verdict.seconds, verify_path=verdict.path)
-        return {**info, "correct": verdict.correct, "reason": verdict.reason, "format_ok": True}
+        if scorer is not None:
+            judged = _judge_by_scorer(scorer, extracted)
+        elif info["gold_kind"] == "text":
+            same = normalize_text(extracted) == normalize_text(gold)
+            judged = {"correct": same, "reason": "correct" if same else "wrong", "verify_path": "text"}
+        elif info["gold_kind"] == "number":
+            judged = self._judge_number(gold, extracted)
+        else:
+            judged = self._judge_math(gold, extracted)
+        return {**info, **judged, "format_ok": True}
+
+    def _verifier(self) -> VerifierPool:
+        return self._pool if self._pool is not None else shared_pool()
+
+    def _judge_number(self, gold: str, extracted: str) -> dict[str, Any]:
+        """A number gold is paid only for a number literal of the same exact value that does not
+        restate the question (:mod:`envs.answer_forms`)."""
+        assert self._task is not None
+        answer, target = parse_number(extracted), parse_number(gold)
+        assert target is not None
+        if answer is None:
+            return {"correct": False, "reason": self._why_not_a_number(gold, extracted), "verify_path": "form"}
+        if restates_question(answer, extracted, gold, self._task["prompt"]):
+            return {"correct": False, "reason": "restated", "verify_path": "form"}
+        same = answer.value == target.value
+        if normalize_simple(gold) == normalize_simple(extracted):
+            path = "exact"
+        elif _INT_RE.match(extracted.strip()) and _INT_RE.match(gold.strip()):
+            path = "integer"
+        else:
+            path = "number"
+        return {"correct": same, "reason": "correct" if same else "wrong", "verify_path": path}
+
+    def _why_not_a_number(self, gold: str, extracted: str) -> str:
+        """Why an answer that is not a number literal scores 0, for ``info["reason"]`` only: it is
+        never paid, so math-verify is asked just to tell ``unevaluated`` (an expression equal to
+        the gold: a restated computation) from ``wrong``, ``unparsable`` or ``timeout``. Any
+        failure of the pool here is no grading failure: the reward is 0 whatever it would say."""
+        try:
+            v = self._verifier().check(gold, extracted, timeout_s=self.verify_timeout)
+        except InfrastructureFailure:
+            return "not_a_number"
+        if v.correct:
+            return "unevaluated"
+        return v.reason if v.reason in ("wrong", "unparsable", "timeout", "worker_died") else "not_a_number"
+
+    def _judge_math(self, gold: str, extracted: str) -> dict[str, Any]:
+        """A mathematical gold: math-verify's equality, unless the answer copies the prompt.
+
+        Raises :class:`InfrastructureFailure` when the verifier, not the answer, failed: the pool
+        cannot check, the gold cannot be parsed, or a check that timed out / crashed was in the
+        gold's phase or the pool then cannot even check the gold against itself in time."""
+        assert self._task is not None
+        if echoes_prompt(extracted, gold, self._task["prompt"]):
+            return {"correct": False, "reason": "restated", "verify_path": "form"}
+        pool = self._verifier()
+        v = pool.check(gold, extracted, timeout_s=self.verify_timeout)
+        judged = {
+            "correct": v.correct,
+            "reason": v.reason,
+            "verify_path": v.path,
+            "verify_seconds": v.seconds,
+        }
+        if v.reason == "gold_unparsable":
+            raise InfrastructureFailure("gold_unparsable", f"math-verify cannot parse the gold {gold!r}")
+        failed = v.reason in ("timeout", "worker_died") or v.reason.startswith("verifier_error")
+        if failed:
+            if v.phase == "gold":
+                raise InfrastructureFailure("grader_timeout", f"{v.reason} while parsing the gold {gold!r}")
+            if not pool.self_check(gold, timeout_s=self.verify_timeout):
+                raise InfrastructureFailure(
+                    "grader_timeout", f"{v.reason} on the answer, and the verifier cannot check the gold alone"
+                )
+        return judged
 
     def _retry_message(self, result: dict[str, Any]) -> str:
         left = self.max_turns - self._turn

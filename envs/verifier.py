@@ -8,8 +8,14 @@ Why processes, and why our own pool:
   re-import of the user's ``__main__``, which ``multiprocessing``'s spawn would do).
 * A check can hang inside C code where no signal is delivered. ``concurrent.futures`` cannot kill
   one stuck worker, so each worker here has its own pipe: the caller waits on that pipe until the
-  hard deadline, then kills the worker, starts a replacement, and scores the check 0 with
-  ``reason="timeout"``.
+  hard deadline, then kills the worker, starts a replacement, and reports ``reason="timeout"``.
+* A pool that cannot check at all (a worker that does not start, a pipe that breaks before the
+  request is read, a reply that is not the protocol) raises
+  :class:`fr_agents.errors.InfrastructureFailure` (``verifier_pool``): that is no verdict on the
+  answer. A timeout or a worker that dies *during* a check is reported as a verdict
+  (``timeout`` / ``worker_died``) with the phase it was in, and :meth:`VerifierPool.self_check` lets
+  the caller ask whether the pool can check the gold against itself: if it can, the answer was what
+  took the time (see ``MathVerifierEnv``).
 * Workers stay alive between checks (math-verify and sympy take about a second to import), and two
   fast paths skip the pool entirely: identical normalized strings (always a true positive) and two
   plain integers (compared exactly, as math-verify would).
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.answer_extract import normalize_simple
+from fr_agents.errors import InfrastructureFailure
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +50,17 @@ _STARTUP_TIMEOUT_S = 120.0
 
 @dataclass(frozen=True)
 class Verdict:
-    """The outcome of one check. ``reason`` is ``correct``, ``wrong``, ``timeout``, ``unparsable``,
-    ``gold_unparsable`` or ``verifier_error: ...``; ``path`` says who decided
-    (``exact``, ``integer``, ``math_verify`` or ``killed``)."""
+    """The outcome of one check. ``reason`` is ``correct``, ``wrong``, ``timeout``, ``worker_died``,
+    ``unparsable``, ``gold_unparsable`` or ``verifier_error: ...``; ``path`` says who decided
+    (``exact``, ``integer``, ``math_verify`` or ``killed``); ``phase`` is the part of the check the
+    worker was in when it answered (``gold``, ``pred``, ``verify``; empty when the worker was killed
+    or died, or for a fast-path verdict)."""
 
     correct: bool
     reason: str
     seconds: float
     path: str
+    phase: str = ""
 
 
 def fast_verdict(gold: str, pred: str) -> bool | None:
@@ -102,13 +112,18 @@ class _Worker:
         self.ready = True
 
     def ask(self, gold: str, pred: str, inner_s: float, deadline_s: float) -> dict | None:
-        """Send one check; the reply, or None when the deadline passed (the worker is then unusable)."""
+        """Send one check; the reply, or None when the deadline passed (the worker is then unusable).
+
+        Raises ``OSError`` when the request cannot be written, ``EOFError`` when the worker exits
+        before replying and ``ValueError`` when the reply is not a JSON line."""
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps({"gold": gold, "pred": pred, "t": inner_s}) + "\n").encode())
         self.proc.stdin.flush()
         line = self._readline(deadline_s)
-        if not line:
+        if line is None:
             return None
+        if not line:
+            raise EOFError(f"verifier worker {self.proc.pid} exited during a check")
         return json.loads(line)
 
     def kill(self) -> None:
@@ -188,6 +203,18 @@ class VerifierPool:
             self._count("fast_path")
             path = "exact" if fast and normalize_simple(gold) == normalize_simple(pred) else "integer"
             return Verdict(fast, "correct" if fast else "wrong", time.perf_counter() - start, path)
+        return self._ask_pool(gold, pred, timeout_s, start)
+
+    def self_check(self, gold: str, timeout_s: float | None = None) -> bool:
+        """Can the pool check ``gold`` against itself within the deadline? (Through a worker, never
+        the fast path.) False when it times out, dies or fails in any way: the verifier is unwell."""
+        try:
+            v = self._ask_pool(gold, gold, timeout_s, time.perf_counter())
+        except InfrastructureFailure:
+            return False
+        return v.correct
+
+    def _ask_pool(self, gold: str, pred: str, timeout_s: float | None, start: float) -> Verdict:
         deadline = self.timeout_s if timeout_s is None else float(timeout_s)
         inner = self.inner_timeout_s if timeout_s is None else 0.8 * deadline
         if not self._started:
@@ -195,17 +222,18 @@ class VerifierPool:
         worker = self._idle.get()
         try:
             worker.wait_ready()
-        except RuntimeError:
+        except RuntimeError as e:
             self._retire(worker)
-            raise
+            raise InfrastructureFailure("verifier_pool", str(e)) from e
         self._count("pool_checks")
         try:
             reply = worker.ask(gold, pred, inner, deadline)
-        except (OSError, ValueError) as e:  # broken pipe or garbled reply: replace the worker
+        except EOFError:  # the worker died on this check: reported, the caller decides whose fault
             self._retire(worker)
-            return Verdict(
-                False, f"verifier_error: worker failed ({e})", time.perf_counter() - start, "killed"
-            )
+            return Verdict(False, "worker_died", time.perf_counter() - start, "killed")
+        except (OSError, ValueError) as e:  # broken pipe or garbled reply: no verdict at all
+            self._retire(worker)
+            raise InfrastructureFailure("verifier_pool", f"math-verify worker failed: {e}") from e
         if reply is None:
             self._count("timeouts")
             self._count("kills")
@@ -215,7 +243,13 @@ class VerifierPool:
         self._idle.put(worker)
         if reply.get("reason") == "timeout":
             self._count("timeouts")
-        return Verdict(bool(reply["ok"]), str(reply["reason"]), time.perf_counter() - start, "math_verify")
+        return Verdict(
+            bool(reply["ok"]),
+            str(reply["reason"]),
+            time.perf_counter() - start,
+            "math_verify",
+            str(reply.get("phase", "")),
+        )
 
     def _retire(self, worker: _Worker) -> None:
         """Kill ``worker`` and put a fresh one in its place (unless the pool is closing)."""

@@ -1,7 +1,10 @@
 """The worker process behind :class:`envs.verifier.VerifierPool` (run as ``python -m envs.verify_worker``).
 
 Protocol: one JSON object per line on stdin ``{"gold": str, "pred": str, "t": seconds}``, one JSON
-line back on stdout ``{"ok": bool, "reason": str}``. The worker first prints ``{"ready": true}``
+line back on stdout ``{"ok": bool, "reason": str, "phase": str}``, where ``phase`` says which part
+of the check was running when it ended (``gold`` parsing the trusted gold, ``pred`` parsing the
+answer, ``verify`` comparing them): a gold that cannot be parsed in time is the grader's failure,
+an answer that cannot be is the answer's. The worker first prints ``{"ready": true}``
 once math-verify is imported, so the parent never charges import time to a check's deadline.
 
 Why a separate process: math-verify (through sympy) can run for minutes on an expression like
@@ -35,9 +38,11 @@ def _wrap(answer: str) -> str:
     return "\\boxed{" + answer + "}"
 
 
-def _check(gold: str, pred: str, gold_cache: dict[str, Any]) -> dict[str, Any]:
+def _check(gold: str, pred: str, gold_cache: dict[str, Any], phase: list[str]) -> dict[str, Any]:
+    """Parse both sides and compare; ``phase[0]`` names the part running (read after a deadline)."""
     from math_verify import parse, verify
 
+    phase[0] = "gold"
     g = gold_cache.get(gold)
     if g is None:
         g = parse(_wrap(gold), parsing_timeout=None)  # type: ignore[arg-type]
@@ -46,9 +51,11 @@ def _check(gold: str, pred: str, gold_cache: dict[str, Any]) -> dict[str, Any]:
         gold_cache[gold] = g
     if not g:
         return {"ok": False, "reason": "gold_unparsable"}
+    phase[0] = "pred"
     p = parse(_wrap(pred), parsing_timeout=None)  # type: ignore[arg-type]
     if not p:
         return {"ok": False, "reason": "unparsable"}
+    phase[0] = "verify"
     ok = bool(verify(g, p, timeout_seconds=None))  # type: ignore[arg-type]
     return {"ok": ok, "reason": "correct" if ok else "wrong"}
 
@@ -73,16 +80,18 @@ def main() -> None:
             out.flush()
             continue
         result: dict[str, Any]
+        phase = ["gold"]
         try:
             signal.setitimer(signal.ITIMER_REAL, max(budget, 0.01))
             try:
-                result = _check(gold, pred, gold_cache)
+                result = _check(gold, pred, gold_cache, phase)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _Deadline:
             result = {"ok": False, "reason": "timeout"}
-        except Exception as e:  # noqa: BLE001 - a verifier crash scores 0 and says why
+        except Exception as e:  # noqa: BLE001 - a verifier crash says why; the caller decides whose fault
             result = {"ok": False, "reason": f"verifier_error: {type(e).__name__}: {e}"[:300]}
+        result["phase"] = phase[0]
         out.write(json.dumps(result) + "\n")
         out.flush()
 

@@ -4,12 +4,28 @@ Parameters: ``name`` (a reasoning-gym dataset, e.g. ``"basic_arithmetic"``, ``"c
 ``config`` (that generator's keyword arguments), ``size`` (train problems, default 1000),
 ``test_size`` (default 200). The train split uses ``seed`` and the test split a different seed;
 test problems whose question also occurs in train are dropped, so the splits never overlap.
-Gold answers are reasoning-gym's ``answer`` strings (numbers for the arithmetic families, which
-math-verify checks; free-text families are better scored by reasoning-gym itself).
+Gold answers are reasoning-gym's ``answer`` strings.
+
+Grading: a dataset whose class defines its own ``score_answer(answer, entry)`` (spell_backward,
+word_sorting, letter_jumble, sentence_reordering, chain_sum...) is graded by that scorer
+(:func:`task_scorer`), so an answer is judged the way the task defines it and not by math-verify,
+which would read a word as a product of letters (the question's letters echoed in any order would
+then equal the gold). Only a full score (1.0) is a success: these scorers give partial credit for
+things an unsolved echo has (the right words in the wrong order, any non-empty answer), so a
+partial score is kept in ``info["scorer_score"]`` and pays nothing. Datasets that keep
+reasoning-gym's generic scorer (exact string match, with a length-ratio credit for an answer that
+*contains* the gold) are graded like any other gold by :mod:`envs.answer_forms` (a number needs a
+number literal, words are compared as normalized strings).
+
+What the scorer needs travels in the task's metadata, never in the prompt: ``rg_dataset`` and
+``rg_config`` (to rebuild the scorer) and ``rg`` (the entry's own metadata, e.g. ``sorted_words``).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Callable
 from typing import Any
 
 from envs.tasks.base import Task, TaskSource, make_task
@@ -87,6 +103,35 @@ class ReasoningGymSource(TaskSource):
                 str(x["answer"]),
                 source=f"reasoning_gym:{self.dataset_name}",
                 rg=_jsonable(x.get("metadata", {})),
+                rg_dataset=self.dataset_name,
+                rg_config=_jsonable(self.config),
             )
             for i, x in enumerate(items)
         ]
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset_scorer(name: str, config_json: str) -> Callable[[str, dict], float] | None:
+    """The ``score_answer`` of dataset ``name`` built with ``config``, or None when the dataset
+    keeps reasoning-gym's generic scorer (one small instance per name and config, cached)."""
+    import reasoning_gym
+    from reasoning_gym.dataset import ProceduralDataset
+
+    ds = reasoning_gym.create_dataset(name, seed=0, size=1, **json.loads(config_json))
+    if type(ds).score_answer is ProceduralDataset.score_answer:
+        return None
+    return ds.score_answer
+
+
+def task_scorer(task: Task) -> Callable[[str], float] | None:
+    """``answer -> score in [0, 1]`` by the task's own reasoning-gym scorer, or None when the task
+    is not a reasoning-gym task or its dataset has no scorer of its own (module docstring)."""
+    meta = task.get("metadata") or {}
+    name = meta.get("rg_dataset")
+    if not name:
+        return None
+    scorer = _dataset_scorer(str(name), json.dumps(meta.get("rg_config") or {}, sort_keys=True))
+    if scorer is None:
+        return None
+    entry = {"question": task["prompt"], "answer": task["answer"], "metadata": meta.get("rg") or {}}
+    return lambda answer: scorer(answer, entry)
