@@ -30,8 +30,17 @@ the calls run so far.
 ``info["partial_score"]`` measures progress towards the answer (what ``rollout.reward: partial``
 trains on when a branch is cut short): 1 for a correct final answer and 0 for a wrong one; an
 episode cut short (the turn limit reached while still calling the tool, or a runner's cut) scores
-1/3 for a tool call that ran without error plus 1/3 for a tool output holding the gold answer as a
-number, so an agent that computed the answer but ran out of turns before stating it scores 2/3.
+:data:`SHOWN_ANSWER_CREDIT` (1/2) when the gold is a number and the **most recent** tool call ran
+without error and the **last number it printed** has the gold's exact value, else 0.
+
+Why exactly that: the credit must be evidence that enumeration or skipped work cannot produce.
+Only one number per episode is ever judged (the last one printed by the last call), so printing many
+candidates (``print(*range(20000))``, one guess per call) commits to one of them like a final
+answer does, and the chance of credit is the chance that this one number is right. Since the credit
+(1/2) is below what stating the same number as the answer earns (1), no policy gains by showing a
+guess instead of answering. A call that merely runs (``print(1)``) earns nothing: running is not
+progress. The number is read as :func:`envs.answer_forms.parse_number` reads answers, so ``70.0``
+shows 70 and ``22+48`` shows nothing.
 
 The env has a scripted expert (``env.unwrapped.expert_reply()``, what ``--agent expert`` and the
 warm start's ``warm_start.demos=expert`` play): for an arithmetic task (metadata ``a``, ``op``, ``b``, or an
@@ -54,9 +63,11 @@ import gymnasium
 
 from envs import tool_calls
 from envs.answer_extract import extract_answer
+from envs.answer_forms import NumberLiteral, parse_number
 from envs.math_verifier import MathVerifierEnv
 from envs.tasks import Task, TaskSource
 from envs.verifier import VerifierPool
+from fr_agents.errors import InfrastructureFailure
 from fr_agents.spaces import AnyText
 from tools_sandbox import RunResult, Sandbox, SandboxError, SandboxLimits, create_sandbox, shared_pool
 
@@ -114,11 +125,23 @@ def format_result(r: RunResult, max_chars: int) -> str:
     return text if text else "(no output)"
 
 
-def holds_answer(output: str, gold: str | None) -> bool:
-    """Whether ``output`` holds ``gold`` as a whole number token (``42`` in ``x = 42``, not in ``142``)."""
-    if not gold:
-        return False
-    return re.search(rf"(?<![\w.]){re.escape(gold.strip())}(?!\w|\.\d)", output) is not None
+SHOWN_ANSWER_CREDIT = 0.5
+_NUMBER_TOKEN_RE = re.compile(r"(?<![\w.])[-+]?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?(?:/[0-9]+)?(?![\w.]*[0-9])")
+
+
+def last_number(output: str) -> NumberLiteral | None:
+    """The last number token printed in ``output`` (ASCII digits; ``42``, ``-3``, ``0.5``, ``7e1``,
+    ``1/2``), parsed as an answer would be; None when there is none."""
+    tokens = _NUMBER_TOKEN_RE.findall(output)
+    return parse_number(tokens[-1]) if tokens else None
+
+
+def shows_answer(output: str, gold: str | None) -> bool:
+    """Whether the last number of ``output`` has the exact value of the number gold ``gold``
+    (``x = 70`` and ``70.0`` show 70; ``70 71`` and ``1..20000`` do not, whatever they contain)."""
+    target = parse_number(gold) if gold else None
+    shown = last_number(output)
+    return target is not None and shown is not None and shown.value == target.value
 
 
 class PythonToolEnv(gymnasium.Env[str, str]):
@@ -220,8 +243,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         self._turn = 0
         self._tool_calls = 0
         self._malformed = 0
-        self._ran_ok = False  # a tool call ran without error this episode
-        self._saw_answer = False  # a tool output held the gold answer
+        self._last_call_shows_answer = False  # the most recent call ran and its last number is the gold
         self._done = True
         self._transcript: list[tuple[str, str]] = []
         self._outputs: list[str] = []  # each tool call's output this episode (the expert answers from it)
@@ -263,6 +285,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             log.warning("python tool: %s", e)
             self._close_sandbox()
             self._history.clear()
+            self._last_call_shows_answer = False
             return f"Error: the sandbox failed ({e}); the interpreter state was lost."
         self._tool_calls += 1
         if r.restarted:
@@ -271,8 +294,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             self._history.append(code)
         body = format_result(r, self.max_tool_output_chars)
         self._outputs.append(body)
-        self._ran_ok = self._ran_ok or r.status == "ok"
-        self._saw_answer = self._saw_answer or holds_answer(r.stdout, self._gold())
+        self._last_call_shows_answer = r.status == "ok" and shows_answer(r.stdout, self._gold())
         return body
 
     def _gold(self) -> str | None:
@@ -280,11 +302,12 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         return None if task is None else str(task["answer"])
 
     def partial_score(self, correct: bool = False) -> float:
-        """Progress of this episode (module docstring): 1 when correct, else 1/3 for a tool call
-        that ran without error plus 1/3 for a tool output holding the gold answer."""
+        """Progress of this episode (module docstring): 1 when correct, else
+        :data:`SHOWN_ANSWER_CREDIT` when the most recent tool call ran without error and the last
+        number it printed is the (number) gold, else 0."""
         if correct:
             return 1.0
-        return (float(self._ran_ok) + float(self._saw_answer)) / 3.0
+        return SHOWN_ANSWER_CREDIT if self._last_call_shows_answer else 0.0
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -296,7 +319,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         problem, info = self.grader.reset(seed=seed, options=options)
         self._history, self._replay, self._outputs = [], [], []
         self._turn = self._tool_calls = self._malformed = 0
-        self._ran_ok = self._saw_answer = False
+        self._last_call_shows_answer = False
         self._done = False
         obs = self.tool_prompt + problem
         self._transcript = [("problem", obs)]
@@ -337,7 +360,12 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             }
             return obs, 0.0, False, False, info
         # A final answer, or the last allowed turn: grade the reply as MathVerifier does.
-        _, reward, _, _, graded = self.grader.step(action)
+        try:
+            _, reward, _, _, graded = self.grader.step(action)
+        except InfrastructureFailure:  # no verdict: the episode ends without a reward (the rollout aborts it)
+            self._done = True
+            self._close_sandbox()
+            raise
         truncated = bool(calls)  # turns ran out while the agent still wanted to call the tool
         correct = bool(graded.get("correct"))
         self._done = True

@@ -34,7 +34,8 @@ def test_python_tool_truncated_branch_scores_its_tool_progress(tok: Any, backend
     def call(code: str) -> str:
         return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
 
-    # turn 0 runs fine but does not reach 5; at turn 1 one branch computes 5, the other fails
+    # turn 0 runs fine but prints 6; at turn 1 one branch prints 5 (the gold, as the last number of
+    # the last call: 1/2), the other's last call fails (0, though an earlier call ran fine)
     leaves = run_truncated_branches(env, tok, call("print(2 * 3)"), [call("print(2 + 3)"), call("print(1 / 0)")], task=TASK)
-    assert sorted(x.partial_score for x in leaves) == pytest.approx([1 / 3, 2 / 3])
+    assert sorted(x.partial_score for x in leaves) == pytest.approx([0.0, 0.5])
     assert all(x.reward == 0.0 for x in leaves)
