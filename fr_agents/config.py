@@ -120,9 +120,9 @@ class ModelConfig:
                                  "the learner's flat steps (a shared prefix once, the last layer only where logits are "
                                  "kept, fused projections) and in the HF engine's waves of the rollout and the held-out "
                                  "evaluations (right-padded prefill, a preallocated cache); the same logits and gradients "
-                                 "as transformers' forward up to float rounding (math-tiny, benchmarks/compact_forward.py: "
-                                 "learner step 111 -> 84 ms and the engine 56 -> 41 ms of CPU per 64-episode batch). false, or "
-                                 "any other model: transformers' forward; the dry-run plan and the run's log say which")
+                                 "as transformers' forward up to float rounding, for less compute (benchmarks/compact_forward.py). "
+                                 "false (to compare with transformers' forward, or to rule it out when a model misbehaves), "
+                                 "or any other model: transformers' forward; the dry-run plan and the run's log say which")
 
 
 @dataclass
@@ -305,8 +305,8 @@ class TrainerConfig:
                         choices=("process", "local", "ray"))
     pin_cpus: bool = _opt(False, help="pin the learner to its trainer.threads CPUs during RL (the warm start and the "
                           "evaluations are not pinned) and the rollout process, with its graders and sandboxes, to the "
-                          "CPUs left, so neither preempts the other "
-                          "(math-tiny on 2 cores: ~9% more completions/s); a pinned side cannot borrow the other's idle "
+                          "CPUs left, so neither preempts the other (on when both sides are busy, as in math-tiny); "
+                          "a pinned side cannot borrow the other's idle "
                           "cores, so leave it off when one side often waits (a slow env). Acts with trainer.backend=process "
                           "and at least one CPU left for the rollout; otherwise nothing is pinned, and the dry-run plan "
                           "and the run's log say why")
@@ -314,13 +314,14 @@ class TrainerConfig:
                                    "keep freed CPU memory for reuse instead of handing it back to the kernel after every "
                                    "tensor (glibc malloc: blocks up to 64 MiB stay in the heap, which is trimmed only past "
                                    "256 MiB free), so a step reuses pages instead of faulting in fresh zeroed ones "
-                                   "(math-tiny: ~2,500 page faults and ~4-5 ms of system time per learner step of ~100 ms "
-                                   "gone); costs up to 256 MiB of freed heap kept resident per process. Linux/glibc only: "
+                                   "(page faults and system time); costs up to 256 MiB of freed heap kept resident per process (turn it off when "
+                                   "memory is tight). Linux/glibc only: "
                                    "elsewhere the run's log says it did nothing")
     freeze_gc: bool = _opt(True, help="during RL, in the learner's and the rollout's processes: collect once, freeze every "
                            "object made so far (the model, the libraries) out of the garbage collector's passes, and "
-                           "run its young pass every 10,000 allocations instead of 700 (math-tiny's rollout: ~7 ms of "
-                           "collection per 64-episode batch -> ~0.03 ms); reference counting frees objects as before. "
+                           "run its young pass every 10,000 allocations instead of 700, so collection does not walk the "
+                           "model's objects every batch; reference counting frees objects as usual (turn it off only if "
+                           "a run makes many reference cycles). "
                            "trainer.backend process and local (Ray's actors keep Python's default)")
     elastic: bool = _opt(False, help="move CPU slots between the rollout and train pools as the load shifts (local, hf)")
     devices: int = _opt(3, help="slots in both elastic pools together (trainer.elastic only)")
