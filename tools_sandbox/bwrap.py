@@ -4,10 +4,14 @@ Isolation, per session:
 
 * every namespace unshared (user, pid, net, ipc, uts, cgroup): no network at all (only a private
   loopback), no view of host processes, uid 65534 inside;
-* the file system is a fresh tmpfs root, read-only after set-up, with the host's ``/usr`` (and the
-  ``/bin``, ``/lib``... links into it) bound read-only, a handful of harmless ``/etc`` files, a
-  synthetic ``/etc/passwd``, and size-limited tmpfs ``/work`` (the working directory) and ``/tmp``.
-  Nothing else of the host (``/root``, ``/home``, ``/etc/shadow``, the project) is visible;
+* the file system is a fresh tmpfs root, read-only after set-up, holding the ``/usr`` and ``/etc``
+  (and the ``/bin``, ``/lib``... links into ``/usr``) of the **sandbox image's root file system**
+  (the debootstrapped Debian that the Docker image is imported from, :mod:`tools_sandbox.image`;
+  ``fr-agents sandbox build-image --rootfs-only`` builds it), a synthetic ``/etc/passwd``, and
+  size-limited tmpfs ``/work`` (the working directory) and ``/tmp``. Nothing of the host's own file
+  system is visible: not its ``/usr`` (its Python packages, e.g. a pristine copy of a library a
+  repository task is about), ``/root``, ``/home``, ``/etc`` or the project. Both backends therefore
+  run the same Python and packages;
 * the environment is cleared; ``--die-with-parent`` and ``--new-session``;
 * limits: when this process can write cgroups (root, or a delegated v2 subtree) the session gets its
   own cgroup (memory incl. swap, pids, CPU quota) and the host reads its OOM / pids counters; the
@@ -23,12 +27,13 @@ reaper uses to find sandboxes whose owner died.
 from __future__ import annotations
 
 import functools
-import glob
 import logging
 import os
 import select
 import shutil
 import subprocess
+import threading
+from pathlib import Path
 
 from tools_sandbox.cgroups import SessionCgroup
 from tools_sandbox.limits import SandboxLimits
@@ -37,7 +42,16 @@ from tools_sandbox.session import SANDBOX_ENV, SANDBOX_UID, WORKER_SOURCE, Sandb
 
 log = logging.getLogger(__name__)
 
-_ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf")
+_NO_ROOTFS = (
+    "the sandbox root file system is missing: build it with `fr-agents sandbox build-image --rootfs-only` "
+    "(as root, needs debootstrap; the bwrap sandbox runs the image's Python, never the host's /usr)"
+)
+
+# The root file system's top-level entries bound into the sandbox (links are recreated as links).
+_ROOT_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Where root keeps a hard-linked copy of a root file system the sandbox user cannot reach (e.g. one
+# under /root, mode 700): bubblewrap runs as that user and must be able to open what it binds.
+_SHARED_ROOTFS_DIR = "/var/cache/fr_agents/bwrap"
 _PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/work:/bin/sh\n"
 _GROUP = "root:x:0:\nnogroup:x:65534:\n"
 # Run as the launcher: move itself into the session cgroup(s), then become bwrap.
@@ -46,12 +60,72 @@ _CGROUP_LAUNCHER = (
 )
 
 
+def rootfs() -> Path | None:
+    """The sandbox image's root file system (``$FR_AGENTS_BWRAP_ROOTFS`` or the default recipe's
+    debootstrapped tree), or None when it has not been built."""
+    from tools_sandbox.image import rootfs_dir
+
+    p = Path(os.environ.get("FR_AGENTS_BWRAP_ROOTFS") or rootfs_dir())
+    return p if (p / "usr" / "bin" / "python3").exists() else None
+
+
 def find_python() -> str | None:
-    """A Python 3 under ``/usr`` (the sandbox sees only ``/usr``), or None."""
-    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.access(cand, os.X_OK):
-            return cand
+    """The sandbox's Python (``/usr/bin/python3`` of the image's root file system), or None."""
+    root = rootfs()
+    if root is None:
+        return None
+    for cand in ("usr/bin/python3", "usr/local/bin/python3"):
+        if os.access(root / cand, os.X_OK):
+            return "/" + cand
     return None
+
+
+def _reachable_by_sandbox_user(path: Path) -> bool:
+    """True when uid 65534 can walk to ``path`` (every ancestor searchable by others)."""
+    for a in [path, *path.parents]:
+        try:
+            if not os.stat(a).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+_shared_lock = threading.Lock()
+
+
+def _bindable_rootfs(root: Path) -> Path:
+    """``root`` itself, or (when running as root and uid 65534 cannot reach it) a hard-linked copy
+    under :data:`_SHARED_ROOTFS_DIR` (made once, in a root-owned folder no one else can write)."""
+    if os.geteuid() != 0 or _reachable_by_sandbox_user(root):
+        return root
+    shared = Path(_SHARED_ROOTFS_DIR)
+    dest = shared / root.name
+    with _shared_lock:
+        if (dest / "usr" / "bin" / "python3").exists():
+            return dest
+        shared.mkdir(parents=True, exist_ok=True, mode=0o755)
+        os.chmod(shared, 0o755)
+        for a in [shared, *shared.parents]:
+            st = os.stat(a)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                raise RuntimeError(f"{a} is not a root-owned folder only root can write; cannot share the "
+                                   f"sandbox root file system there (set FR_AGENTS_CACHE to a folder others can read)")
+        partial = shared / f".{root.name}.{os.getpid()}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        r = subprocess.run(["cp", "-al", str(root), str(partial)], capture_output=True, text=True)
+        if r.returncode != 0:  # another file system: copy
+            shutil.rmtree(partial, ignore_errors=True)
+            r = subprocess.run(["cp", "-a", str(root), str(partial)], capture_output=True, text=True)
+        if r.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise RuntimeError(f"cannot copy the sandbox root file system to {dest}: {r.stderr.strip()[-300:]}")
+        os.chmod(partial, 0o755)
+        try:
+            partial.rename(dest)
+        except OSError:  # another process made it first
+            shutil.rmtree(partial, ignore_errors=True)
+        return dest
 
 
 def _drop_kwargs() -> dict:
@@ -60,26 +134,25 @@ def _drop_kwargs() -> dict:
     return {}
 
 
-def _system_binds() -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(d):
-            args += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            args += ["--ro-bind", d, d]
-    for name in _ETC_FILES:
-        p = f"/etc/{name}"
-        if os.path.exists(p):
-            args += ["--ro-bind", p, p]
-    for p in sorted(glob.glob("/etc/python3*")):
-        args += ["--ro-bind", p, p]
+def _system_binds(root: Path | None = None) -> list[str]:
+    """Read-only binds of the image root file system's ``/usr``, ``/etc`` and the links into ``/usr``."""
+    root = _bindable_rootfs(root or rootfs() or Path("/nonexistent"))
+    args: list[str] = []
+    for name in _ROOT_DIRS:
+        p = root / name
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), f"/{name}"]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), f"/{name}"]
     return args
 
 
 def build_argv(
-    label: str, limits: SandboxLimits, python: str, worker_cfg: str, data_fds: dict[str, int]
+    label: str, limits: SandboxLimits, python: str, worker_cfg: str, data_fds: dict[str, int],
+    root: Path | None = None,
 ) -> list[str]:
-    """The full bwrap command line of one worker."""
+    """The full bwrap command line of one worker (``root``: the image root file system, default
+    :func:`rootfs`)."""
     tmpfs_bytes = str(limits.tmpfs_mb << 20)
     argv = [
         shutil.which("bwrap") or "bwrap",
@@ -95,7 +168,7 @@ def build_argv(
         str(SANDBOX_UID),
         "--hostname",
         label,
-        *_system_binds(),
+        *_system_binds(root),
     ]
     for dest, fd in data_fds.items():
         argv += ["--ro-bind-data", str(fd), dest]
@@ -191,16 +264,18 @@ class BwrapSandbox(Sandbox):
     backend = "bwrap"
 
     def __init__(
-        self, limits: SandboxLimits | None = None, python: str | None = None, use_cgroups: bool = True
+        self, limits: SandboxLimits | None = None, python: str | None = None, use_cgroups: bool = True,
+        root: str | Path | None = None,
     ) -> None:
         state = BwrapState()
         super().__init__(limits, state)
         self._st = state
+        self.root = Path(root) if root is not None else rootfs()
+        if self.root is None:
+            raise RuntimeError(_NO_ROOTFS)
         self.python = python or find_python()
         if self.python is None:
-            raise RuntimeError(
-                "no /usr/bin/python3 on this host for the bwrap sandbox (apt-get install python3)"
-            )
+            raise RuntimeError(_NO_ROOTFS)
         self.label = new_bwrap_label()
         self.use_cgroups = use_cgroups
         self._cgroup_tried = False
@@ -241,7 +316,7 @@ class BwrapSandbox(Sandbox):
                 fds[dest] = r
                 to_close.append(r)
             assert self.python is not None
-            argv = build_argv(self.label, self.limits, self.python, cfg, fds)
+            argv = build_argv(self.label, self.limits, self.python, cfg, fds, self.root)
             if self._st.cgroup is not None:
                 files = self._st.cgroup.procs_files
                 argv = [
@@ -300,7 +375,11 @@ def bwrap_available() -> tuple[bool, str]:
         return False, "bubblewrap is not installed (apt-get install bubblewrap)"
     python = find_python()
     if python is None:
-        return False, "no /usr/bin/python3 for the sandbox worker (apt-get install python3)"
+        return False, _NO_ROOTFS
+    try:
+        binds = _system_binds()
+    except (OSError, RuntimeError) as e:
+        return False, f"the sandbox root file system cannot be bound: {e}"
     argv = [
         exe,
         "--unshare-all",
@@ -310,7 +389,7 @@ def bwrap_available() -> tuple[bool, str]:
         str(SANDBOX_UID),
         "--gid",
         str(SANDBOX_UID),
-        *_system_binds(),
+        *binds,
         "--proc",
         "/proc",
         "--dev",

@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "docker", "bwrap")
 HOW_TO_GET_ONE = (
-    "install one: `apt-get install bubblewrap` (simplest, no daemon), or `apt-get install docker.io && "
+    "install one: `apt-get install bubblewrap debootstrap && fr-agents sandbox build-image --rootfs-only` (no daemon), or `apt-get install docker.io && "
     "bash scripts/start_dockerd.sh && fr-agents sandbox build-image`"
 )
 
