@@ -7,7 +7,7 @@ by the env class training uses, so an eval number and a training reward mean the
 =========================  ==========================================================================
 ``arithmetic``             the tiny curriculum's held-out split, exactly as the ``math-tiny`` preset
                            builds it (its env kwargs, task params and seed)
-``preset:NAME``            the held-out split of any shipped preset (``fr_agents/configs/``) or YAML path
+``preset:NAME``            the held-out split of any shipped preset (``configs/``) or YAML path
 ``rg:NAME``                a reasoning-gym generator's held-out set (fixed seed 0, 200 problems)
 ``jsonl:PATH``             every problem of a GSM8K- or MATH-shaped JSONL file
 ``gsm8k`` / ``math``       the GSM8K / MATH test sets from the Hugging Face hub (online)

@@ -5,7 +5,7 @@ awaits them. asyncio's own way (``loop.run_in_executor`` with a ``ThreadPoolExec
 ``asyncio.wrap_future``) builds a ``concurrent.futures.Future`` with its own lock and condition
 per call, chains it to an asyncio future with callbacks both ways, and wakes the event loop
 (a write to its self-pipe) once per result. On math-tiny's rollout, 64 short episodes at a time,
-that cost ~75 us of CPU per hop, several hops per episode, in the process that bounds the loop.
+that costs ~75 us of CPU per hop, several hops per episode, in the process that bounds the loop.
 
 Here a thread that finishes a call puts ``(future, outcome)`` in the loop's :class:`Inbox`; the
 first result of a burst schedules one drain on the loop, and the drain resolves every result

@@ -5,8 +5,7 @@ machine's cores. On a small machine the scheduler moves their threads around: th
 process's engine, event loop and tree writer threads take turns on the learner's core, and the
 learner's step is preempted halfway. Pinning gives each side its own cores: the learner gets
 ``learner_threads`` of the CPUs this process may use (the first ones) and the rollout process the
-rest, so the two only meet through the pipe. Measured on math-tiny, 2 cores, alternating 45-s runs:
-491 / 496 / 474 -> 535 / 522 / 541 completions per second, the learner's step median 0.105 -> 0.095 s.
+rest, so the two only meet through the pipe (its effect on math-tiny: docs/measurements.md).
 
 The price: a pinned process cannot borrow the other side's cores when that side idles (a learner
 waiting for a slow env's batch leaves its core unused), which is why it is an option.

@@ -5,9 +5,8 @@ A training step on CPU allocates and frees the same tensors every time: activati
 a decode step's key/value rows. glibc's malloc serves a block over its mmap threshold (128 KiB at
 start, raised as such blocks are freed) with a fresh ``mmap`` and returns it to the kernel on
 ``free``, and trims the top of its heap once enough is free there. Either way the next step's
-tensor lands on pages the kernel must fault in and zero again. On math-tiny (2 cores) that was
-~2,500 page faults and ~4-5 ms of system time per learner step of ~100 ms, and ~2,400 faults per
-64-episode rollout batch.
+tensor lands on pages the kernel must fault in and zero again: on math-tiny, thousands of page
+faults per learner step and per rollout batch, a few percent of the step in system time.
 
 :func:`keep_freed_memory` raises both limits for the process (``mallopt``): blocks up to
 ``mmap_threshold`` come from the heap and go back to it, and the heap is trimmed only once more
@@ -22,10 +21,10 @@ The garbage collector. Python's cyclic collector runs a young-generation pass ev
 allocations and, every so often, a full pass over every tracked object: in a training process that
 is the model, transformers, torch and the rest, hundreds of thousands of objects that live all run.
 A rollout makes many short-lived objects per episode (futures, dicts, lists), so those passes come
-often: measured on math-tiny's rollout, ~7 ms of garbage collection per 64-episode batch of
-~110 ms, most of it the full passes. :func:`frozen_gc` collects once, then freezes every object
-that exists (``gc.freeze``: the collector skips them from then on; reference counting still frees
-them) and runs the young pass every ``young`` allocations: ~0.03 ms per batch. Cycles made during
+often, and on math-tiny's rollout they take several percent of a batch, most of it the full
+passes. :func:`frozen_gc` collects once, then freezes every object that exists (``gc.freeze``:
+the collector skips them from then on; reference counting still frees them) and runs the young
+pass every ``young`` allocations, which leaves the collector almost nothing to do. Cycles made during
 RL are still collected; cycles among the frozen objects would be kept until the block ends (the
 collect before the freeze leaves none).
 """

@@ -19,20 +19,17 @@ so the gradient with respect to ``logp_cur_it`` is ``-(1/B)(1/T_i) gate_i keep_i
 policy tokens are kept; and, with ``negative_min_prob`` ``m > 0`` (an option, not in the paper), in
 rows with ``A_i < 0`` a token sampled with ``exp(logp_beh) < m`` is not kept either: pushing down a
 token the policy already finds unlikely teaches little, and through a sharp attention its log-prob
-gradient can be thousands of times a typical token's (measured on python-tool-tiny: one such token
-was the whole gradient of the step that started a collapse). With ``negative_min_prob_scope``
+gradient can be thousands of times a typical token's (on python-tool-tiny one such token can be the
+whole gradient of the step that starts a collapse). With ``negative_min_prob_scope``
 ``suffix`` the first such token of a pushed-down row *and every later token of that row* lose their
 gradient: the tokens after an unlikely deviation are its consequences, sampled in a state the policy
 rarely reaches, and they are often its typical behaviour there (a correct copy that goes on after one
 wrong digit). Cutting only the unlikely token (``token``, the default) leaves that row's push on
-exactly those tokens. Measured on python-tool-tiny with 8 forked answers a tree and the tree
-baseline: a wrong sibling's first differing digit is below 0.01 in about half the wrong siblings, so
-``token`` removed the one informative token of those rows and kept pushing down the rest of the
-copy; the policy unlearnt copying, the tool call included (bad calls 2% -> 62-81% of the roots
-by the last ten of 60 steps, held-out 8.5-39% against 81% for the same runs with the batch
-baseline; see
-``benchmarks/tree_rl.py``); with ``suffix`` the same tree-baseline runs (seeds 1 and 2, one each)
-held 81% and their bad calls stayed at 0-2%. The denominators ``B`` and ``T_i``
+exactly those tokens. On python-tool-tiny with 8 forked answers a tree and the tree baseline, a
+wrong sibling's first differing digit is below 0.01 in about half the wrong siblings, so ``token``
+removes the one informative token of those rows and keeps pushing down the rest of the copy, until
+the policy unlearns copying, the tool call included; ``suffix`` keeps the copy
+(``benchmarks/tree_rl.py --baseline tree``; runs in docs/measurements.md). The denominators ``B`` and ``T_i``
 never shrink when rows are rejected or tokens filtered, so a rejection removes mass instead of
 re-weighting the survivors.
 

@@ -2,9 +2,9 @@
 
 The rollout thread (:mod:`trainer.rollout_thread`) and the learner share one interpreter, so
 they share one GIL. On a small model both sides are mostly Python (the learner's module calls,
-the rollout's engine waves, env steps, tree and ledger writes, asyncio), and measured on 2 cores
-the learner thread ran at about half a core while it waited for the lock: the loop was bound by
-the GIL, not by the cores. Here the same rollout code runs in a spawned child::
+the rollout's engine waves, env steps, tree and ledger writes, asyncio); on 2 cores the learner
+thread in one process with the rollout gets about half a core while it waits for the lock: the
+loop is bound by the GIL, not by the cores. Here the same rollout code runs in a spawned child::
 
     learner process (main thread)                  rollout process (spawned, dies with its parent)
     ─────────────────────────────                  ────────────────────────────────────────────────
@@ -229,7 +229,7 @@ class RolloutProcess:
     def _forward(self, event: str, version: int | None, weights: Any) -> None:
         """Queue a message for the child; the sender thread pickles and writes it, in order, so the
         learner's step does not wait for the pipe (a version's hand-off: ~3 ms of pickling and
-        descriptor passing on the tiny model, now beside the next step's torch work)."""
+        descriptor passing on the tiny model, beside the next step's torch work)."""
         self._outbox.put((event, version, weights))
 
     def _send_all(self) -> None:

@@ -6,7 +6,7 @@ with it, and the first moment (``beta1 = 0.9``) keeps pushing the same way for ~
 The fixed clip (``optim.grad_clip``, 1.0) is set for the start of training and is far above the
 norms a converging RL run produces, so it does not see such a step.
 
-Measured on python-tool-tiny (``fr_agents/configs/python-tool-tiny.yaml``), from checkpoints of two
+Measured on python-tool-tiny (``configs/python-tool-tiny.yaml``), from checkpoints of two
 runs that collapsed, recomputing the stored batch of the collapsing step with the real AdamW state
 and measuring the tempered KL(old || new) on the sampled tokens of that batch and the next:
 

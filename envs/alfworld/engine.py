@@ -34,10 +34,9 @@ games; every held-out evaluation replays the same ones) skips ``load()``. It hol
 :data:`POOL_CAPACITY` engines (6-10 MB each) and closes the least recently returned beyond that.
 
 Its size. Training visits its RL games in a fresh seeded permutation each epoch, so a pool smaller
-than the number of games misses most revisits (LRU under a near-cyclic order). Measured with
-``benchmarks/alfworld.py --schedule`` on alfworld-tiny's schedule (48 RL games, 160 episodes, 8 a
-step, idle 2-core machine): capacity 32 hit 44 of 160 resets, 1.26 s a reset; capacity 128 hit 112
-(every revisit), 0.98 s a reset (a hit 0.75-0.81 s, a miss 1.5-1.6 s). The same holds in the
+than the number of games misses most revisits (LRU under a near-cyclic order); 128 covers every
+revisit of alfworld-tiny's schedule (48 RL games), where 32 hits about a quarter of its resets
+(``benchmarks/alfworld.py --schedule``; figures in docs/measurements.md). The same holds in the
 learner's process, where the held-out games are replayed after the warm start's demo games.
 """
 

@@ -22,7 +22,7 @@ parameter's gradient with transformers' forward). It runs where that is known to
 in float32, SiLU MLP, default rotary embeddings, no sliding window or attention dropout, rows
 right-padded (each row's real tokens first). Everything else takes transformers' forward.
 
-Measured on math-tiny with ``benchmarks/compact_forward.py`` (see ``docs/DESIGN.md``). The HF engine
+``benchmarks/compact_forward.py`` measures it on math-tiny (figures in ``docs/measurements.md``). The HF engine
 uses the same pieces for generation (:class:`CompactCache`, :func:`compact_prefill`,
 :func:`compact_decode`).
 """

@@ -27,10 +27,8 @@ worth it only when it computes far fewer scores. :func:`tree_attention_pays` ask
 ``TREE_MIN_SAVING`` times fewer (the dense mask's ``R * W**2`` against the layout's ``scores``).
 Measured on one learner step of the tiny micro Qwen2 (fp32, 2 threads, 2 cores; median of 3-7
 steps), dense mask over tree attention, time ratio by score ratio: 0.79 → 0.69, 0.90 → 1.02,
-1.70–1.93 → 0.94–1.23, 2.86 → 1.16, 3.76 → 1.47, 8.5 → 2.44 (before the gathers became one
-``index_select`` per tensor, whose backward is a scatter-add instead of a serial accumulating
-``index_put_``: 1.73–1.95 → 0.79–0.99, 3.8 → 1.49, 8.5 → 1.96). Around 2x fewer scores the two
-are even within the noise of such short steps, so the threshold stays at 2.
+1.70–1.93 → 0.94–1.23, 2.86 → 1.16, 3.76 → 1.47, 8.5 → 2.44. Around 2x fewer scores the two
+are even within the noise of such short steps, so the threshold is 2.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ WORKLOADS: dict[str, Workload] = {
         name="tool",
         description="FlashREINFORCE paper, Python-tool math: Qwen2.5-7B, <=10 turns, 1024 tokens/turn, B=128, lag 2",
         sources=(
-            "FlashREINFORCE paper, tool setting, as mirrored in fr_agents/configs/python-tool-qwen2.5-7b.yaml "
+            "FlashREINFORCE paper, tool setting, as mirrored in configs/python-tool-qwen2.5-7b.yaml "
             "(max_turns 10, max_new_tokens 1024, batch_size 128, max_policy_lag 2)",
             "turn/token/latency distributions are assumptions (most episodes use 2-4 tool calls)",
         ),
@@ -227,7 +227,7 @@ WORKLOADS: dict[str, Workload] = {
         name="alfworld",
         description="FlashREINFORCE paper, ALFWorld: Qwen2.5-7B, <=50 turns, 256 tokens/turn, B=64, lag 2",
         sources=(
-            "FlashREINFORCE paper, ALFWorld setting, as mirrored in fr_agents/configs/alfworld-qwen2.5-7b.yaml "
+            "FlashREINFORCE paper, ALFWorld setting, as mirrored in configs/alfworld-qwen2.5-7b.yaml "
             "(max_turns 50, max_new_tokens 256, batch_size 64, max_policy_lag 2)",
             "turn/token/latency distributions are assumptions (text-world env steps take milliseconds)",
         ),
