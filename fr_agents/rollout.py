@@ -88,9 +88,8 @@ class _TreeWriter:
     queued at that moment (up to ``max_group``) and runs a run of writes to the same tree inside
     one transaction (``TrajectoryTree.group``): each write is its own savepoint (a write that
     raises is undone alone and its caller gets the error), and the run commits once. Callers
-    are told after that commit, so a write is in the database when its caller resumes. Measured
-    on math-tiny's rollout: one commit per write (three per episode) cost ~1.5 ms of the writer's
-    CPU per episode.
+    are told after that commit, so a write is in the database when its caller resumes. One commit
+    per write would write pages to the WAL three times per episode.
 
     A write submitted ``durable=True`` (a finished trajectory) resolves only after the run it
     committed with is also fsynced (``tree.sync()``): one fsync per run, however many durable
@@ -432,8 +431,8 @@ def _direct(tokenizer: Any) -> Any | None:
     skip_special_tokens=False, clean_up_tokenization_spaces=False)`` give; ``None`` otherwise.
 
     A transformers fast tokenizer does its work in that backend; the Python around it (argument
-    checks, padding and truncation set-up, a ``BatchEncoding`` per call) cost most of the ~0.2 ms an
-    episode's prompt took to encode and check on math-tiny's rollout. The direct call is taken only
+    checks, padding and truncation set-up, a ``BatchEncoding`` per call) costs most of the time an
+    episode's prompt takes to encode and check on math-tiny's rollout. The direct call is taken only
     where the wrapper adds nothing: the tokenizer's class keeps transformers' own ``encode`` /
     ``decode`` (a class that overrides them is always asked itself), and the backend holds no
     truncation or padding and splits special tokens as the wrapper would ask it to (the wrapper
