@@ -43,6 +43,14 @@ equally among the continuations (so the total never exceeds it, and which branch
 depend on how the branches interleave). A branch whose share is spent ends ``truncated`` at its next
 turn boundary (``truncated_by: tree_budget``), scored like any cut branch.
 
+Infrastructure failures. An env raises :class:`~fr_agents.errors.InfrastructureFailure` when its
+grader or sandbox could not judge a step (the sandbox died, the verifier pool crashed, the grader
+ran past its own deadline). The branch then ends ``aborted``: its leaf is stored as sampled (token
+truth), with ``info["aborted_by"]`` (the failure's reason) and ``info["abort_message"]``, and no
+reward is claimed for it; a trainer leaves such leaves out and runs the episode again (see
+``trainer/episodes.py``). The same holds for a cut branch whose ``partial_score()`` fails, and for a
+fork that cannot get its env. A failure in ``reset`` (nothing sampled yet) propagates.
+
 Scripted actors (``--agent expert``). ``actor=fn`` replaces the engine: ``fn(env)`` returns each
 reply (:func:`expert_actor` asks the env's own expert). Its tokens are encoded text, not samples:
 they are stored with ``policy_mask=False`` (no behaviour log-prob, version -1), so the trainer's
@@ -70,6 +78,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fr_agents import defaults, hops
+from fr_agents.errors import InfrastructureFailure
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
 
 log = logging.getLogger(__name__)
@@ -610,7 +619,10 @@ class _Runner:
             action = self.action_text(gen)
             self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
             env = b.env
-            obs, reward, terminated, truncated, info = await _in_thread(self.step_env, env, action)
+            try:
+                obs, reward, terminated, truncated, info = await _in_thread(self.step_env, env, action)
+            except InfrastructureFailure as e:  # the grader could not judge it: not a reward of 0
+                return [await self.finish(b, "aborted", failure=e)]
             obs = _check_obs(env, obs, f"step() at turn {b.turn}")
             b.actions.append(action)
             b.observations.append(obs)
@@ -734,19 +746,29 @@ class _Runner:
         b.messages = messages
         return True
 
-    async def finish(self, b: _Branch, status: str, reason: str | None = None) -> LeafResult:
+    async def finish(
+        self, b: _Branch, status: str, reason: str | None = None, failure: InfrastructureFailure | None = None
+    ) -> LeafResult:
+        """Store ``b``'s path as a leaf with ``status`` (``reason``: what cut a truncated branch;
+        ``failure``: why an aborted one could not be graded) and close its env."""
         from fr_agents.tree import DuplicateLeafError
 
         reward = 0.0
-        if b.rewards:
+        if b.rewards:  # an aborted leaf keeps the rewards of the turns before the failure
             reward = sum(b.rewards) if self.opt.turn_reward == "sum" else b.rewards[-1]
-        partial = _partial(b.info)
+        partial = _partial(b.info) if failure is None else None
         scorer = getattr(getattr(b.env, "unwrapped", b.env), "partial_score", None)
         if partial is None and status == "truncated" and reason != "env" and callable(scorer):
-            partial = _partial({"partial_score": await _in_thread(scorer)})
+            try:
+                partial = _partial({"partial_score": await _in_thread(scorer)})
+            except InfrastructureFailure as e:  # the cut branch cannot be scored: no outcome
+                status, failure = "aborted", e
         info = {"turns": b.turn, "rewards": b.rewards}
         if reason:
             info["truncated_by"] = reason
+        if failure is not None:
+            info["aborted_by"] = failure.reason
+            info["abort_message"] = str(failure)[:2000]
         for key in ("won", "tool_calls"):
             if key in b.info:
                 info[key] = _json_safe(b.info[key])
@@ -762,7 +784,13 @@ class _Runner:
             leaf = e.leaf_id
         self.emit("finish", status=status, reward=reward, partial_score=partial, turns=b.turn)
         if b.env is not None and id(b.env) not in self._closed:
-            await _in_thread(self.close_env, b.env)
+            if failure is None:
+                await _in_thread(self.close_env, b.env)
+            else:  # its sandbox may be gone already: a failing close must not hide the abort
+                try:
+                    await _in_thread(self.close_env, b.env)
+                except Exception as e:  # noqa: BLE001 - logged; the leaf is stored
+                    log.warning("closing the env of an aborted branch failed: %r", e)
         return LeafResult(leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info, b.sampled)
 
     # ------------------------------------------------------------------ branching
@@ -786,7 +814,15 @@ class _Runner:
         per_branch = getattr(parent_engine, "branch", None)
         clones = [b]
         for _ in range(self.opt.branch_factor - 1):
-            env = await self.fork_env(b)
+            try:
+                env = await self.fork_env(b)
+            except InfrastructureFailure as e:  # no env for a continuation: the branch ends here
+                for c in clones[1:]:
+                    with contextlib.suppress(Exception):
+                        await _in_thread(self.close_env, c.env)
+                if b.turn == 0 and not b.actions:  # nothing sampled yet: as a failed reset
+                    raise
+                return [await self.finish(b, "aborted", failure=e)]
             clone = copy.copy(b)
             clone.env = env
             clone.sampled = 0  # the shared part was sampled once, by b
@@ -819,9 +855,16 @@ class _Runner:
 
     def _replay(self, b: _Branch) -> Any:
         env = self.make_env()  # type: ignore[misc]
+        try:
+            return self._replay_into(env, b)
+        except BaseException:
+            with contextlib.suppress(Exception):  # a replay that failed must not leave its sandbox
+                env.close()
+            raise
+
+    def _replay_into(self, env: Any, b: _Branch) -> Any:
         obs, _ = env.reset(seed=self.seed, options=self.reset_options)
         if obs != b.observations[0]:
-            env.close()
             raise ForkMismatchError(
                 f"env {_env_name(env)}: replay with seed {self.seed} gave a different first observation; "
                 "implement fork() or make reset deterministic in its seed"
@@ -829,7 +872,6 @@ class _Runner:
         for t, action in enumerate(b.actions):
             obs, *_ = env.step(action)
             if obs != b.observations[t + 1]:
-                env.close()
                 raise ForkMismatchError(
                     f"env {_env_name(env)}: replaying turn {t} gave a different observation; "
                     "implement fork() or make the env deterministic in its seed"
@@ -895,7 +937,10 @@ async def run_episode(
     try:
         return await runner.start(env)
     except BaseException:
-        runner.close_env(runner.env if runner.env is not None else env)
+        try:
+            runner.close_env(runner.env if runner.env is not None else env)
+        except Exception as e:  # noqa: BLE001 - the episode's own error is the one to raise
+            log.warning("closing the env of a failed episode failed: %r", e)
         raise
 
 

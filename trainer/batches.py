@@ -13,13 +13,16 @@ One path, drawn in docs/DESIGN.md ("The batch path")::
 The schedule decides, the ledger records, the tree stores and exports: batch ``k`` holds exactly
 the scheduled episodes, in episode order, whatever order they finished in. A branching episode
 brings several leaves; pruning is a pure function of the ledger rows and the stored leaves, so a
-resumed run prunes batch ``k`` exactly as before. The tree's own
+resumed run prunes batch ``k`` exactly as before. Leaves whose grading could not happen (status
+``aborted``, kept by the ledger apart) are never exported: the batch, its baseline and the
+objective's denominators hold only what is trained on; an episode whose every attempt aborted
+contributes nothing, and a batch of such episodes only has no rows (``batch`` None). The tree's own
 ``take_batch`` (next ``B`` unconsumed leaves, with pruning) is a store tool, not this path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,9 @@ class BatchTrees:
     capped: int = 0
     partial_scored: int = 0  # kept rows whose learner reward is the env's partial score
     samples: int = 0  # sum of the kept rows' weights
+    aborted: int = 0  # leaves of the batch's episodes whose grading could not happen (all attempts)
+    aborted_episodes: int = 0  # scheduled episodes every attempt of which aborted: nothing to train on
+    abort_reasons: dict[str, int] = field(default_factory=dict)  # InfrastructureFailure.reason -> aborted leaves
 
     @property
     def leaves_per_tree(self) -> float:
@@ -55,7 +61,9 @@ def export_batch(
 ) -> tuple[Any, list[int], list[LedgerRow], BatchTrees]:
     """Batch ``k`` as the learner takes it: ``(batch, leaf ids, kept ledger rows, pruning)``.
 
-    Raises RuntimeError when the ledger's episodes are not the scheduled ones. Each episode's
+    ``batch`` is None when no scheduled episode has a leaf to train on (every attempt of each
+    aborted). Raises RuntimeError when the ledger's episodes are not the scheduled ones (each
+    scheduled episode has trained leaves or only aborts). Each episode's
     leaves go through :func:`~fr_agents.tree.prune.keep_per_tree` (``trainer.max_per_root``);
     the dropped ones are marked pruned in the store (they stay there), and a kept leaf that
     identical siblings were merged into gets their count as its row weight. The batch is a
@@ -63,10 +71,17 @@ def export_batch(
     else a ``FlatBatch``. ``rollout.reward`` picks the reward the learner sees.
     """
     rows = ledger.batch_rows(k)
+    aborts = ledger.aborted_rows(k)
     expected = [s.episode for s in schedule.episodes(k)]
     got = list(dict.fromkeys(r[0] for r in rows))
-    if got != expected:
+    lost = sorted({a[0] for a in aborts} - set(got))  # every attempt aborted
+    if got != [e for e in expected if e not in set(lost)] or not set(lost) <= set(expected):
         raise RuntimeError(f"batch {k}: the ledger holds episodes {got[:5]}…, expected {expected[:5]}…")
+    reasons: dict[str, int] = {}
+    for a in aborts:
+        reasons[a[3]] = reasons.get(a[3], 0) + 1
+    if not rows:
+        return None, [], [], BatchTrees(aborted=len(aborts), aborted_episodes=len(lost), abort_reasons=reasons)
     reward_mode = cfg.rollout.reward
     by_leaf = {t.leaf_id: t for t in tree.trajectories(sorted({r[1] for r in rows}))}
     per_episode: dict[int, list[LedgerRow]] = {}
@@ -88,7 +103,7 @@ def export_batch(
         tree.mark_pruned(dropped)
     trajs = [by_leaf[leaf] for leaf in leaves]
     partial = sum(1 for t in trajs if reward_mode == "partial" and t.status != "finished" and t.partial_score is not None)
-    info = BatchTrees(len(per_episode), len(rows), merged, capped, partial, int(sum(weights)))
+    info = BatchTrees(len(per_episode), len(rows), merged, capped, partial, int(sum(weights)), len(aborts), len(lost), reasons)
     shared = len(set(by_leaf[leaf].root_id for leaf in leaves)) < len(leaves)
     packed_mode = cfg.trainer.packed
     if packed_mode == "always" or (packed_mode == "auto" and shared):

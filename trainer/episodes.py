@@ -9,19 +9,29 @@ prompt is the tree root, so identical prompts share it and GRPO groups pack toge
 request of an episode is seeded from the spec (:class:`fr_agents.policy.seeded.SeededEngine`), so a re-run after a crash
 reproduces the tokens. It also provides the encodings evaluation and the warm start need, built the
 same way the rollout builds prompts.
+
+Infrastructure failures (docs/DESIGN.md, "Infrastructure failures"). A leaf whose grading could not
+happen ends ``aborted`` (:class:`fr_agents.errors.InfrastructureFailure`, caught by the rollout; a
+failed ``reset`` aborts the attempt before anything is sampled). While an attempt keeps no leaf,
+the episode is run again with a fresh env, the same task and the *same seed*, up to
+``rollout.max_infra_retries`` times: the retry samples exactly what the failed attempt sampled (same
+weights, same per-request seeds), so a failure that goes away leaves the batch as it would have been
+without it, and a resumed run trains on the same data. The outcome lists the kept leaves and every
+aborted one; an episode whose every attempt aborted keeps no leaf and adds nothing to its batch.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fr_agents.config import ConfigError, TrainConfig
+from fr_agents.errors import InfrastructureFailure
 from fr_agents.policy.base import SamplingOptions
 from fr_agents.policy.seeded import SeededEngine
 from fr_agents.rollout import reset_args
@@ -41,6 +51,13 @@ class LeafOutcome:
     status: str = "finished"
     partial_score: float | None = None
     sampled_tokens: int | None = None  # policy tokens the engine sampled for this branch itself (LeafResult)
+    attempt: int = 0  # which run of the episode grew it (0: the first; retries after infrastructure failures)
+    reason: str | None = None  # status aborted: what failed (InfrastructureFailure.reason)
+
+
+def aborted_attempt(attempt: int, failure: Any) -> LeafOutcome:
+    """An attempt that failed before it sampled anything (its env's ``reset``): no leaf (id -1)."""
+    return LeafOutcome(-1, 0.0, 0, 0, "aborted", None, 0, attempt, getattr(failure, "reason", type(failure).__name__))
 
 
 @dataclass
@@ -48,25 +65,29 @@ class EpisodeOutcome:
     """A finished episode: its leaves in depth-first order (one when it did not branch).
 
     ``leaf_id``/``policy_tokens``/``turns`` describe the first leaf (the linear case); ``reward``
-    is the mean over the leaves."""
+    is the mean over the leaves. ``aborted``: the leaves of its attempts whose grading could not
+    happen (never trained on; a leaf id of -1 when an attempt failed before sampling); ``attempts``:
+    how many times it was run. ``leaves`` is empty when every attempt aborted."""
 
     leaves: list[LeafOutcome]
+    aborted: list[LeafOutcome] = field(default_factory=list)
+    attempts: int = 1
 
     @property
     def leaf_id(self) -> int:
-        return self.leaves[0].leaf_id
+        return self.leaves[0].leaf_id if self.leaves else -1
 
     @property
     def reward(self) -> float:
-        return sum(x.reward for x in self.leaves) / len(self.leaves)
+        return sum(x.reward for x in self.leaves) / len(self.leaves) if self.leaves else float("nan")
 
     @property
     def policy_tokens(self) -> int:
-        return self.leaves[0].policy_tokens
+        return self.leaves[0].policy_tokens if self.leaves else 0
 
     @property
     def turns(self) -> int:
-        return self.leaves[0].turns
+        return self.leaves[0].turns if self.leaves else 0
 
 
 def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, model: Any = None) -> Any:
@@ -201,7 +222,32 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ one episode
 
     async def run(self, spec: EpisodeSpec) -> EpisodeOutcome:
-        """Run one scheduled episode with :func:`fr_agents.rollout.run_episode`; its leaves."""
+        """Run one scheduled episode with :func:`fr_agents.rollout.run_episode`; its leaves.
+
+        An attempt that keeps no leaf (all aborted: the grader or the sandbox failed) is run again,
+        same seed, at most ``rollout.max_infra_retries`` times (see the module docstring)."""
+        aborted: list[LeafOutcome] = []
+        attempts = 1 + self.cfg.rollout.max_infra_retries
+        for attempt in range(attempts):
+            try:
+                leaves = await self._attempt(spec, attempt)
+            except InfrastructureFailure as e:  # its reset failed: nothing was sampled
+                leaves = [aborted_attempt(attempt, e)]
+            kept = [x for x in leaves if x.status != "aborted"]
+            aborted.extend(x for x in leaves if x.status == "aborted")
+            if kept:
+                return EpisodeOutcome(kept, aborted, attempt + 1)
+            last = attempt + 1 == attempts
+            log.warning(
+                "episode %d: attempt %d of %d aborted (%s): %s", spec.episode, attempt + 1, attempts,
+                ", ".join(sorted({str(x.reason) for x in leaves})),
+                f"no retry left, it adds nothing to batch {spec.batch}" if last else "running it again",
+            )
+        return EpisodeOutcome([], aborted, attempts)
+
+    async def _attempt(self, spec: EpisodeSpec, attempt: int) -> list[LeafOutcome]:
+        """One run of ``spec``: a fresh env and a fresh seeded engine view, so every attempt
+        requests exactly the seeds the first did."""
         from fr_agents.rollout import run_episode
 
         task = self.tasks[spec.task_index]
@@ -216,11 +262,11 @@ class EpisodeRunner:
             task=task_option,
             make_env=self.make_env,
         )
-        leaves = [
-            LeafOutcome(x.leaf_id, x.reward, x.policy_tokens, x.turns, x.status, x.partial_score, x.sampled_tokens)
+        return [
+            LeafOutcome(x.leaf_id, x.reward, x.policy_tokens, x.turns, x.status, x.partial_score, x.sampled_tokens,
+                        attempt, x.info.get("aborted_by"))
             for x in result.leaves
         ]
-        return EpisodeOutcome(leaves)
 
     def close(self) -> None:
         if self.engine is not None:

@@ -458,6 +458,17 @@ class Learner:
         )
         return stats
 
+    def skip_step(self) -> dict[str, float]:
+        """A step with nothing to train on (every episode of its batch aborted, see DESIGN.md
+        "Infrastructure failures"): the weights and the optimizer's state stay as they are, the
+        version still advances (batch ``k`` is trained at version ``k``, and the rollout waits for
+        version ``k + 1 - max_policy_lag``), and the learning-rate schedule counts the step."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.version += 1
+        logger.warning("step %d: no leaf to train on (every episode of the batch aborted); weights unchanged", self.version)
+        return {"version": float(self.version), "lr": float(self.optimizer.param_groups[0]["lr"]), "skipped": 1.0}
+
     # ----------------------------------------------------------------------- helpers
 
     @staticmethod

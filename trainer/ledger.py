@@ -9,6 +9,13 @@ A branching episode has several leaves: the ledger holds one row per leaf, numbe
 0, 1, … in the episode's depth-first order, and :meth:`EpisodeLedger.record_episode` writes all of
 an episode's rows in one transaction, so an episode is either wholly acknowledged or re-run.
 
+Aborted leaves (the grader or the sandbox failed, docs/DESIGN.md "Infrastructure failures") are
+kept in a table of their own, ``episode_aborts``, one row per aborted leaf of every attempt (leaf
+NULL when an attempt failed before sampling), written in the same transaction as the episode's
+trained leaves. So every trajectory an episode grew has one row, the trained ones are exactly
+``episode_leaves``, and an episode whose every attempt aborted is recorded too (aborts only): it is
+done, with nothing to train on, and a resumed run does not run it again (:meth:`EpisodeLedger.done`).
+
 It is written right after the tree's durable ``finish``. A crash between the two only means the
 episode is re-run on resume: the same seed and weights reproduce the same path, the tree reports
 the existing leaf (:class:`~fr_agents.tree.store.DuplicateLeafError`), and the ledger learns it.
@@ -35,6 +42,19 @@ CREATE TABLE IF NOT EXISTS episode_leaves (
     PRIMARY KEY (episode, branch)
 );
 CREATE INDEX IF NOT EXISTS episode_leaves_batch ON episode_leaves(batch);
+CREATE TABLE IF NOT EXISTS episode_aborts (
+    episode INTEGER NOT NULL,
+    n       INTEGER NOT NULL,  -- its place among the episode's aborted leaves, attempts in order
+    attempt INTEGER NOT NULL,  -- 0: the episode's first run; each retry adds one
+    batch   INTEGER NOT NULL,
+    leaf    INTEGER,           -- NULL: the attempt failed before it sampled anything (its reset)
+    reason  TEXT NOT NULL,     -- InfrastructureFailure.reason
+    tokens  INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    sampled INTEGER,
+    PRIMARY KEY (episode, n)
+);
+CREATE INDEX IF NOT EXISTS episode_aborts_batch ON episode_aborts(batch);
 """
 
 
@@ -76,32 +96,56 @@ class EpisodeLedger:
         self.record_episode(episode, batch, [(leaf, reward, tokens)], version)
 
     def record_episode(self, episode: int, batch: int, leaves: list[tuple[Any, ...]], version: int) -> None:
-        """Record all leaves ``(leaf, reward, policy tokens[, sampled tokens])`` of one episode in
-        one transaction. Sampled tokens: what the engine sampled for that branch itself (see
-        :meth:`sampled_tokens`); None when not known."""
+        """Record all leaves ``(leaf, reward, policy tokens[, sampled tokens[, status, attempt,
+        reason]])`` of one episode in one transaction. Sampled tokens: what the engine sampled for
+        that branch itself (see :meth:`sampled_tokens`); None when not known. A leaf of status
+        ``aborted`` goes to the aborts (leaf -1 or None: the attempt sampled nothing)."""
         self._write([(episode, batch, leaves, version)])
 
     def _write(self, episodes: list[tuple[int, int, list[tuple[Any, ...]], int]]) -> None:
         """Replace the rows of each ``(episode, batch, leaves, version)``, all in one transaction;
-        nothing is written when an episode has no leaf."""
+        nothing is written when an episode has no leaf (trained or aborted)."""
         for episode, _, leaves, _ in episodes:
             if not leaves:
                 raise ValueError(f"leaves: episode {episode} has no leaf")
+
+        def sampled(x: tuple[Any, ...]) -> int | None:
+            return None if len(x) < 4 or x[3] is None else int(x[3])
+
+        def aborted(x: tuple[Any, ...]) -> bool:
+            return len(x) > 4 and x[4] == "aborted"
+
+        trained, aborts = [], []
+        for episode, batch, leaves, version in episodes:
+            kept = [x for x in leaves if not aborted(x)]
+            lost = [x for x in leaves if aborted(x)]
+            trained += [
+                (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), sampled(x)) for i, x in enumerate(kept)
+            ]
+            aborts += [
+                (episode, n, int(x[5]) if len(x) > 5 and x[5] is not None else 0, batch,
+                 None if x[0] is None or int(x[0]) < 0 else int(x[0]), str(x[6]) if len(x) > 6 and x[6] else "unknown",
+                 int(x[2]), int(version), sampled(x))
+                for n, x in enumerate(lost)
+            ]
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.executemany(
-                    "DELETE FROM episode_leaves WHERE episode = ?", [(episode,) for episode, _, _, _ in episodes]
-                )
+                for table in ("episode_leaves", "episode_aborts"):
+                    self._conn.executemany(
+                        f"DELETE FROM {table} WHERE episode = ?", [(episode,) for episode, _, _, _ in episodes]
+                    )
                 self._conn.executemany(
                     "INSERT INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version, sampled) "
                     "VALUES (?,?,?,?,?,?,?,?)",
-                    [
-                        (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), None if len(x) < 4 or x[3] is None else int(x[3]))
-                        for episode, batch, leaves, version in episodes
-                        for i, x in enumerate(leaves)
-                    ],
+                    trained,
                 )
+                if aborts:
+                    self._conn.executemany(
+                        "INSERT INTO episode_aborts (episode, n, attempt, batch, leaf, reason, tokens, version, sampled) "
+                        "VALUES (?,?,?,?,?,?,?,?,?)",
+                        aborts,
+                    )
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -115,7 +159,14 @@ class EpisodeLedger:
         """Record several ``(spec, outcome)`` pairs in one transaction (one commit instead of one per
         episode): all of them are acknowledged together, or none is and they are re-run on resume."""
         episodes = [
-            (spec.episode, spec.batch, [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in out.leaves], spec.version)
+            (
+                spec.episode,
+                spec.batch,
+                [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in out.leaves]
+                + [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens, "aborted", x.attempt, x.reason)
+                   for x in getattr(out, "aborted", ())],
+                spec.version,
+            )
             for spec, out in finished
         ]
         if episodes:
@@ -130,6 +181,33 @@ class EpisodeLedger:
             marks = ",".join("?" * len(eps))
             rows = self._conn.execute(f"SELECT episode, leaf FROM episode_leaves WHERE branch = 0 AND episode IN ({marks})", eps).fetchall()
         return {int(e): int(leaf) for e, leaf in rows}
+
+    def done(self, episodes: Iterable[int]) -> set[int]:
+        """Those of ``episodes`` that are recorded: with leaves to train on, or with every attempt
+        aborted (nothing to train on, not to be run again)."""
+        eps = list(episodes)
+        if not eps:
+            return set()
+        marks = ",".join("?" * len(eps))
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT episode FROM episode_leaves WHERE branch = 0 AND episode IN ({marks}) "
+                f"UNION SELECT episode FROM episode_aborts WHERE n = 0 AND episode IN ({marks})",
+                [*eps, *eps],
+            ).fetchall()
+        return {int(e) for (e,) in rows}
+
+    def aborted_rows(self, batch: int) -> list[tuple[int, int, int | None, str]]:
+        """``(episode, attempt, leaf or None, reason)`` of every aborted leaf of batch ``batch``
+        (never trained on), by episode, then in the order the attempts made them."""
+        with self._lock:
+            return [
+                (int(e), int(a), None if lf is None else int(lf), str(r))
+                for e, a, lf, r in self._conn.execute(
+                    "SELECT episode, attempt, leaf, reason FROM episode_aborts WHERE batch = ? ORDER BY episode, n",
+                    (batch,),
+                )
+            ]
 
     def batch_rows(self, batch: int) -> list[tuple[int, int, float, int, int]]:
         """``(episode, leaf, reward, tokens, version)`` of batch ``batch``: one row per leaf, by
@@ -146,10 +224,13 @@ class EpisodeLedger:
     def sampled_tokens(self, batch: int) -> int | None:
         """Policy tokens the engine sampled for batch ``batch``: every token of every branch once,
         identical siblings included (the tree stores those once, and each leaf's ``tokens`` count
-        a fork's shared part once per leaf). None when a row of the batch does not know it."""
+        a fork's shared part once per leaf), aborted attempts included. None when a row of the
+        batch does not know it."""
         with self._lock:
             n, known, total = self._conn.execute(
-                "SELECT COUNT(*), COUNT(sampled), SUM(sampled) FROM episode_leaves WHERE batch = ?", (batch,)
+                "SELECT COUNT(*), COUNT(sampled), COALESCE(SUM(sampled), 0) FROM "
+                "(SELECT sampled FROM episode_leaves WHERE batch = ? UNION ALL SELECT sampled FROM episode_aborts WHERE batch = ?)",
+                (batch, batch),
             ).fetchone()
         return int(total) if n and known == n else None
 

@@ -265,7 +265,10 @@ class Trainer:
         batch, leaves, rows, trees = export_batch(k, cfg, self.schedule, self.ledger, self.tree)
         flat = batch.flat if hasattr(batch, "flat") else batch
         try:
-            stats = self.hooks.around_step(lambda: self.learner.step(batch))
+            if batch is None:  # every episode of batch k aborted: the version advances, nothing is learnt
+                stats = {"loss": float("nan"), **self.learner.skip_step()}
+            else:
+                stats = self.hooks.around_step(lambda: self.learner.step(batch))
         except NonFiniteLossError as e:
             path = save_bad_batch(self.run_dir, k, batch, leaves, e)
             log.error("non-finite loss at step %d: %s; batch saved to %s; last good checkpoint %s", k, e, path, self.last_ckpt)
@@ -273,12 +276,13 @@ class Trainer:
             return "non-finite loss"
         # the new weights first: the rollout may be waiting for them to start its next batch
         self.board.publish(self.learner.version, self.model)
-        self._mark_consumed(sorted(set(leaves)))
+        if leaves:
+            self._mark_consumed(sorted(set(leaves)))
         state.step = k + 1
         self.board.drop_below(max(0, state.step - self.lag))
-        lags = self.guards.lags(flat, k)
+        lags = self.guards.lags(flat, k) if flat is not None else []
         now = time.perf_counter()
-        reward = float(sum(r[2] for r in rows) / len(rows))
+        reward = float(sum(r[2] for r in rows) / len(rows)) if rows else float("nan")
         tokens = sum(r[3] for r in rows)
         row = {
             "step": state.step,
@@ -305,7 +309,7 @@ class Trainer:
             self.evaluate("during", state.step)
         if self.periodic is not None and self.periodic.due(state.step):
             self.metrics.event("eval_at_k", **self.periodic.run(state.step, self.model, self.tokenizer))
-        if self.guards.collapsed(reward, state):
+        if rows and self.guards.collapsed(reward, state):
             reason = "collapse guard (batch reward fell below half its start)"
             log.error("%s at step %d; last good checkpoint %s", reason, state.step, self.last_ckpt)
             self.metrics.event("stop", step=state.step, reason=reason)
@@ -317,7 +321,8 @@ class Trainer:
 
     def plateau_reached(self, state: TrainerState) -> bool:
         """After a step: has the run reached its plateau (``trainer.plateau_patience``)?"""
-        if not self.plateau.reached(self.last_row["reward"], state):
+        reward = self.last_row["reward"]
+        if math.isnan(reward) or not self.plateau.reached(reward, state):  # nan: nothing trained (all aborted)
             return False
         log.info("plateau at step %d: the batch reward's %d-step mean last gained %s at step %d",
                  state.step, self.plateau.window, self.cfg.trainer.plateau_min_delta, self.plateau.best_step)
@@ -450,7 +455,15 @@ def tree_metrics(batch: Any, trees: BatchTrees) -> dict[str, float]:
     the learner saw it (``learner_reward``: the partial score of a cut leaf with
     ``rollout.reward: partial``, where the step's ``reward`` is the env's), and the batch's sharing
     ratio (logical tokens over the tokens a packed forward holds; 1.0 for a flat batch without
-    sharing)."""
+    sharing); ``aborted`` (leaves of the batch's episodes whose grading could not happen, every
+    attempt counted; never trained on), ``aborted_episodes`` (episodes every attempt of which
+    aborted) and, when there were any, ``abort_reasons`` (reason -> leaves)."""
+    aborted = {"aborted": float(trees.aborted), "aborted_episodes": float(trees.aborted_episodes)}
+    if trees.abort_reasons:
+        aborted["abort_reasons"] = dict(trees.abort_reasons)  # type: ignore[assignment]
+    if batch is None:  # nothing to train on: every episode aborted
+        return {"leaves_per_tree": 0.0, "leaves": 0.0, "samples": 0.0, "merged": 0.0, "pruned": 0.0,
+                "partial_scored": 0.0, "learner_reward": float("nan"), "sharing_ratio": 1.0, **aborted}
     flat = batch.flat if hasattr(batch, "flat") else batch
     logical = float(flat.lengths.sum())
     stored = float(batch.num_tokens) if hasattr(batch, "num_tokens") else logical
@@ -463,6 +476,7 @@ def tree_metrics(batch: Any, trees: BatchTrees) -> dict[str, float]:
         "partial_scored": float(trees.partial_scored),
         "learner_reward": float(flat.rewards.float().mean()) if len(flat.leaf_ids) else float("nan"),
         "sharing_ratio": logical / max(1.0, stored),
+        **aborted,
     }
 
 

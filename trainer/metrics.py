@@ -156,6 +156,10 @@ class MetricsSink:
                 f"pruned {int(row.get('pruned', 0))}, partial {int(row.get('partial_scored', 0))}, "
                 f"trained reward {_fmt(row.get('learner_reward', float('nan')))})"
             )
+        if row.get("aborted"):  # grading could not happen: left out of the batch, not scored 0
+            reasons = row.get("abort_reasons") or {}
+            why = f": {', '.join(f'{r} {n}' for r, n in sorted(reasons.items()))}" if reasons else ""
+            parts.append(f"aborted {int(row['aborted'])} leaves{why}, {int(row.get('aborted_episodes', 0))} episodes lost")
         return " | ".join(parts)
 
     def plot(self) -> Path | None:

@@ -102,7 +102,7 @@ class RolloutThread(threading.Thread):
                 self.set_weights(weights, version)
                 self._loop_version = version
             specs = self.schedule.episodes(k)
-            done = self.ledger.leaves(s.episode for s in specs)
+            done = self.ledger.done(s.episode for s in specs)
             todo = [s for s in specs if s.episode not in done]
 
             async def one(spec: EpisodeSpec) -> None:

@@ -362,6 +362,10 @@ async def run_bench_async(
                 actor=actor,
             )
         leaf = res.leaves[0]
+        if leaf.status == "aborted":  # the grader could not judge it: no score (not a 0); the sample stays to do
+            from fr_agents.errors import InfrastructureFailure
+
+            raise InfrastructureFailure(str(leaf.info.get("aborted_by", "unknown")), str(leaf.info.get("abort_message", "")))
         won = leaf.info.get("won")
         row = {
             "checkpoint": label,

@@ -213,6 +213,11 @@ class TrajectoryTree:
     ) -> int:
         """Mark ``node``'s path as one finished trajectory; returns the leaf id (= ``node``).
 
+        A path already finished raises :class:`DuplicateLeafError` (it keeps its outcome), except
+        one stored ``aborted`` (its grading could not happen, see DESIGN.md "Infrastructure
+        failures"): finishing that path with another status gives it that outcome (reward,
+        partial score, status, info; ``info["aborted_before"]`` lists the earlier aborts' reasons).
+
         Returns only after a durable commit (fsync in file mode, a group sync: see
         :meth:`sync`). ``durable=False`` commits without the fsync; the caller then calls
         :meth:`sync` before it tells anyone the trajectory is stored (the rollout does, so that
@@ -231,32 +236,43 @@ class TrajectoryTree:
                 raise ValueError(f"node: unknown node id {node}")
             if len(rows) == 1:
                 raise ValueError(f"node: {node} is a root; append a response before finishing")
-            if c.execute("SELECT 1 FROM leaves WHERE id = ?", (node,)).fetchone():
-                raise DuplicateLeafError(node)
-            segs = [r.segment for r in rows]
-            mask = np.concatenate([s.mask for s in segs])
-            tokens = np.concatenate([s.tokens for s in segs])
-            pol_versions = [s.version for s in segs if s.mask.any()]
-            akey, okey = leaf_keys(tokens, mask, len(segs[0]), self.normalize_action)
-            c.execute(
-                "INSERT INTO leaves(id, seq, root, length, start_seq, min_version, max_version, reward,"
-                " partial_score, status, info, action_key, obs_key) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    node,
-                    bump(c, "seq"),
-                    rows[0].root,
-                    int(tokens.shape[0]),
-                    rows[1].created,  # the episode's start: its first response node
-                    min(pol_versions, default=-1),
-                    max(pol_versions, default=-1),
-                    reward,
-                    partial_score,
-                    status,
-                    info_json,
-                    akey,
-                    okey,
-                ),
-            )
+            stored = c.execute("SELECT status, info FROM leaves WHERE id = ?", (node,)).fetchone()
+            if stored is not None:
+                if stored[0] != "aborted" or status == "aborted":
+                    raise DuplicateLeafError(node)
+                # an aborted path has no outcome: the first attempt that gets it graded gives it one
+                before = json.loads(stored[1]) if stored[1] else {}
+                merged = dict(info or {})
+                merged["aborted_before"] = [*before.get("aborted_before", []), before.get("aborted_by", "unknown")]
+                c.execute(
+                    "UPDATE leaves SET reward = ?, partial_score = ?, status = ?, info = ? WHERE id = ?",
+                    (reward, partial_score, status, _json_field(merged, "info"), node),
+                )
+            else:
+                segs = [r.segment for r in rows]
+                mask = np.concatenate([s.mask for s in segs])
+                tokens = np.concatenate([s.tokens for s in segs])
+                pol_versions = [s.version for s in segs if s.mask.any()]
+                akey, okey = leaf_keys(tokens, mask, len(segs[0]), self.normalize_action)
+                c.execute(
+                    "INSERT INTO leaves(id, seq, root, length, start_seq, min_version, max_version, reward,"
+                    " partial_score, status, info, action_key, obs_key) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        node,
+                        bump(c, "seq"),
+                        rows[0].root,
+                        int(tokens.shape[0]),
+                        rows[1].created,  # the episode's start: its first response node
+                        min(pol_versions, default=-1),
+                        max(pol_versions, default=-1),
+                        reward,
+                        partial_score,
+                        status,
+                        info_json,
+                        akey,
+                        okey,
+                    ),
+                )
             c.execute("UPDATE nodes SET tip = 0 WHERE id = ?", (node,))
         if durable:
             self.sync()
@@ -328,13 +344,18 @@ class TrajectoryTree:
             return [int(r[0]) for r in c.execute("SELECT id FROM nodes WHERE tip = 1 ORDER BY created, id")]
 
     def stats(self) -> dict[str, Any]:
-        """Counts: logical_tokens (sum of finished path lengths), stored_tokens, nodes, leaves, …"""
+        """Counts: logical_tokens (sum of finished path lengths), stored_tokens, nodes, leaves, …
+        (``available`` leaves can still be trained on; ``aborted`` ones, whose grading could not
+        happen, never are)."""
         with self._db.read() as c:
             nodes, roots, stored = c.execute(
                 "SELECT COUNT(*), COALESCE(SUM(parent IS NULL), 0), COALESCE(SUM(n), 0) FROM nodes"
             ).fetchone()
             leaves, logical = c.execute("SELECT COUNT(*), COALESCE(SUM(length), 0) FROM leaves").fetchone()
             by_state = dict(c.execute("SELECT state, COUNT(*) FROM leaves GROUP BY state").fetchall())
+            aborted = c.execute(
+                f"SELECT COUNT(*) FROM leaves WHERE status = 'aborted' AND state = {STATE_AVAILABLE}"
+            ).fetchone()[0]
             open_n = c.execute("SELECT COUNT(*) FROM nodes WHERE tip = 1").fetchone()[0]
             page = c.execute("PRAGMA page_size").fetchone()[0] * c.execute("PRAGMA page_count").fetchone()[0]
             out: dict[str, Any] = {
@@ -343,7 +364,8 @@ class TrajectoryTree:
                 "nodes": int(nodes),
                 "roots": int(roots),
                 "leaves": int(leaves),
-                "available": int(by_state.get(STATE_AVAILABLE, 0)),
+                "available": int(by_state.get(STATE_AVAILABLE, 0)) - int(aborted),  # to train on
+                "aborted": int(aborted),  # grading could not happen: never trained on
                 "consumed": int(by_state.get(STATE_CONSUMED, 0)),
                 "stale": int(by_state.get(STATE_STALE, 0)),
                 "pruned": counter(c, "pruned"),
@@ -401,7 +423,8 @@ class TrajectoryTree:
             picked: list[int] = []
             per_root: dict[int, int] = {}
             for leaf, root in c.execute(
-                f"SELECT id, root FROM leaves WHERE state = {STATE_AVAILABLE} ORDER BY start_seq, seq"
+                f"SELECT id, root FROM leaves WHERE state = {STATE_AVAILABLE} AND status != 'aborted'"
+                " ORDER BY start_seq, seq"
             ):
                 if per_root.get(root, 0) >= max_per_root:
                     continue
