@@ -162,7 +162,7 @@ HUMANEVAL_HACKS: dict[str, tuple[str, str]] = {
 @pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/2", "HumanEval/32"])
 def test_canonical_solutions_still_score_one(backend, tasks, task_id) -> None:
     reward, info = attempt(backend, tasks[task_id], tasks[task_id]["answer"])
-    assert reward == 1.0 and info["reason"] == "passed" and info["evidence"] == "sealed", info
+    assert reward == 1.0 and info["reason"] == "passed" and info["evidence"] == "check_returned", info
     assert info["checks_completed"] is True
 
 
@@ -171,7 +171,7 @@ def test_humaneval_hack_scores_zero(backend, tasks, hack) -> None:
     task_id, reply = HUMANEVAL_HACKS[hack]
     reward, info = attempt(backend, tasks[task_id], reply)
     assert reward == 0.0 and info.get("partial_score", 0.0) == 0.0, info
-    assert not info["won"] and not info["checks_completed"] and info["evidence"] != "sealed", info
+    assert not info["won"] and not info["checks_completed"] and info["evidence"] != "check_returned", info
     assert info["reason"] != "passed", info
 
 
