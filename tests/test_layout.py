@@ -1,8 +1,11 @@
-"""The layout rules of docs/DESIGN.md, checked on the source: no import climbs back up the data flow."""
+"""The layout rules of docs/DESIGN.md, checked on the source: no import climbs back up the data flow;
+and the docs for users: a short measured table in the README, the dated history in docs/measurements.md."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -132,4 +135,62 @@ def test_no_method_reassignment_on_another_object_in_trainer() -> None:
                 and _function_like(node.args[2], defs)
             ):
                 bad.append(f"{where}:{node.lineno} setattr() puts a function on another object")
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------- docs for users (issue #46)
+MEASURED_ROWS_MAX = 12
+MEASURED_CELL_MAX = 400
+_SESSION_N = re.compile(r"\bsessions? [0-9]+", re.IGNORECASE)
+_DATED_ENTRY = re.compile(r"^- (\d{4}-\d{2}-\d{2}), .*`[0-9a-f]{7,40}`")
+
+
+def _measured_rows() -> list[list[str]]:
+    """The body rows of README.md's "Measured here" table, as lists of stripped cells."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Measured here")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end > 0 else len(text)]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # header, separator
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in rows]
+
+
+def test_readme_measured_table_is_short() -> None:
+    """The README's table holds the latest figure of each kind with its command; the history of
+    runs lives in docs/measurements.md."""
+    rows = _measured_rows()
+    assert 0 < len(rows) <= MEASURED_ROWS_MAX, f"{len(rows)} rows (at most {MEASURED_ROWS_MAX})"
+    long = [f"row {i + 1} cell {j + 1}: {len(c)} chars" for i, row in enumerate(rows) for j, c in enumerate(row)
+            if len(c) > MEASURED_CELL_MAX]
+    assert not long, "\n".join(long)
+    assert "docs/measurements.md" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_measurements_history_entries_are_dated_with_their_commit() -> None:
+    """Every entry of docs/measurements.md (a top-level list item) starts with its date and names
+    the commit that recorded its figures."""
+    lines = (ROOT / "docs" / "measurements.md").read_text(encoding="utf-8").splitlines()
+    entries = [line for line in lines if line.startswith("- ")]
+    assert entries, "docs/measurements.md has no entries"
+    bad = [line[:80] for line in entries if not _DATED_ENTRY.match(line)]
+    assert not bad, "entries without 'YYYY-MM-DD, `commit`':\n" + "\n".join(bad)
+
+
+def test_no_session_diary_in_tracked_files() -> None:
+    """Docs, docstrings and comments name dates and commits, never "session N"."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    bad = []
+    for name in filter(None, out.decode().split("\0")):
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data:
+            continue  # binary
+        for no, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+            if _SESSION_N.search(line):
+                bad.append(f"{name}:{no}: {line.strip()[:80]}")
     assert not bad, "\n".join(bad)
