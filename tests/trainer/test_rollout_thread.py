@@ -108,3 +108,34 @@ def test_record_outcomes_writes_all_or_nothing(tmp_path, n):
     assert ledger.leaves(range(n)) == {}  # refused before anything was written
     ledger.record_outcomes(zip(specs, outs, strict=True))
     assert ledger.leaves(range(n)) == {i: 10 + i for i in range(n)}
+
+
+
+def test_aborted_leaves_have_their_own_rows_and_an_episode_with_only_aborts_is_done(tmp_path):
+    """Every leaf of every attempt has one row: trained leaves in ``episode_leaves``, aborted ones
+    (grading could not happen) in ``episode_aborts``; an episode whose every attempt aborted is
+    recorded with no leaf to train on, so it counts as done and is not run again."""
+    from fr_agents.errors import InfrastructureFailure
+    from trainer.episodes import aborted_attempt
+    from trainer.schedule import EpisodeSpec
+
+    ledger = EpisodeLedger(tmp_path / "episodes.sqlite")
+    specs = [EpisodeSpec(episode=i, batch=0, slot=i, member=0, task_index=i, seed=i, version=0) for i in range(3)]
+    retried = EpisodeOutcome(
+        [LeafOutcome(leaf_id=11, reward=1.0, policy_tokens=2, turns=1, sampled_tokens=2, attempt=1)],
+        [LeafOutcome(11, 0.0, 2, 1, "aborted", None, 2, attempt=0, reason="sandbox_died")],
+        attempts=2,
+    )
+    lost = EpisodeOutcome(
+        [], [aborted_attempt(0, InfrastructureFailure("sandbox_start", "no sandbox")),
+             LeafOutcome(12, 0.0, 3, 1, "aborted", None, 3, attempt=1, reason="grader_timeout")], attempts=2,
+    )
+    plain = EpisodeOutcome([LeafOutcome(leaf_id=10, reward=0.0, policy_tokens=2, turns=1, sampled_tokens=2)])
+    ledger.record_outcomes(zip(specs, [plain, retried, lost], strict=True))
+    assert ledger.batch_rows(0) == [(0, 10, 0.0, 2, 0), (1, 11, 1.0, 2, 0)]
+    assert ledger.aborted_rows(0) == [(1, 0, 11, "sandbox_died"), (2, 0, None, "sandbox_start"), (2, 1, 12, "grader_timeout")]
+    assert ledger.done(range(4)) == {0, 1, 2} and ledger.leaves(range(4)) == {0: 10, 1: 11}
+    assert ledger.sampled_tokens(0) == 2 + 2 + 2 + 0 + 3  # what the engine sampled, aborted attempts included
+    ledger.record_outcomes([(specs[2], retried)])  # an episode recorded again replaces its rows, aborts included
+    assert [r[0] for r in ledger.aborted_rows(0)] == [1, 2] and ledger.done([2]) == {2}
+    assert lost.reward != lost.reward and lost.leaf_id == -1 and lost.policy_tokens == 0  # nan: no leaf

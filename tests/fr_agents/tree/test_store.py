@@ -142,6 +142,25 @@ def test_finish_validation_and_twice(tree):
     assert e.value.leaf_id == leaf and tree.trajectory(leaf).reward == 1.0
 
 
+def test_an_aborted_path_gets_its_outcome_from_the_attempt_that_grades_it(tree):
+    """A path stored ``aborted`` (its grading could not happen) has no outcome yet: the first
+    finish with another status gives it one; a graded path keeps its own against a later abort."""
+    r = tree.add_root([1])
+    n = tree.append(r, [2, 3], [-0.1, -0.2], True, 0)
+    leaf = tree.finish(n, 0.0, status="aborted", info={"aborted_by": "sandbox_died"})
+    assert tree.stats()["aborted"] == 1 and tree.stats()["available"] == 0
+    assert tree.take_batch(1, allow_partial=True) is None  # never handed out to train on
+    with pytest.raises(DuplicateLeafError):  # aborted again: still no outcome
+        tree.finish(n, 0.0, status="aborted", info={"aborted_by": "grader_timeout"})
+    assert tree.finish(n, 1.0, info={"turns": 1}) == leaf  # the retry's grade, on the same stored tokens
+    t = tree.trajectory(leaf)
+    assert (t.status, t.reward, t.info) == ("finished", 1.0, {"turns": 1, "aborted_before": ["sandbox_died"]})
+    assert t.token_ids == [1, 2, 3] and tree.stats()["aborted"] == 0 and tree.stats()["available"] == 1
+    with pytest.raises(DuplicateLeafError):  # a graded path keeps its outcome
+        tree.finish(n, 0.0, status="aborted", info={"aborted_by": "sandbox_died"})
+    assert tree.trajectory(leaf).status == "finished"
+
+
 def test_take_batch_bounds_order_and_consumption(tree):
     leaves = {}
     for p in range(3):
