@@ -40,7 +40,7 @@ GOLD_KINDS = ("number", "text", "math")
 
 # ---------------------------------------------------------------------------------------- numbers
 
-_INT = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)"  # 1000 or 1,000 (a comma must group exactly three)
+_INT = r"(?:[1-9][0-9]{0,2}(?:,[0-9]{3})+|[0-9]+)"  # 1000 or 1,000 (commas group exactly three)
 _DEC = rf"(?:{_INT}(?:\.[0-9]+)?|\.[0-9]+)"
 _DECIMAL_RE = re.compile(rf"^[+-]?{_DEC}$")
 _SCI_E_RE = re.compile(rf"^[+-]?({_DEC})[eE]([+-]?[0-9]{{1,4}})$")

@@ -34,7 +34,7 @@ from typing import Any, SupportsFloat
 import gymnasium
 
 from envs.alfworld.engine import ENGINE_POOL, make_textworld_env, plan
-from envs.alfworld.progress import partial_score
+from envs.alfworld.progress import FactIndex, partial_score
 from envs.alfworld.sources import resolve_games
 from fr_agents.spaces import AnyText
 
@@ -104,6 +104,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self._tw: Any = None
         self._loaded: str | None = None
         self._state: Any = None
+        self._initial_facts: FactIndex = FactIndex(())
         self._game_file: str | None = None
         self._traj: dict = {}
         self._walkthrough: list[str] = []
@@ -156,6 +157,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
                 self._tw.load(game_file)
             self._loaded = game_file
         self._state = self._tw.reset()
+        self._initial_facts = FactIndex(self._state["_facts"])  # what held before the agent acted
         self._actions, self._turn, self._done = [], 0, False
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -190,7 +192,9 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         won = bool(self._state["won"])
-        score = partial_score(self._traj["task_type"], self._traj["pddl_params"], self._state["_facts"], won)
+        score = partial_score(
+            self._traj["task_type"], self._traj["pddl_params"], self._state["_facts"], won, self._initial_facts
+        )
         return {
             "won": won,
             "partial_score": score,

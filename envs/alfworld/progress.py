@@ -11,6 +11,15 @@ over the state-dependent ones, for the best candidate object:
 
 "Acquired" counts a placed object too, so carrying an object to its goal never lowers the score.
 A won game scores 1.0 whatever the conditions say.
+
+Only what the agent did counts. The score is a function of the current state (never a sum over
+steps), so toggling a lamp or picking an object up and putting it down again repeatedly earns
+nothing twice. A condition that already held in the game's initial state earns nothing: an object
+of the target type lying in a goal-type receptacle at the start is neither "acquired" nor "placed"
+by being there (nor by being moved to another goal-type receptacle), a lamp already on is not
+"toggled" and an object already hot/cool/clean is not "heated"/"cooled"/"cleaned". Being at the
+lamp counts only while holding the object (standing by a lamp, where a game may start, is not
+progress). Holding an object never holds at the start.
 """
 
 from __future__ import annotations
@@ -43,28 +52,23 @@ class FactIndex:
         return sorted(args[0] for args in self.by_pred.get(pred, ()) if args[1] == t)
 
 
-def partial_score(task_type: str, params: dict, facts: Iterable[Any], won: bool) -> float:
-    """Fraction (0..1) of the goal's state-dependent conditions satisfied for the best candidate."""
+def partial_score(
+    task_type: str, params: dict, facts: Iterable[Any], won: bool, initial: FactIndex | Iterable[Any] | None = None
+) -> float:
+    """Fraction (0..1) of the goal's state-dependent conditions the agent has made true, for the
+    best candidate; ``initial`` is the game's state at reset (module docstring: what held there
+    earns nothing)."""
     if won:
         return 1.0
     f = FactIndex(facts)
+    f0 = initial if isinstance(initial, FactIndex) else FactIndex(initial or ())
     objs = f.of_type("objecttype", params["object_target"] + "Type")
     held = {o for o in objs if any(args[1] == o for args in f.by_pred.get("holds", ()))}
     if task_type == "look_at_obj_in_light":
-        lamps = f.of_type("objecttype", params["toggle_target"] + "Type")
-        agent_locs = {args[1] for args in f.by_pred.get("atlocation", ())}
-        best_lamp = 0
-        for lamp in lamps:
-            toggled = f.has("istoggled", lamp)
-            near = any(
-                f.has("inreceptacle", lamp, r) and f.has("receptacleatlocation", r, loc)
-                for (r, loc) in f.by_pred.get("receptacleatlocation", ())
-                if loc in agent_locs
-            )
-            best_lamp = max(best_lamp, int(toggled) + int(near))
-        return (int(bool(held)) + best_lamp) / 3
+        return _look_score(f, f0, params, held)
     goal_receps = set(f.of_type("receptacletype", params["parent_target"] + "Type"))
-    placed = {o for o in objs if any(f.has("inreceptacle", o, r) for r in goal_receps)}
+    placed_at_start = {o for o in objs if any(f0.has("inreceptacle", o, r) for r in goal_receps)}
+    placed = {o for o in objs if any(f.has("inreceptacle", o, r) for r in goal_receps)} - placed_at_start
     if task_type == "pick_two_obj_and_place":
         n_placed = min(len(placed), 2)
         holding_another = bool(held - placed) and n_placed < 2
@@ -72,9 +76,25 @@ def partial_score(task_type: str, params: dict, facts: Iterable[Any], won: bool)
     state_pred = _STATE_PRED.get(task_type)
     best = 0
     for o in objs:
-        acquired = o in held or o in placed
-        score = int(acquired) + int(o in placed)
+        score = int(o in held or o in placed) + int(o in placed)
         if state_pred is not None:
-            score += int(f.has(state_pred, o))
+            score += int(f.has(state_pred, o) and not f0.has(state_pred, o))
         best = max(best, score)
     return best / (3 if state_pred else 2)
+
+
+def _look_score(f: FactIndex, f0: FactIndex, params: dict, held: set[str]) -> float:
+    """look_at_obj_in_light: the object held, a lamp switched on that was off at the start, and
+    being at that lamp's location *while holding the object* (standing by a lamp is no progress)."""
+    lamps = f.of_type("objecttype", params["toggle_target"] + "Type")
+    agent_locs = {args[1] for args in f.by_pred.get("atlocation", ())}
+    best_lamp = 0
+    for lamp in lamps:
+        toggled = f.has("istoggled", lamp) and not f0.has("istoggled", lamp)
+        near = bool(held) and any(
+            f.has("inreceptacle", lamp, r) and f.has("receptacleatlocation", r, loc)
+            for (r, loc) in f.by_pred.get("receptacleatlocation", ())
+            if loc in agent_locs
+        )
+        best_lamp = max(best_lamp, int(toggled) + int(near))
+    return (int(bool(held)) + best_lamp) / 3
