@@ -6,10 +6,11 @@ package ``fr_agents.configs``, so an installed ``fr-agents`` trains from any dir
 checkout, and a checkout has a single copy of each preset.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 setup(
-    packages=[*find_packages(include=["fr_agents*", "envs*", "tools_sandbox*", "trainer*"]), "fr_agents.configs"],
+    packages=[*find_namespace_packages(include=["fr_agents*", "envs*", "tools_sandbox*", "trainer*"], exclude=["*__pycache__"]),
+              "fr_agents.configs"],
     package_dir={"fr_agents.configs": "configs"},
     package_data={
         "": ["*.txt", "*.json", "*.jinja", "*.py.txt"],
