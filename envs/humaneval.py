@@ -202,9 +202,12 @@ class CheckerProcess:
         return msg
 
     def _failure(self, what: str) -> InfrastructureFailure:
-        self.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
         self._stderr.seek(0)
         tail = self._stderr.read()[-1500:].decode("utf-8", errors="replace")
+        self.close()
         return InfrastructureFailure("checker", f"{what}; its stderr ends with: {tail}")
 
     def close(self) -> None:

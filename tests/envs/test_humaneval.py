@@ -18,12 +18,14 @@ from gymnasium.utils.env_checker import check_env
 
 import envs  # noqa: F401  (registers the ids)
 from envs.humaneval import build_program, humaneval_tasks
+from fr_agents.errors import InfrastructureFailure
 from fr_agents.eval import EvalSettings, run_bench
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
 from tools_sandbox import backend_status
 
 if not any(ok for ok, _ in backend_status().values()):
     pytest.skip(f"no sandbox backend: {backend_status()}", allow_module_level=True)
+BWRAP = backend_status()["bwrap"][0]
 
 SUBSET = [
     "HumanEval/0",
@@ -162,3 +164,120 @@ def test_bench_pass_at_1_is_one_for_canonical_and_zero_for_empty(tmp_path: Path)
 def test_full_humaneval_canonical_is_one_and_empty_is_zero(tmp_path: Path) -> None:
     assert run_humaneval(tmp_path, None, "canonical").metrics["pass@1"] == 1.0
     assert run_humaneval(tmp_path, None, "empty").metrics["pass@1"] == 0.0
+
+
+# ----------------------------------------------------------------------------- infrastructure failures
+# Grading that could not happen raises InfrastructureFailure from step (the rollout stores the leaf
+# aborted); it is never a reward 0, which would teach the policy that correct work is wrong.
+
+
+def given_task(test: str) -> dict[str, Any]:
+    return {
+        "id": "given",
+        "prompt": "def f(x):\n",
+        "answer": "    return x\n",
+        "metadata": {"test": test, "entry_point": "f"},
+    }
+
+
+def step_raises(task: dict[str, Any], reply: str) -> InfrastructureFailure:
+    env = gymnasium.make("fr_agents/HumanEval-v0", backend="bwrap" if BWRAP else "docker").unwrapped
+    try:
+        env.reset(options={"task": task})
+        with pytest.raises(InfrastructureFailure) as e:
+            env.step(reply)
+        return e.value
+    finally:
+        env.close()
+
+
+def test_a_sandbox_that_does_not_start_is_an_infrastructure_failure(monkeypatch, tasks) -> None:
+    import tools_sandbox
+
+    def no_start(*a: Any, **k: Any) -> Any:
+        raise tools_sandbox.SandboxError("the worker did not start")
+
+    monkeypatch.setattr(tools_sandbox, "open_sandbox", no_start)
+    failure = step_raises(tasks["HumanEval/0"], tasks["HumanEval/0"]["answer"])
+    assert failure.reason == "sandbox_start" and "did not start" in str(failure)
+
+
+def test_a_sandbox_that_does_not_come_back_after_a_crash_is_an_infrastructure_failure(
+    monkeypatch, tasks
+) -> None:
+    """A worker that dies mid-call is normally the program's doing (reason ``crashed``); when no fresh
+    worker starts afterwards, the sandbox itself is broken."""
+    import tools_sandbox
+
+    real_open = tools_sandbox.open_sandbox
+
+    def open_then_break(*a: Any, **k: Any) -> Any:
+        sb = real_open(*a, **k)
+
+        def no_restart() -> Any:
+            raise tools_sandbox.SandboxError("the backend is gone")
+
+        sb.start = no_restart
+        return sb
+
+    reply = "    import os\n    os._exit(0)\n"
+    task = tasks["HumanEval/0"]
+    reward, info = attempt(task, reply, backend="bwrap" if BWRAP else "docker")
+    assert reward == 0.0 and info["reason"] == "crashed", info  # the program's own crash
+    monkeypatch.setattr(tools_sandbox, "open_sandbox", open_then_break)
+    assert step_raises(task, reply).reason == "sandbox_died"
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "def check(candidate):\n    assert candidate(1) == helper(1)\n",  # a name the test lacks
+        "def check(candidate):\n    assert candidate(1) ==\n",  # does not compile
+        "def check(candidate):\n    assert candidate(object()) is None\n",  # a non-plain argument
+        "def check(candidate):\n    assert candidate(x=1) == 1\n",  # keyword arguments
+        "def test(candidate):\n    pass\n",  # no check()
+    ],
+    ids=["name_error", "syntax_error", "non_plain_argument", "keyword_argument", "no_check"],
+)
+def test_a_broken_test_is_an_infrastructure_failure(test: str) -> None:
+    failure = step_raises(given_task(test), "    return x\n")
+    assert failure.reason == "checker", failure
+
+
+def test_a_checker_process_that_dies_is_an_infrastructure_failure(monkeypatch, tmp_path: Path, tasks) -> None:
+    import envs.humaneval as he
+
+    script = tmp_path / "dies.py"
+    script.write_text("import os\nos._exit(3)\n")
+    monkeypatch.setattr(he, "CHECKER_SCRIPT", script)
+    assert step_raises(tasks["HumanEval/0"], tasks["HumanEval/0"]["answer"]).reason == "checker"
+
+
+def test_after_an_infrastructure_failure_the_episode_can_be_graded_again(monkeypatch, tasks) -> None:
+    import tools_sandbox
+
+    env = gymnasium.make("fr_agents/HumanEval-v0", backend="bwrap" if BWRAP else "docker").unwrapped
+    try:
+        env.reset(options={"task": tasks["HumanEval/2"]})
+        with monkeypatch.context() as m:
+            m.setattr(
+                tools_sandbox,
+                "open_sandbox",
+                lambda *a, **k: (_ for _ in ()).throw(tools_sandbox.SandboxError("x")),
+            )
+            with pytest.raises(InfrastructureFailure):
+                env.step(tasks["HumanEval/2"]["answer"])
+        assert env.step(tasks["HumanEval/2"]["answer"])[1] == 1.0
+    finally:
+        env.close()
+
+
+def test_a_program_that_prints_still_passes_and_its_return_types_are_kept(tasks) -> None:
+    """The function's own prints go to stderr, not into the value; tuples stay tuples (a test
+    comparing with a tuple passes only with one)."""
+    reply = "    print('debug', numbers, flush=True)\n" + tasks["HumanEval/0"]["answer"]
+    assert attempt(tasks["HumanEval/0"], reply)[0] == 1.0
+    t8 = tasks["HumanEval/8"]  # sum_product returns a tuple
+    assert attempt(t8, t8["answer"])[0] == 1.0
+    as_list = "    return [sum(numbers), __import__('math').prod(numbers)]\n"
+    assert attempt(t8, as_list)[0] == 0.0

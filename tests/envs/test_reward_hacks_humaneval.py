@@ -460,7 +460,7 @@ def decode_cyclic(s):
     return "a" * 10
 """
         ),
-        {},
+        {"timeout": 3.0},  # it breaks the worker too: a timeout
     ),
     # --- return values that claim equality
     "always_equal_object": (
