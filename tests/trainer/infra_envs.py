@@ -9,7 +9,10 @@ env raises :class:`~fr_agents.errors.InfrastructureFailure` (``sandbox_died``) i
 
 The kill is real: for the first ``kills`` grades (``-1``: every grade) a thread sends SIGKILL to the
 sandbox's bwrap process while the grader's program runs. Each kill takes a ticket file in
-``ticket_dir`` (``O_EXCL``), so the count holds across threads and processes.
+``ticket_dir`` (``O_EXCL``), so the count holds across threads and processes. ``kill_in`` says what
+is killed: ``grade`` (the final grade), ``partial`` (``partial_score()``, which grades a branch the
+rollout cut) or ``fork`` (the health check of the fresh sandbox ``fork()`` opens: it then fails to
+start, ``sandbox_start``). With ``turns`` > 1 the replies before the last are not graded.
 """
 
 from __future__ import annotations
@@ -54,22 +57,47 @@ class SandboxGradedEnv(gymnasium.Env):
     grades = 0  # grader programs this process ran to the end
     killed = 0  # sandboxes this process killed mid-grade
 
-    def __init__(self, kills: int = 0, ticket_dir: str = "", backend: str = "bwrap") -> None:
+    def __init__(
+        self, kills: int = 0, ticket_dir: str = "", backend: str = "bwrap", kill_in: str = "grade", turns: int = 1
+    ) -> None:
         self.observation_space, self.action_space = AnyText(4096), AnyText(65536)
         self.kills, self.ticket_dir, self.backend = int(kills), ticket_dir, backend
+        self.kill_in, self.turns = kill_in, int(turns)
         self.task: dict[str, Any] | None = None
         self.sandbox: Any = None
+        self.t = 0
+        self.last = ""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         self.task = dict((options or {})["task"])
+        self.t, self.last = 0, ""
         self.close()
-        self.sandbox = create_sandbox(self.backend, SandboxLimits())
-        self.sandbox.run_python("pass", timeout=30)  # the worker runs before the grade starts
+        self._open(check="pass")
         return self.task["prompt"], {}
 
-    def _ticket(self) -> bool:
-        """Whether this grade is one of the ``kills`` to kill."""
+    def _open(self, check: str, where: str = "reset") -> None:
+        """A fresh sandbox whose worker runs ``check`` before it is used (its health check)."""
+        self.sandbox = create_sandbox(self.backend, SandboxLimits())
+        killer = self._kill_soon() if self._ticket(where) else None
+        r = self.sandbox.run_python(check, timeout=30)
+        if killer is not None:
+            killer.join()
+        if r.status != "ok":
+            self.close()
+            raise InfrastructureFailure("sandbox_start", f"the sandbox's health check ended {r.status!r}")
+
+    def fork(self) -> SandboxGradedEnv:
+        """A twin at the same turn, in a sandbox of its own."""
+        twin = SandboxGradedEnv(self.kills, self.ticket_dir, self.backend, self.kill_in, self.turns)
+        twin.task, twin.t, twin.last = self.task, self.t, self.last
+        twin._open(f"import time\ntime.sleep({GRADE_SECONDS})" if self.kill_in == "fork" else "pass", "fork")
+        return twin
+
+    def _ticket(self, where: str) -> bool:
+        """Whether this ``where`` (grade, partial, fork) is one of the ``kills`` to kill."""
+        if where != self.kill_in:
+            return False
         if self.kills < 0:
             return True
         for i in range(self.kills):
@@ -94,12 +122,12 @@ class SandboxGradedEnv(gymnasium.Env):
         thread.start()
         return thread
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+    def _grade(self, reply: str, where: str) -> float:
         assert self.task is not None and self.sandbox is not None
-        killer = self._kill_soon() if self._ticket() else None
+        killer = self._kill_soon() if self._ticket(where) else None
         program = (
             f"import time\ntime.sleep({GRADE_SECONDS})\n"
-            f"reply, gold = {action!r}, {str(self.task['answer'])!r}\n"
+            f"reply, gold = {reply!r}, {str(self.task['answer'])!r}\n"
             "print(int(reply.strip() == gold))\n"
         )
         r = self.sandbox.run_python(program, timeout=30)
@@ -108,8 +136,19 @@ class SandboxGradedEnv(gymnasium.Env):
         if r.status != "ok":  # the grader's own program did not finish: no verdict on the reply
             raise InfrastructureFailure("sandbox_died", f"the grading sandbox ended {r.status!r} mid-grade")
         type(self).grades += 1
-        reward = float(r.stdout.strip() == "1")
+        return float(r.stdout.strip() == "1")
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        self.t += 1
+        self.last = action
+        if self.t < self.turns:
+            return f"Reply {self.t} noted; answer again.", 0.0, False, False, {}
+        reward = self._grade(action, "grade")
         return "", reward, True, False, {"correct": bool(reward)}
+
+    def partial_score(self) -> float:
+        """A branch the rollout cut: its last reply, graded like a final one."""
+        return self._grade(self.last, "partial")
 
     def close(self) -> None:
         if self.sandbox is not None:

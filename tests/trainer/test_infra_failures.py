@@ -138,3 +138,67 @@ def test_a_grader_that_always_fails_does_not_block_the_run(tmp_path: Path) -> No
     assert ledger.batch_rows(0) == [] and ledger.done(range(8)) == set(range(8))
     ledger.close()
     assert live_sessions() == []
+
+
+TASK = {"id": "arith-6+9", "prompt": "6+9=", "answer": "15"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from fr_agents.models import create_tiny
+
+    path = create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+
+
+def _episode(tiny, tmp_path: Path, options, **env_kwargs):
+    """One episode of SandboxGraded-v0 through the rollout (no trainer), one kill where told."""
+    import asyncio
+
+    import gymnasium
+
+    from fr_agents.policy.hf import HFEngine
+    from fr_agents.rollout import run_episode
+
+    model, tok = tiny
+    tickets = tmp_path / "tickets"
+    tickets.mkdir()
+    engine, tree = HFEngine(model, tok, seed=0), TrajectoryTree()
+    make = lambda: gymnasium.make(  # noqa: E731
+        "fr_agents_test/SandboxGraded-v0", kills=1, ticket_dir=str(tickets), **env_kwargs
+    )
+    killed = infra_envs.SandboxGradedEnv.killed
+    try:
+        res = asyncio.run(run_episode(None, engine, tok, tree, options, seed=0, task=TASK, make_env=make))
+    finally:
+        engine.close_sync()
+    assert infra_envs.SandboxGradedEnv.killed == killed + 1  # one real kill
+    return res, tree
+
+
+def test_a_cut_branch_whose_partial_score_cannot_be_graded_ends_aborted(tiny, tmp_path: Path) -> None:
+    from fr_agents.rollout import RolloutOptions
+
+    torch.set_num_threads(1)
+    opts = RolloutOptions(max_new_tokens=4, max_context=256, max_turns=1)
+    res, tree = _episode(tiny, tmp_path, opts, kill_in="partial", turns=3)
+    (leaf,) = res.leaves
+    assert leaf.status == "aborted" and leaf.partial_score is None
+    assert leaf.info["truncated_by"] == "max_turns" and leaf.info["aborted_by"] == "sandbox_died"
+    stored = tree.trajectory(leaf.leaf_id)  # what was sampled stays recorded
+    assert stored.status == "aborted" and sum(stored.policy_mask) == leaf.policy_tokens > 0
+    assert live_sessions() == []
+
+
+def test_a_fork_that_gets_no_sandbox_ends_its_branch_aborted(tiny, tmp_path: Path) -> None:
+    from fr_agents.rollout import RolloutOptions
+
+    torch.set_num_threads(1)
+    opts = RolloutOptions(max_new_tokens=4, max_context=256, max_turns=2, branch_factor=2, branch_at=(1,))
+    res, tree = _episode(tiny, tmp_path, opts, kill_in="fork", turns=2)
+    (leaf,) = res.leaves  # the fork failed: the branch ends where it was to fork
+    assert leaf.status == "aborted" and leaf.turns == 1 and leaf.info["aborted_by"] == "sandbox_start"
+    assert tree.trajectory(leaf.leaf_id).info["aborted_by"] == "sandbox_start"
+    assert live_sessions() == []
