@@ -6,10 +6,22 @@ One episode::
     obs, info = env.reset(seed=0)                               # obs: the problem + an instruction
     obs, reward, terminated, truncated, info = env.step(reply)  # reply: the model's whole text
 
-Reward is 1.0 when the final answer verifies against the gold answer, else 0.0 (plus
-``format_reward`` when that is enabled and the reply has a well-formed final answer). ``info``
-says why: ``reason`` is ``correct``, ``wrong``, ``no_answer``, ``too_long``, ``timeout``,
-``unparsable``, ``gold_unparsable`` or ``verifier_error: ...``.
+Reward is 1.0 when the final answer is the gold answer *stated in the gold's form*, else 0.0 (plus
+``format_reward`` when that is enabled and the reply has a well-formed final answer). How an answer
+is judged depends on the gold (:mod:`envs.answer_forms`, ``info["gold_kind"]``): a number gold needs a
+number literal of the same exact value (``22+48`` is never paid for 70, even though it equals it), a
+word gold is compared as a normalized string, a mathematical gold by math-verify, and a reasoning-gym
+task by its dataset's own scorer (full score only). ``info`` says why: ``reason`` is ``correct``,
+``wrong``, ``no_answer``, ``too_long``, ``unevaluated`` (an expression equal to a number gold),
+``not_a_number``, ``restated`` (the answer rewrites the question), ``partial`` (a reasoning-gym
+scorer's partial score), ``timeout``, ``worker_died``, ``unparsable``, ``scorer_error: ...`` or
+``verifier_error: ...``.
+
+When grading itself fails (the verifier pool cannot check, the gold cannot be parsed, the verifier
+cannot check the gold against itself within its deadline), ``step`` raises
+:class:`fr_agents.errors.InfrastructureFailure` instead of returning a reward: that is no verdict on
+the answer. A check that times out on the answer while the gold alone checks in time is the answer's
+0 (``reason="timeout"``).
 
 Hack resistance (see :mod:`envs.answer_extract`): with ``answer_format="boxed"`` (the default) only
 the *last* ``\\boxed{}`` counts and an unboxed answer never scores; ``"answer_tag"`` does the same
@@ -18,7 +30,8 @@ the whole stripped reply as the answer and exists **only** for the tiny arithmet
 where a ~1M-parameter model answers ``"12+7="`` with ``"19"``.
 
 Verification runs in :class:`envs.verifier.VerifierPool` worker processes with a hard deadline
-(``verify_timeout``); a hung check is killed and scored 0 with ``reason="timeout"``.
+(``verify_timeout``); a hung check is killed. Number and word golds never need it for an answer
+that can be paid.
 
 With ``max_turns > 1`` a wrong answer gets feedback as the next observation and the agent may try
 again; the episode ends when it is right or out of turns (then ``truncated`` is true).
