@@ -195,7 +195,7 @@ def expert_demos(cfg: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], st
             runner.make_env, None, runner.tokenizer, tree, len(tasks), once,
             concurrency=max(1, cfg.rollout.concurrency), seeds=seeds, tasks=tasks, actor=expert_actor,
         )
-        won = [leaf.leaf_id for r in results for leaf in r.leaves if leaf.reward > 0]
+        won = [leaf.leaf_id for r in results for leaf in r.leaves if leaf.reward > 0 and leaf.status != "aborted"]
         trajectories = tree.trajectories(won)
     demos = [SpanDemo(list(t.token_ids), [(int(a), int(b)) for a, b in t.info.get("demo_spans", [])]) for t in trajectories]
     longest = max((b - a for d in demos for a, b in d.spans), default=0)
