@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# finished: the env ended it; truncated: cut by a budget or the env (it may carry a partial score);
+# aborted: its grading could not happen (fr_agents.errors.InfrastructureFailure): stored as sampled,
+# never trained on (docs/DESIGN.md, "Infrastructure failures")
 STATUSES = ("finished", "truncated", "aborted")
 REWARD_MODES = ("env", "partial")
 
