@@ -19,10 +19,11 @@ A *sealed run* counts only evidence that such code cannot produce:
    its HMAC. Exit status is never evidence: an early exit, a crash, a kill, a timeout or a forged
    line all leave no valid seal, and the run counts as *unverified*.
 
-What this does **not** stop: code that runs *in the harness's process* (HumanEval's candidate, a
-library imported by pytest) can, with deliberate effort, find the secret in memory (frame or ``gc``
+What this does **not** stop: code that runs *in the harness's process* (a library imported by
+pytest) can, with deliberate effort, find the secret in memory (frame or ``gc``
 walking, ``/proc/self/mem``) or rewrite the harness's objects while the checks run. Graders say what
-they do about that (see ``docs/DESIGN.md``, "Grader trust boundaries").
+they do about that (see ``docs/DESIGN.md``, "Grader trust boundaries"); HumanEval avoids the
+question by keeping its checks out of the sandbox altogether (``envs/humaneval_checker.py``).
 """
 
 from __future__ import annotations
