@@ -239,3 +239,19 @@ def echoes_prompt(answer_text: str, gold_text: str, prompt: str) -> bool:
         return False
     p = _prompt_canonical(prompt)
     return a in p or (len(stripped) >= 3 and stripped in p)
+
+
+_SPAN_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+MAX_SPANS, MAX_SPAN_CHARS = 16, 400
+
+
+def math_spans(prompt: str) -> list[str]:
+    """The prompt's math spans (``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``), at most
+    :data:`MAX_SPANS` of at most :data:`MAX_SPAN_CHARS` characters: what a math answer must not
+    merely restate, compared by the verifier after parsing (so ``(1+x)^2`` restates ``$(x+1)^2$``)."""
+    spans = []
+    for m in _SPAN_RE.finditer(prompt):
+        text = next(g for g in m.groups() if g is not None).strip()
+        if text and len(text) <= MAX_SPAN_CHARS:
+            spans.append(text)
+    return spans[:MAX_SPANS]

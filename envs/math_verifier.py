@@ -50,7 +50,14 @@ from typing import Any, SupportsFloat
 import gymnasium
 
 from envs.answer_extract import ANSWER_FORMATS, extract_answer, normalize_simple
-from envs.answer_forms import classify_gold, echoes_prompt, normalize_text, parse_number, restates_question
+from envs.answer_forms import (
+    classify_gold,
+    echoes_prompt,
+    math_spans,
+    normalize_text,
+    parse_number,
+    restates_question,
+)
 from envs.tasks import Task, TaskSource, get_task_source
 from envs.tasks.reasoning_gym_source import task_scorer
 from envs.verifier import _INT_RE, VerifierPool, shared_pool
@@ -272,7 +279,8 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         return v.reason if v.reason in ("wrong", "unparsable", "timeout", "worker_died") else "not_a_number"
 
     def _judge_math(self, gold: str, extracted: str) -> dict[str, Any]:
-        """A mathematical gold: math-verify's equality, unless the answer copies the prompt.
+        """A mathematical gold: math-verify's equality, unless the answer copies the prompt (a piece
+        of its text, or one of its math spans up to the order of terms).
 
         Raises :class:`InfrastructureFailure` when the verifier, not the answer, failed: the pool
         cannot check, the gold cannot be parsed, or a check that timed out / crashed was in the
@@ -281,7 +289,7 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         if echoes_prompt(extracted, gold, self._task["prompt"]):
             return {"correct": False, "reason": "restated", "verify_path": "form"}
         pool = self._verifier()
-        v = pool.check(gold, extracted, timeout_s=self.verify_timeout)
+        v = pool.check(gold, extracted, timeout_s=self.verify_timeout, spans=math_spans(self._task["prompt"]))
         judged = {
             "correct": v.correct,
             "reason": v.reason,

@@ -111,13 +111,16 @@ class _Worker:
             )
         self.ready = True
 
-    def ask(self, gold: str, pred: str, inner_s: float, deadline_s: float) -> dict | None:
+    def ask(
+        self, gold: str, pred: str, inner_s: float, deadline_s: float, spans: list[str] | None = None
+    ) -> dict | None:
         """Send one check; the reply, or None when the deadline passed (the worker is then unusable).
 
         Raises ``OSError`` when the request cannot be written, ``EOFError`` when the worker exits
         before replying and ``ValueError`` when the reply is not a JSON line."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"gold": gold, "pred": pred, "t": inner_s}) + "\n").encode())
+        request = {"gold": gold, "pred": pred, "t": inner_s, **({"spans": spans} if spans else {})}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         line = self._readline(deadline_s)
         if line is None:
@@ -192,8 +195,13 @@ class VerifierPool:
         with self._lock:
             self.stats[key] += 1
 
-    def check(self, gold: str, pred: str, timeout_s: float | None = None) -> Verdict:
-        """Is ``pred`` the same answer as ``gold``? Both are already-extracted answer strings."""
+    def check(
+        self, gold: str, pred: str, timeout_s: float | None = None, spans: list[str] | None = None
+    ) -> Verdict:
+        """Is ``pred`` the same answer as ``gold``? Both are already-extracted answer strings.
+
+        ``spans`` (the prompt's math spans) make an equal answer that is one of them up to the order
+        of terms, and not the gold's own shape, ``restated`` (see ``envs.verify_worker``)."""
         if self._closed:
             raise RuntimeError("VerifierPool is closed")
         start = time.perf_counter()
@@ -203,7 +211,7 @@ class VerifierPool:
             self._count("fast_path")
             path = "exact" if fast and normalize_simple(gold) == normalize_simple(pred) else "integer"
             return Verdict(fast, "correct" if fast else "wrong", time.perf_counter() - start, path)
-        return self._ask_pool(gold, pred, timeout_s, start)
+        return self._ask_pool(gold, pred, timeout_s, start, spans)
 
     def self_check(self, gold: str, timeout_s: float | None = None) -> bool:
         """Can the pool check ``gold`` against itself within the deadline? (Through a worker, never
@@ -214,7 +222,9 @@ class VerifierPool:
             return False
         return v.correct
 
-    def _ask_pool(self, gold: str, pred: str, timeout_s: float | None, start: float) -> Verdict:
+    def _ask_pool(
+        self, gold: str, pred: str, timeout_s: float | None, start: float, spans: list[str] | None = None
+    ) -> Verdict:
         deadline = self.timeout_s if timeout_s is None else float(timeout_s)
         inner = self.inner_timeout_s if timeout_s is None else 0.8 * deadline
         if not self._started:
@@ -227,7 +237,7 @@ class VerifierPool:
             raise InfrastructureFailure("verifier_pool", str(e)) from e
         self._count("pool_checks")
         try:
-            reply = worker.ask(gold, pred, inner, deadline)
+            reply = worker.ask(gold, pred, inner, deadline, spans)
         except EOFError:  # the worker died on this check: reported, the caller decides whose fault
             self._retire(worker)
             return Verdict(False, "worker_died", time.perf_counter() - start, "killed")

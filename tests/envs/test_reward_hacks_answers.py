@@ -213,11 +213,16 @@ def test_control_word_gold_normalized_compare(boxed, plain) -> None:
     assert_unpaid(boxed, WORD, r"\boxed{}")
 
 
-def test_hack_symbolic_question_restated(boxed) -> None:
+def test_hack_symbolic_question_restated_verbatim_or_reordered(boxed) -> None:
     task = {"prompt": "Expand $(x+1)^2$.", "answer": "x^2+2x+1"}
     assert assert_unpaid(boxed, task, r"\boxed{(x+1)^2}")["reason"] == "restated"
     assert assert_unpaid(boxed, task, r"\boxed{\left(x + 1\right)^2}")["reason"] == "restated"
     assert grade(boxed, task, r"\boxed{x^2 + 2x + 1}")[0] == 1.0
+    for reordered in [r"\boxed{(1+x)^2}", r"\boxed{(1 + x)^{2}}", r"\boxed{\left(1+x\right)^2}"]:
+        assert assert_unpaid(boxed, task, reordered)["reason"] == "restated"
+    factor = {"prompt": "Factor $x^2-1$.", "answer": "(x-1)(x+1)"}
+    assert assert_unpaid(boxed, factor, r"\boxed{-1+x^2}")["reason"] == "restated"
+    assert grade(boxed, factor, r"\boxed{(x+1)(x-1)}")[0] == 1.0
     root = {"prompt": r"Simplify $\frac{\sqrt{8}}{2}$.", "answer": r"\sqrt{2}"}
     assert assert_unpaid(boxed, root, r"\boxed{\frac{\sqrt{8}}{2}}")["reason"] == "restated"
     assert grade(boxed, root, r"\boxed{\sqrt{2}}")[0] == 1.0
