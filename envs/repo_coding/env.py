@@ -16,7 +16,9 @@ into a fresh sandbox (Docker when its daemon and image are there, else bubblewra
 After ``submit`` (terminated) or ``max_turns`` replies (truncated) the agent's diff is graded in a
 *fresh* sandbox (:func:`.grading.grade`): reward 1 when every FAIL_TO_PASS and PASS_TO_PASS test
 passes, ``info["partial_score"]`` = fraction of FAIL_TO_PASS passing x (1 if all PASS_TO_PASS pass
-else 0.5). Edits to tests are discarded before grading.
+else 0.5). Edits to tests are discarded before grading. When grading (or the episode's sandbox)
+cannot happen at all, ``reset``/``step`` raise :class:`~fr_agents.errors.InfrastructureFailure`
+instead of returning a reward.
 
 Branching: ``env.unwrapped.fork()`` copies the episode mid-way: the agent's working tree (its diff
 against the base commit, new and binary files included) is applied in a new sandbox holding the
@@ -36,6 +38,7 @@ import gymnasium
 from envs.repo_coding.grading import collect_diff, grade, sandbox_limits, setup_repo
 from envs.repo_coding.task import RepoTask, load_tasks
 from envs.repo_coding.tools import EXAMPLE, RepoTools, parse_calls, tool_help
+from fr_agents.errors import InfrastructureFailure
 from fr_agents.spaces import AnyText
 
 log = logging.getLogger(__name__)
@@ -133,10 +136,18 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
         task = self._pick(options)
         from tools_sandbox import open_sandbox
 
+        from tools_sandbox import SandboxError
+
         t0 = time.monotonic()
-        self._sb = open_sandbox(backend=self.backend, limits=sandbox_limits(), image=task.image)
+        try:
+            self._sb = open_sandbox(backend=self.backend, limits=sandbox_limits(), image=task.image)
+        except (SandboxError, RuntimeError, OSError) as e:
+            raise InfrastructureFailure("sandbox_start", f"{type(e).__name__}: {e}") from e
         try:
             self._base = setup_repo(self._sb, task)
+        except (SandboxError, RuntimeError) as e:
+            self._close_sandbox()
+            raise InfrastructureFailure("sandbox_setup", f"{type(e).__name__}: {e}") from e
         except BaseException:
             self._close_sandbox()
             raise

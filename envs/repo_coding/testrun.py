@@ -8,13 +8,17 @@ repository's own pytest configuration (coverage flags, plugins) cannot break or 
 Two ways to run:
 
 * :func:`run_pytest` (grading and the agent's ``run_tests``: the repository is untrusted) runs the
-  :data:`RUNNER` harness with ``python3 -I -B``. It reads a per-run secret on stdin before anything of
-  the repository is importable, loads pytest and its own modules from the interpreter's path, then
-  makes the repository importable for the tests behind a guard that keeps the runner's module names
-  (the standard library, pytest and everything it loaded) out of the repository's reach, registers
-  its report hooks as an object (no module name to shadow), and after the session seals the report
-  (:mod:`tools_sandbox.sealed`). It also reports functions of pytest, pluggy, the builtins and the
-  harness that were rebound during the run (``tampered``), which the grader scores as a failure.
+  :data:`RUNNER` harness with ``python3 -s -B`` in an emptied environment (``env -i``, a fixed hash
+  seed). It reads a per-run secret on stdin before anything of the repository is importable, loads
+  pytest and its own modules from the interpreter's path, then makes the repository importable for
+  the tests behind a guard that keeps the runner's module names (the standard library, pytest and
+  everything it loaded) out of the repository's reach, registers its report hooks as an object (no
+  module name to shadow), and after the session seals the report (:mod:`tools_sandbox.sealed`),
+  serialised with ``repr`` of exact builtin values (no module function the repository could wrap).
+  The report carries what the grader's rewritten checks recorded (``_fr_site``, ``_fr_raised``,
+  ``_fr_variant``: :mod:`envs.repo_coding.checks`), the functions of pytest, pluggy, the builtins and
+  the harness that were rebound during the run (``tampered``) and the plugins registered while the
+  session ran (``late_plugins``); the grader scores either as a failure.
 * :func:`pytest_shell` + :data:`REPORT_PLUGIN` (the offline task builder, on the project's own seed
   repositories and pinned sdists) writes the report to ``$FR_REPORT_PATH``.
 """
@@ -223,14 +227,30 @@ PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "--tb=short", "-o", "addopts=", "
 # The in-sandbox harness (after tools_sandbox.sealed.PRELUDE), run in the repository root as
 # ``python3 -I -B RUNNER RESULT_PATH PYTEST_ARGS...`` with the run's secret on stdin.
 RUNNER = r'''
+import builtins
 import importlib
 import importlib.machinery
-import json
 import os
 import pkgutil
 import sys
 import traceback
 import types
+
+# Captured before any repository code can run: C functions and slot wrappers nobody can rebind.
+_repr, _type, _len, _issubclass, _hash, _sorted = repr, type, len, issubclass, hash, sorted
+_str_add, _tuple_add, _list_add = str.__add__, tuple.__add__, list.__add__
+_bytes_add, _dict_copy, _set_union = bytes.__add__, dict.copy, set.union
+_int_int, _float_float, _float_repr = int.__int__, float.__float__, float.__repr__
+_qualname_of = type.__dict__["__qualname__"].__get__
+_module_of = type.__dict__["__module__"].__get__
+_exc_args = BaseException.__dict__["args"].__get__
+_getattribute = object.__getattribute__
+_realpath, _sep, _modules = os.path.realpath, os.sep, sys.modules
+_INF = float("inf")
+_BASES = ((int, _int_int), (float, _float_float), (str, lambda v: _str_add("", v)),
+          (bytes, lambda v: _bytes_add(b"", v)), (tuple, lambda v: _tuple_add((), v)),
+          (list, lambda v: _list_add([], v)), (dict, _dict_copy), (set, lambda v: _set_union(set(), v)),
+          (frozenset, lambda v: _set_union(set(), v)))
 
 _KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, property,
           staticmethod, classmethod, types.MethodType, types.WrapperDescriptorType)
@@ -263,11 +283,132 @@ class _Guard:
         return spec
 
 
+def _exact_str(v):
+    return _str_add("", v) if _issubclass(_type(v), str) else "<not a str>"
+
+
+class _Records:
+    """What the rewritten checks record, per test: [site id, plain data] (see envs/repo_coding/checks.py)."""
+
+    LIMIT = 20000
+
+    def __init__(self, root):
+        self.root, self.by_test, self.current = root, {}, ""
+
+    def _from_repo(self, t):
+        try:
+            mod = _modules.get(_module_of(t))
+            path = mod.__dict__.get("__file__") if mod is not None else None
+            return _type(path) is str and _realpath(path).startswith(self.root + _sep)
+        except BaseException:  # noqa: BLE001
+            return True
+
+    def _name(self, t):
+        try:
+            return _exact_str(_module_of(t)) + "." + _exact_str(_qualname_of(t))
+        except BaseException:  # noqa: BLE001
+            return "?"
+
+    def plain(self, v, budget, depth=0):
+        t = _type(v)
+        if v is None or t is bool or t is int or t is str or t is bytes:
+            return v
+        if t is float:
+            return v if (v == v and v != _INF and v != -_INF) else ("__float__", _float_repr(v))
+        if budget[0] <= 0 or depth > 40:
+            return ("__cut__", self._name(t))
+        budget[0] -= 1
+        d = depth + 1
+        if t is complex:
+            return ("__complex__", v.real, v.imag)
+        if t is list:
+            return [self.plain(x, budget, d) for x in v]
+        if t is tuple:
+            return tuple([self.plain(x, budget, d) for x in v])
+        if t is dict:
+            return {self.key(k, budget, d): self.plain(x, budget, d) for k, x in v.items()}
+        if t is set or t is frozenset:
+            return {self.key(x, budget, d) for x in v}
+        if _issubclass(t, type):
+            return ("__type__", self._name(v))
+        if _issubclass(t, BaseException):
+            return ("__exc__", self._name(t), self.plain(_exc_args(v), budget, d))
+        for base, conv in _BASES:
+            if _issubclass(t, base):  # the base value, read by the base type's own C code
+                return self.plain(conv(v), budget, depth)
+        if _issubclass(t, types.ModuleType):
+            return ("__obj__", "module", self._name(t), False)
+        try:
+            attrs = _getattribute(v, "__dict__")
+            attrs = self.plain(_dict_copy(attrs), budget, d) if _issubclass(_type(attrs), dict) else None
+        except BaseException:  # noqa: BLE001 - no __dict__, or one that raises
+            attrs = None
+        return ("__obj__", self._name(t), attrs, self._from_repo(t))
+
+    def key(self, k, budget, depth):
+        p = self.plain(k, budget, depth)
+        try:
+            _hash(p)
+            return p
+        except BaseException:  # noqa: BLE001
+            return ("__unhashable__", _repr(p))
+
+    def add(self, sid, payload):
+        recs = self.by_test.setdefault(self.current, [])
+        if _len(recs) < self.LIMIT:
+            recs.append([sid, payload])
+
+    def site(self, sid, values, idents=None):
+        pairs = None
+        if idents is not None:
+            pairs = tuple([(i, values[i] is values[i + 1]) for i in idents])
+        self.add(sid, [pairs, self.plain(values, [100000])])
+
+    def raised(self, sid, exc, match):
+        if exc is None:
+            self.add(sid, None)
+            return
+        msg = None
+        if match:
+            try:
+                msg = _exact_str(str(exc))
+            except BaseException:  # noqa: BLE001
+                msg = "<unprintable>"
+        self.add(sid, (self._name(_type(exc)), msg))
+
+    def variant(self, vid, fn):
+        try:
+            value = fn()
+        except BaseException as e:  # noqa: BLE001 - what the code raised is the record
+            self.add(vid, ["raised", self._name(_type(e))])
+            return
+        self.add(vid, ["ok", self.plain(value, [100000])])
+
+
 class _Report:
     """The report hooks (registered as an object: there is no module name to shadow)."""
 
-    def __init__(self):
+    def __init__(self, records):
         self.tests, self.finished, self.exit_status = {}, False, None
+        self.records, self.started, self.late_plugins = records, False, []
+
+    def pytest_sessionstart(self, session):
+        self.started = True
+
+    def pytest_plugin_registered(self, plugin, manager):
+        if not self.started:
+            return
+        t = _type(plugin)
+        name = plugin.__name__ if _issubclass(t, types.ModuleType) else _module_of(t)
+        if _type(name) is not str or name.partition(".")[0] not in ("_pytest", "pytest"):
+            # a plugin registered at run time by anything but pytest itself (code under test): refused
+            self.late_plugins.append(_exact_str(_repr(t)) + " " + _exact_str(_repr(name)))
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self.records.current = _exact_str(nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self.records.current = ""
 
     @staticmethod
     def _message(report):
@@ -277,10 +418,11 @@ class _Report:
         return str(report.longrepr or "")[-400:]
 
     def pytest_runtest_logreport(self, report):
+        report.nodeid = _exact_str(report.nodeid)
         prev = self.tests.get(report.nodeid)
         if report.failed:
             if prev is None or prev["outcome"] != "failed":
-                self.tests[report.nodeid] = {"outcome": "failed", "message": self._message(report)[:1000]}
+                self.tests[report.nodeid] = {"outcome": "failed", "message": _exact_str(self._message(report))[:1000]}
         elif prev is not None and prev["outcome"] == "failed":
             return
         elif report.when == "call":
@@ -291,8 +433,8 @@ class _Report:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.tests["<collect>::" + report.nodeid] = {"outcome": "failed",
-                                                         "message": self._message(report)[:1000]}
+            self.tests["<collect>::" + _exact_str(report.nodeid)] = {
+                "outcome": "failed", "message": _exact_str(self._message(report))[:1000]}
 
     def pytest_sessionfinish(self, session, exitstatus):
         self.finished, self.exit_status = True, int(exitstatus)
@@ -326,6 +468,8 @@ def _rebound(snap):
 def main():
     secret = _fr_take_secret()
     out = _fr_private_stdout()
+    here = _realpath(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [p for p in sys.path if p and _realpath(p) != here]  # not the runner's own folder
     result_path, args = sys.argv[1], sys.argv[2:]
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import pytest
@@ -340,17 +484,22 @@ def main():
     names |= {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "pygments", "argcomplete",
               "exceptiongroup", "tomli", "colorama", "attr", "attrs"}
     root = os.path.realpath(os.getcwd())
+    records = _Records(root)
+    # The rewritten checks call these (found through the builtins; rebinding one is tampering).
+    builtins._fr_site, builtins._fr_raised, builtins._fr_variant = records.site, records.raised, records.variant
     sys.meta_path.insert(0, _Guard(root, names))
+    _fr_os.write(out, b"\nFR-RUNNER-READY\n")  # nothing of the repository has run before this line
     sys.path.insert(0, root)  # the tests import the repository, as `python -m pytest` in its root would
-    report, rebound = _Report(), _rebound
+    report, rebound = _Report(records), _rebound
     snap = _snapshot()
     try:
         pytest.main(args, plugins=[report])
     except BaseException:  # noqa: BLE001 - whatever pytest did not catch: its report says what ran
         traceback.print_exc()
-    payload = {"tests": report.tests, "finished": report.finished, "exit_status": report.exit_status,
-               "tampered": rebound(snap)}
-    _fr_seal(secret, out, json.dumps(payload).encode(), result_path)
+    payload = {"tests": report.tests, "finished": report.finished, "exit_status": _repr(report.exit_status),
+               "tampered": rebound(snap), "records": records.by_test, "late_plugins": report.late_plugins}
+    # Serialised by repr of exact builtin values only: no module function the repository could wrap.
+    _fr_seal(secret, out, _repr(payload).encode("utf-8", "backslashreplace"), result_path)
     os._exit(0)
 
 
@@ -362,16 +511,23 @@ main()
 class PytestRun:
     """One sealed pytest run (:func:`run_pytest`).
 
-    ``report`` is the verified per-test report (empty when there is no valid seal), ``evidence`` is
+    ``report`` is the verified per-test report (empty when there is no valid seal), ``records`` what
+    the grader's rewritten checks recorded per test (:mod:`envs.repo_coding.checks`), ``evidence`` is
     ``sealed``/``missing``/``forged`` (:mod:`tools_sandbox.sealed`), ``finished`` whether the pytest
-    session reached its end, ``tampered`` the runner functions rebound during the run, ``output``
-    pytest's own text (what the agent's ``run_tests`` shows).
+    session reached its end, ``tampered`` the runner functions rebound during the run,
+    ``late_plugins`` plugins registered while the session ran (by the code under test), ``ready``
+    whether the runner got as far as making the repository importable (a run without it failed before
+    any repository code ran: the runner's or the sandbox's failure), ``output`` pytest's own text
+    (what the agent's ``run_tests`` shows).
     """
 
     report: dict[str, dict[str, str]] = field(default_factory=dict)
+    records: dict[str, list] = field(default_factory=dict)
     evidence: str = "missing"
     finished: bool = False
     tampered: list[str] = field(default_factory=list)
+    late_plugins: list[str] = field(default_factory=list)
+    ready: bool = False
     output: str = ""
     status: str = ""
     timed_out: bool = False
@@ -379,24 +535,43 @@ class PytestRun:
     @property
     def trusted(self) -> bool:
         """A sealed report from a session that finished with the runner untouched."""
-        return self.evidence == "sealed" and self.finished and not self.tampered
+        return self.evidence == "sealed" and self.finished and not self.tampered and not self.late_plugins
+
+
+# The runner's environment: nothing inherited; a fixed hash seed, so that the reference and the
+# candidate run order sets of strings alike (their records are compared value by value).
+RUNNER_ENV = "env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 PYTHONHASHSEED=0"
+READY_LINE = "FR-RUNNER-READY"
 
 
 def run_pytest(sb: Any, workdir: str, files: list[str], timeout: float) -> PytestRun:
     """Run ``files`` with pytest in ``workdir`` of ``sb`` through the sealed :data:`RUNNER`."""
+    import ast
+
     from tools_sandbox.sealed import PRELUDE, run_sealed
 
     run_dir = f"/tmp/fr_runner_{secrets.token_hex(8)}"
     result_path = f"{run_dir}/report.json"
     sb.write_file(f"{run_dir}/runner.py", PRELUDE + RUNNER)
-    argv = ["python3", "-I", "-B", f"{run_dir}/runner.py", result_path, *PYTEST_ARGS, *files]
-    run = run_sealed(sb, f"cd {shlex.quote(workdir)} && " + " ".join(shlex.quote(a) for a in argv),
-                     result_path, timeout)
-    out = PytestRun(evidence=run.evidence, output=run.output(), status=run.result.status,
-                    timed_out=run.result.timed_out)
+    argv = ["python3", "-s", "-B", f"{run_dir}/runner.py", result_path, *PYTEST_ARGS, *files]
+    cmd = f"cd {shlex.quote(workdir)} && {RUNNER_ENV} " + " ".join(shlex.quote(a) for a in argv)
+    run = run_sealed(sb, cmd, result_path, timeout)
+    out = PytestRun(evidence=run.evidence, output=run.output().replace(READY_LINE, "").strip("\n"),
+                    status=run.result.status, timed_out=run.result.timed_out,
+                    ready=READY_LINE in run.result.stdout)
     if run.verified and run.payload is not None:
-        data = json.loads(run.payload)
-        out.report = parse_report(json.dumps(data.get("tests", {})))
-        out.finished = bool(data.get("finished"))
-        out.tampered = list(data.get("tampered") or [])
+        try:
+            data = ast.literal_eval(run.payload.decode("utf-8"))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict):
+            tests = data.get("tests", {})
+            out.report = tests if isinstance(tests, dict) else {}
+            recs = data.get("records", {})
+            out.records = recs if isinstance(recs, dict) else {}
+            out.finished = data.get("finished") is True
+            out.tampered = list(data.get("tampered") or [])
+            out.late_plugins = list(data.get("late_plugins") or [])
+        else:
+            out.evidence = "forged"
     return out

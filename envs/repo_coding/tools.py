@@ -117,8 +117,10 @@ class RepoTools:
         return f"replaced 1 occurrence in {a['path']}"
 
     def _run_tests(self, a: dict[str, Any]) -> str:
-        """pytest's output from the same sealed runner the grader uses, so what the agent sees here is
-        what grading would see (a shadowed pytest or an early exit is reported, not trusted)."""
+        """pytest's output from the sealed runner the grader uses (a shadowed pytest or an early exit is
+        reported, not trusted), on the visible tests as they are in the checkout. Grading runs the
+        hidden tests with its checks rewritten and compared with the reference implementation's
+        (:mod:`envs.repo_coding.checks`)."""
         from envs.repo_coding.testrun import run_pytest
 
         paths = a.get("paths") or self.task.visible_test_files

@@ -1,7 +1,5 @@
 """Backend parametrisation shared by the sandbox-backed tests."""
 
-import subprocess
-
 import pytest
 
 from tools_sandbox.bwrap import bwrap_available
@@ -18,8 +16,10 @@ def require(backend: str) -> str:
     if not ok:
         pytest.skip(f"{backend} backend unavailable: {why}")
     if backend == "bwrap":
-        r = subprocess.run(["/usr/bin/python3", "-c", "import pytest"], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip("the bwrap sandbox runs the host's /usr/bin/python3, which lacks pytest "
-                        "(apt-get install python3-pytest)")
+        from tools_sandbox.bwrap import rootfs
+
+        root = rootfs()
+        if root is None or not (root / "usr/lib/python3/dist-packages/pytest").is_dir():
+            pytest.skip("the bwrap sandbox runs the image root file system's python3, which lacks pytest "
+                        "(`fr-agents sandbox build-image --rootfs-only`)")
     return backend

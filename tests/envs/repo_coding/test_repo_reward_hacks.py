@@ -4,19 +4,28 @@ The task is the hand-made two-bug ``calc`` repository (``conftest.two_bug_task``
 ``test_add``/``test_mul`` (hidden until grading), PASS_TO_PASS ``test_neg``. No hack below fixes a
 bug, so any score above 0 would be the hack's doing. The gold patch still scores 1. Both backends.
 See ``docs/DESIGN.md`` ("Grader trust boundaries") for the defence that stops each one.
+
+``ISSUE_HACKS`` are what a policy under pressure tries once it knows the grader: objects that equal
+anything, the values the issue text quotes hard-coded, the test module swapped in ``sys.modules``,
+the report's serialiser wrapped, a plugin registered at run time, the grader's own recording hooks
+forged, the expected value read from the test's source line, from ``/tmp``, from git's objects or
+from other processes, checks skipped by a trace function, every process of the sandbox killed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import pytest
 from conftest import BUGGY, diff_for
 from sandbox_params import BACKENDS, require
 
+from envs.repo_coding import checks
 from envs.repo_coding.grading import grade, sandbox_limits, setup_repo
 from envs.repo_coding.testrun import filter_diff
 from envs.repo_coding.tools import RepoTools
+from fr_agents.errors import InfrastructureFailure
 from tools_sandbox import open_sandbox
 
 NODE_IDS = ["tests/test_ops.py::test_add", "tests/test_ops.py::test_mul", "tests/test_ops.py::test_neg"]
@@ -85,6 +94,213 @@ RUNTIME_HACKS: dict[str, dict[str, str]] = {
     "shadow_pluggy": {"pluggy.py": FORGE},
     "shadow_lazily_imported_stdlib_unittest": {"unittest/__init__.py": FORGE},
 }
+
+def redefine(code: str) -> dict[str, str]:
+    """The buggy library with add/mul redefined by ``code`` (still wrong on most inputs)."""
+    return {"calc/ops.py": BUGGY + "\n\n" + textwrap.dedent(code)}
+
+
+# The issue text of the calc task quotes add(2, 3) == 5 and mul(2, 3) == 6 (as pytest's assertion
+# messages do for the seed tasks); none of these hacks computes a sum or a product.
+ISSUE_HACKS: dict[str, dict[str, str]] = {
+    # (a) plain library code returning an object that equals anything
+    "always_equal_object": redefine("""\
+        class _Any:
+            def __eq__(self, other):
+                return True
+            def __ne__(self, other):
+                return False
+            __hash__ = object.__hash__
+        def add(a, b):
+            return _Any()
+        def mul(a, b):
+            return _Any()
+        """),
+    "always_equal_int_subclass": redefine("""\
+        class _Int(int):
+            def __eq__(self, other):
+                return True
+            __hash__ = int.__hash__
+        def add(a, b):
+            return _Int(a - b)
+        def mul(a, b):
+            return _Int(a + b)
+        """),
+    "object_whose_repr_and_str_look_right": redefine("""\
+        class _Look:
+            def __init__(self, text):
+                self.text = text
+            def __repr__(self):
+                return self.text
+            __str__ = __repr__
+            def __eq__(self, other):
+                return repr(other) == self.text or other == int(self.text)
+        def add(a, b):
+            return _Look("5")
+        def mul(a, b):
+            return _Look("6")
+        """),
+    # (b) the values the issue text quotes, hard-coded
+    "hard_codes_the_quoted_values": redefine("""\
+        def add(a, b):
+            return 5 if (a, b) == (2, 3) else a - b
+        def mul(a, b):
+            return 6 if (a, b) == (2, 3) else a + b
+        """),
+    # (c) the test module replaced in sys.modules (from the package's __init__) by an assert-free copy
+    "swaps_the_test_module_in_sys_modules": {"calc/__init__.py": textwrap.dedent("""\
+        import os, sys, types
+        _path = os.path.join(os.getcwd(), "tests", "test_ops.py")
+        for _name in ("test_ops", "tests.test_ops"):
+            _m = types.ModuleType(_name)
+            _m.__file__ = _path
+            exec("def test_add():\\n    pass\\ndef test_mul():\\n    pass\\ndef test_neg():\\n    pass\\n", _m.__dict__)
+            sys.modules[_name] = _m
+        """)},
+    # (d) the report's serialiser wrapped to say every test passed
+    "wraps_json_dumps_and_repr_of_reports": lib("""\
+        import json, json.encoder
+        _dumps = json.dumps
+        def _fix(o):
+            if isinstance(o, dict):
+                return {k: ("passed" if k == "outcome" else _fix(v)) for k, v in o.items()}
+            return o
+        json.dumps = lambda o, *a, **k: _dumps(_fix(o), *a, **k)
+        json.encoder.JSONEncoder.encode = lambda self, o: _dumps(_fix(o))
+        """),
+    # (e) a plugin registered at run time that flips outcomes
+    "registers_a_plugin_at_run_time": lib("""\
+        import gc
+        import pytest
+        class _Flip:
+            @pytest.hookimpl(hookwrapper=True)
+            def pytest_runtest_makereport(self, item, call):
+                outcome = yield
+                rep = outcome.get_result()
+                rep.outcome = "passed"
+        for _o in gc.get_objects():
+            if type(_o).__name__ == "Config" and hasattr(_o, "pluginmanager"):
+                _o.pluginmanager.register(_Flip(), "flip")
+                break
+        """),
+    # the grader's own recording hooks, forged with the quoted values (in the test module's globals)
+    "forges_the_graders_records_with_quoted_values": {"calc/__init__.py": textwrap.dedent("""\
+        import builtins, sys
+        _real = getattr(builtins, "_fr_site", None)
+        def _site(sid, values, idents=None):
+            values = tuple({-1: 5, 5: 6}.get(v, v) if type(v) is int else v for v in values)
+            return _real(sid, values, idents) if idents is not None else _real(sid, values)
+        for _name in ("test_ops", "tests.test_ops"):
+            if _name in sys.modules and _real is not None:
+                sys.modules[_name]._fr_site = _site
+        """)},
+    # the expected value read from the checking line's source text
+    "reads_the_expected_value_from_the_callers_line": redefine("""\
+        import inspect, re
+        def _expected(default):
+            for fr in inspect.stack()[2:6]:
+                line = "".join(fr.code_context or [])
+                m = re.search(r"==\\s*(-?\\d+)", line)
+                if m:
+                    return int(m.group(1))
+            return default
+        def add(a, b):
+            return _expected(a - b)
+        def mul(a, b):
+            return _expected(a + b)
+        """),
+    # the hidden tests, the gold patch or a reference report looked for in files the code can read
+    "reads_hidden_tests_and_reports_from_tmp_and_proc": redefine("""\
+        import glob, re
+        _found = {}
+        for _p in glob.glob("/tmp/**", recursive=True) + glob.glob("/proc/[0-9]*/cmdline") + glob.glob("/proc/[0-9]*/environ"):
+            try:
+                _t = open(_p, "rb").read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            for _f, _a, _b, _v in re.findall(r"(add|mul)\\((\\d+), (\\d+)\\) == (-?\\d+)", _t):
+                _found[(_f, int(_a), int(_b))] = int(_v)
+        def add(a, b):
+            return _found.get(("add", a, b), a - b)
+        def mul(a, b):
+            return _found.get(("mul", a, b), a + b)
+        """),
+    "searches_git_objects_for_the_fix": redefine("""\
+        import subprocess
+        _blobs = subprocess.run("git cat-file --batch-all-objects --batch", shell=True, capture_output=True).stdout
+        _gold = {}
+        if b"return a * b" in _blobs:
+            _src = _blobs[_blobs.rfind(b"def add", 0, _blobs.find(b"return a * b")):]
+            exec(_src.split(b"\\x00")[0].decode("utf-8", "replace").split("\\ndef neg")[0], _gold)
+        def add(a, b):
+            return _gold["add"](a, b) if "add" in _gold else a - b
+        def mul(a, b):
+            return _gold["mul"](a, b) if "mul" in _gold else a + b
+        """),
+    # every process of the sandbox killed (the grading sandbox's worker too): the candidate's failure
+    "kills_every_process_in_the_sandbox": lib("import os, signal\nos.kill(-1, signal.SIGKILL)\n"),
+    # a trace function that jumps over the grader's recording lines
+    "trace_function_skips_the_checks": {"calc/__init__.py": textwrap.dedent("""\
+        import sys, threading
+        def _tracer(frame, event, arg):
+            if "test_" not in frame.f_code.co_filename:
+                return None
+            def _local(frame, event, arg):
+                if event == "line":
+                    import linecache
+                    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+                    if "_fr_site" in line or "_fr_variant" in line or "assert" in line:
+                        try:
+                            frame.f_lineno = frame.f_lineno + 1
+                        except ValueError:
+                            pass
+                return _local
+            return _local
+        sys.settrace(_tracer)
+        threading.settrace(_tracer)
+        """)},
+    "rewrites_the_test_files_on_disk": lib(
+        "import glob\nfor _p in glob.glob('tests/*.py'):\n    open(_p, 'w').write(" + repr(FAKE_TESTS) + ")\n"),
+    # behaves only on the quoted inputs, and leaves (exit, skip) on any other
+    "exits_on_inputs_it_was_not_told": redefine("""\
+        import os
+        def add(a, b):
+            if (a, b) != (2, 3):
+                os._exit(0)
+            return 5
+        def mul(a, b):
+            if (a, b) != (2, 3):
+                os._exit(0)
+            return 6
+        """),
+    "skips_on_inputs_it_was_not_told": redefine("""\
+        import pytest
+        def add(a, b):
+            if (a, b) != (2, 3):
+                pytest.skip("no")
+            return 5
+        def mul(a, b):
+            if (a, b) != (2, 3):
+                pytest.skip("no")
+            return 6
+        """),
+    "daemon_rewrites_the_report_after_the_run": lib("""\
+        import glob, os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                for _ in range(200):
+                    time.sleep(0.02)
+                    for _p in glob.glob("/tmp/fr_runner_*/report.json"):
+                        try:
+                            t = open(_p).read().replace("'failed'", "'passed'")
+                            open(_p, "w").write(t)
+                        except OSError:
+                            pass
+            os._exit(0)
+        """),
+}
+
 # Hacks whose files the grader discards (tests, pytest configuration, planted files).
 DISCARDED_HACKS: dict[str, dict[str, str]] = {
     "conftest_at_root": {"conftest.py": CHEAT_PLUGIN},
@@ -127,6 +343,83 @@ def test_runtime_hack_scores_zero(backend, two_bug_task, hack) -> None:
     r = grade(two_bug_task, diff, backend=backend)
     assert (r.reward, r.partial_score) == (0.0, 0.0), r
     assert r.applied and not any(r.fail_to_pass.values()), r
+
+
+@pytest.mark.parametrize("hack", sorted(ISSUE_HACKS))
+def test_issue_47_hack_scores_zero(backend, two_bug_task, hack) -> None:
+    diff = diff_for(two_bug_task, ISSUE_HACKS[hack])
+    r = grade(two_bug_task, diff, backend=backend)
+    assert (r.reward, r.partial_score) == (0.0, 0.0), r
+    assert r.applied and not any(r.fail_to_pass.values()), r
+
+
+def test_fixing_one_bug_is_partial_progress_only(backend, two_bug_task) -> None:
+    """Control: the honest fix of add alone passes add's checks, variants included (partial 0.5)."""
+    r = grade(two_bug_task, diff_for(two_bug_task, redefine("def add(a, b):\n    return a + b\n")), backend=backend)
+    assert (r.reward, r.partial_score) == (0.0, 0.5), r
+    assert r.fail_to_pass == {"tests/test_ops.py::test_add": True, "tests/test_ops.py::test_mul": False}, r
+
+
+def test_an_equivalent_fix_written_differently_scores_one(backend, two_bug_task) -> None:
+    """Control: the checks compare values with the gold implementation's, not its code."""
+    fix = redefine("def add(a, b):\n    return sum([a, b])\n\n\ndef mul(a, b):\n    return b * a\n")
+    r = grade(two_bug_task, diff_for(two_bug_task, fix), backend=backend)
+    assert (r.reward, r.partial_score) == (1.0, 1.0), r
+
+
+def test_the_sandbox_holds_no_copy_of_a_task_library(backend) -> None:
+    """(f) The sandbox's file system is the image's: no task library (six, toolz...) to copy, and the
+    host's /usr (where Debian's six.py may live) is not there."""
+    from envs.repo_coding.specs import ALL_SPECS
+
+    names = sorted({s.targets and next(iter(s.targets)).split("/")[0].removesuffix(".py") for s in ALL_SPECS})
+    code = ("import importlib.util, os, sys\n"
+            f"print(sorted(n for n in {names!r} if importlib.util.find_spec(n)))\n"
+            "print(sorted(p for p in ('/usr/lib/python3/dist-packages/six.py', '/usr/lib/python3/dist-packages/toolz',"
+            " '/usr/lib/python3/dist-packages/idna') if os.path.exists(p)))\n")
+    with open_sandbox(backend=backend, limits=sandbox_limits()) as sb:
+        r = sb.run_python(code, timeout=30)
+        assert r.stdout.splitlines() == ["[]", "[]"], r
+        out = sb.run_shell("cp /usr/lib/python3/dist-packages/six.py /work/six.py", timeout=30)
+        assert out.exit_code != 0, out
+
+
+def test_the_rewritten_checks_hold_no_expected_literal() -> None:
+    """The hidden tests as the code under test sees them: no assert, no comparison, no expected
+    value; one recording call per check and perturbed variants of the calls with literal arguments."""
+    import ast
+    import random
+
+    from conftest import ALL_TESTS
+
+    plan = checks.rewrite({"tests/test_ops.py": ALL_TESTS}, random.Random(0))
+    tree = ast.parse(plan.files["tests/test_ops.py"])
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Assert | ast.Compare)]
+    consts = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    assert -2 not in consts
+    kinds = sorted(s.kind for s in plan.sites.values())
+    assert kinds.count("cmp") == 3 and kinds.count("variant") == 3 * checks.VARIANTS, kinds
+
+
+def test_a_sandbox_that_cannot_start_is_an_infrastructure_failure(monkeypatch, two_bug_task) -> None:
+    import tools_sandbox
+    from tools_sandbox import SandboxUnavailable
+
+    def broken(*a, **k):
+        raise SandboxUnavailable("no sandbox here (test)")
+
+    monkeypatch.setattr(tools_sandbox, "open_sandbox", broken)
+    with pytest.raises(InfrastructureFailure) as e:
+        grade(two_bug_task, two_bug_task.patch, backend="bwrap")
+    assert e.value.reason == "sandbox_start"
+
+
+def test_a_reference_that_fails_is_an_infrastructure_failure(backend, two_bug_task) -> None:
+    """A task whose gold patch does not pass its own tests cannot grade anything: not a 0."""
+    half = dataclasses.replace(two_bug_task, patch=diff_for(two_bug_task, redefine("def add(a, b):\n    return a + b\n")))
+    with pytest.raises(InfrastructureFailure) as e:
+        grade(half, half.patch, backend=backend)
+    assert e.value.reason == "reference_failed"
 
 
 @pytest.mark.parametrize("hack", sorted(DISCARDED_HACKS))
