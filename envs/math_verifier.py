@@ -220,7 +220,10 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         assert self._task is not None
         gold = self._task["answer"]
         extracted = extract_answer(reply, self.answer_format)
-        scorer = task_scorer(self._task)
+        try:
+            scorer = task_scorer(self._task)
+        except Exception as e:  # noqa: BLE001 - the task's scorer could not be built: no verdict possible
+            raise InfrastructureFailure("grader_setup", f"reasoning-gym scorer: {type(e).__name__}: {e}") from e
         info: dict[str, Any] = {
             "gold": gold,
             "extracted": extracted,
