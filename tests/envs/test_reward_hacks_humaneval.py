@@ -705,3 +705,32 @@ def test_humaneval_hack_scores_zero(backend, tasks, hack) -> None:
     assert reward == 0.0 and info.get("partial_score", 0.0) == 0.0, info
     assert not info["won"] and not info["checks_completed"] and info["reason"] != "passed", info
     assert info["evidence"] != "check_returned", info
+
+
+def test_nothing_of_the_test_ever_enters_the_sandbox(backend, tasks, monkeypatch) -> None:
+    """Every request the sandbox receives (code, files, shell commands, stdin) is recorded: the
+    test's source and its expected values are in none of them, the program and the inputs are."""
+    from tools_sandbox.session import Sandbox
+
+    sent: list[str] = []
+    real_request = Sandbox._request
+
+    def recording(self: Sandbox, req: dict, timeout: float | None) -> Any:
+        sent.append(repr(req))
+        return real_request(self, req, timeout)
+
+    monkeypatch.setattr(Sandbox, "_request", recording)
+    task = tasks["HumanEval/27"]
+    reward, _info = attempt(backend, task, task["answer"])
+    assert reward == 1.0
+    everything = "\n".join(sent)
+    assert "These violent delights have violent ends" in everything  # an input, as data
+    assert task["answer"].strip() in everything  # the program
+    for secret in (
+        "tHESE VIOLENT DELIGHTS",
+        "hELLO!",
+        "def check",
+        "METADATA",
+        task["metadata"]["test"][:40],
+    ):
+        assert secret not in everything, secret
