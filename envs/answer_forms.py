@@ -8,7 +8,8 @@ instead of) asking math-verify, a gold is sorted into one of three kinds, and ea
 an answer must be:
 
 * **number** (``70``, ``-3``, ``0.5``, ``1/2``, ``\\frac{1}{2}``, ``50\\%``, ``x=3``, ``5\\text{ cm}``):
-  the answer must be a *number literal* (see :func:`parse_number`) with the same exact value. An
+  the answer must be a *number literal* (see :func:`parse_number`) with the same exact value, possibly
+  as the last side of one equality (``x = 70``, ``22+48 = 70``: the value is stated). An
   expression that evaluates to it (``22+48``, ``2*35``, ``70+0``, ``9^{9^9}``) is not a number
   literal and is never paid, whatever it equals. Two literal forms carry an operation, a fraction
   (``140/2``, ``\\frac{6}{2}``) and scientific notation (``7e1``, ``10^{3}``); they are accepted as
@@ -49,11 +50,11 @@ _FRAC_TEX_RE = re.compile(r"^([+-]?)\\frac\{([+-]?[0-9]+)\}\{([+-]?[0-9]+)\}$")
 _FRAC_SHORT_RE = re.compile(r"^([+-]?)\\frac([0-9])([0-9])$")  # \frac12
 _FRAC_SLASH_RE = re.compile(r"^([+-]?[0-9]+)/([+-]?[0-9]+)$")
 
-_VAR_PREFIX_RE = re.compile(r"^[A-Za-z]\s*=\s*")  # x = 3
+_BOLD_RE = re.compile(r"^\\(?:textbf|mathbf|boldsymbol|bm)\s*\{(.*)\}$")
 _MONEY_PREFIX_RE = re.compile(r"^\\?\$\s*")  # \$18
 _PERCENT_RE = re.compile(r"\s*\\?%$")
 _DEGREE_RE = re.compile(r"\s*(?:\^\s*\{?\\circ\}?|°)$")
-_UNIT_TEX_RE = re.compile(r"\s*\\(?:text|mathrm|mbox|textrm)\s*\{([A-Za-z .]*)\}$")
+_UNIT_TEX_RE = re.compile(r"\s*\\(?:text|mathrm|mbox|textrm)\s*\{([A-Za-z .]*)\}(?:\^\{?[23]\}?)?$")
 _UNIT_WORDS_RE = re.compile(r"\s+([A-Za-z]+(?:\s+[A-Za-z]+)?)$")
 _HEDGE_WORDS = frozenset(
     "or and not but than more less least most at about approximately around between either neither "
@@ -74,13 +75,31 @@ class NumberLiteral:
     ints: tuple[int, ...]
 
 
+_SEPARATOR_RE = re.compile(r"[,;&]|\\q?quad|\\text|\\\\|\band\b")
+
+
+def _equation_rhs(s: str) -> str:
+    """What follows the last ``=`` (``x = 3`` and ``22+48 = 70`` state 3 and 70); ``s`` itself when
+    there is none or the relation is not equality (``!=``, ``<=``, ``\\not=``), so it stays unparsable."""
+    i = s.rfind("=")
+    if i < 0:
+        return s
+    left = s[:i].rstrip()
+    if not left or left[-1] in "!<>:=" or left.endswith("\\not") or _SEPARATOR_RE.search(left):
+        return s  # not one equality, or several statements (a = 2, b = 3): no single stated value
+    return s[i + 1 :].strip()
+
+
 def _strip_decorations(s: str) -> str:
-    """Drop what may surround a number without changing it: ``$``, ``x =``, a currency sign, a
-    trailing unit (letters only, none of them a hedge like ``or``/``more``), ``%`` and degrees."""
+    """Drop what may surround a number without changing it: ``$``, bold, an equation's left side
+    (``x =``), a currency sign, a trailing unit (letters only, none of them a hedge like
+    ``or``/``more``; ``\\text{cm}^2`` too), ``%`` and degrees."""
     s = s.strip().strip("$").strip()
     if s.endswith(".") and not s.endswith(".."):
         s = s[:-1].rstrip()
-    s = _VAR_PREFIX_RE.sub("", s, count=1)
+    m = _BOLD_RE.match(s)
+    s = m.group(1).strip() if m else s
+    s = _equation_rhs(s)
     s = _MONEY_PREFIX_RE.sub("", s, count=1)
     for _ in range(2):  # a unit and a percent/degree sign, in either order
         m = _UNIT_TEX_RE.search(s) or _UNIT_WORDS_RE.search(s)

@@ -66,7 +66,8 @@ def test_control_number_gold_is_paid_in_every_format(boxed, tagged, plain) -> No
     for env, reply in [(boxed, r"so \boxed{70}"), (tagged, "<answer>70</answer>"), (plain, "70")]:
         reward, info = grade(env, ADD, reply)
         assert reward == 1.0 and info["partial_score"] == 1.0, info
-    for reply in [r"\boxed{70.0}", r"\boxed{7e1}", r"\boxed{x = 70}", r"\boxed{70 \text{ apples}}"]:
+    for reply in [r"\boxed{70.0}", r"\boxed{7e1}", r"\boxed{x = 70}", r"\boxed{70 \text{ apples}}",
+                  r"\boxed{22+48=70}", r"\boxed{\textbf{70}}", r"\boxed{70 \text{ cm}^2}"]:
         assert grade(boxed, ADD, reply)[0] == 1.0, reply
 
 
@@ -141,6 +142,15 @@ def test_hack_huge_expression_is_the_answers_fault_not_the_graders(verifier_pool
 )
 def test_hack_several_candidates_in_one_box(boxed, reply) -> None:
     assert_unpaid(boxed, ADD, reply)
+
+
+@pytest.mark.parametrize(
+    "relation",
+    [r"x \neq 71", r"x \ne 71", "x != 71", r"x \not= 71", "x < 71", "x <= 71", r"x \leq 71", r"x \approx 70",
+     "70 = 22+48", "x = 22+48", "a = 70, b = 71", r"a = 71 \quad b = 70", "x == 70"],
+)
+def test_hack_relations_other_than_one_stated_value(boxed, relation) -> None:
+    assert_unpaid(boxed, ADD, rf"\boxed{{{relation}}}")
 
 
 def test_hack_several_boxes_only_the_last_counts(boxed) -> None:
