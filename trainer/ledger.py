@@ -173,7 +173,8 @@ class EpisodeLedger:
             self._write(episodes)
 
     def leaves(self, episodes: Iterable[int]) -> dict[int, int]:
-        """``{episode: leaf}`` (its first leaf) for those of ``episodes`` that have finished."""
+        """``{episode: leaf}`` (its first leaf to train on) for those of ``episodes`` that have one
+        (:meth:`done` also counts the episodes whose every attempt aborted)."""
         eps = list(episodes)
         if not eps:
             return {}
