@@ -139,3 +139,19 @@ def test_aborted_leaves_have_their_own_rows_and_an_episode_with_only_aborts_is_d
     ledger.record_outcomes([(specs[2], retried)])  # an episode recorded again replaces its rows, aborts included
     assert [r[0] for r in ledger.aborted_rows(0)] == [1, 2] and ledger.done([2]) == {2}
     assert lost.reward != lost.reward and lost.leaf_id == -1 and lost.policy_tokens == 0  # nan: no leaf
+
+
+def test_a_resumed_rollout_does_not_run_again_an_episode_whose_every_attempt_aborted(tmp_path):
+    """Episode 0 was recorded with aborts only (before a crash): the resumed thread runs the rest of
+    batch 0, not episode 0, and reports the batch whole."""
+    from trainer.episodes import aborted_attempt
+    from trainer.schedule import EpisodeSpec
+
+    ledger = CountingLedger(tmp_path / "episodes.sqlite")
+    lost = EpisodeOutcome([], [aborted_attempt(0, RuntimeError("no sandbox")), aborted_attempt(1, RuntimeError("no sandbox"))], 2)
+    ledger.record_outcomes([(EpisodeSpec(0, 0, 0, 0, 0, 0, 0), lost)])
+    thread, heard, done = _thread(tmp_path, ledger, lambda e: 1, batches=1)
+    thread.run()
+    assert thread.error is None and done == [(0, 7)]  # 7 episodes with leaves, episode 0 with aborts only
+    assert sorted(leaf for leaf, _ in heard) == list(range(1001, 1008))  # episode 0 was not run again
+    assert ledger.done(range(8)) == set(range(8))
