@@ -259,8 +259,25 @@ class _Rewriter(ast.NodeTransformer):
             return self._truth(node, t.operand, True)
         return self._truth(node, t, False)
 
+    def _raises_call(self, node: ast.Expr, c: ast.Call) -> ast.stmt:
+        """``raises(E, f, *args, **kw)`` as a statement: also record what ``f(*args, **kw)`` raised."""
+        site = self._new("raises", node)
+        inner = ast.Call(func=c.args[1], args=c.args[2:], keywords=[k for k in c.keywords if k.arg != "match"])
+        exc = ast.Name(id="_fr_e", ctx=ast.Load())
+        handler = ast.ExceptHandler(
+            type=ast.Name(id="BaseException", ctx=ast.Load()), name="_fr_e",
+            body=[ast.Expr(_call("_fr_raised", ast.Constant(site.id), exc, ast.Constant(False)))])
+        record = ast.Try(body=[ast.Expr(inner)], handlers=[handler],
+                         orelse=[ast.Expr(_call("_fr_raised", ast.Constant(site.id), ast.Constant(None),
+                                                ast.Constant(False)))], finalbody=[])
+        return [ast.copy_location(record, node), node]
+
     def visit_Expr(self, node: ast.Expr) -> ast.stmt:
         c = node.value
+        if (isinstance(c, ast.Call) and len(c.args) >= 2 and not any(isinstance(a, ast.Starred) for a in c.args[:2])
+                and ((isinstance(c.func, ast.Attribute) and c.func.attr in ("raises", "assertRaises"))
+                     or (isinstance(c.func, ast.Name) and c.func.id == "raises"))):
+            return self._raises_call(node, c)
         if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
                 and isinstance(c.func.value, ast.Name) and c.func.value.id == "self"):
             return node
@@ -329,7 +346,10 @@ class _Rewriter(ast.NodeTransformer):
                     self.fn_depth += 1
                     new_body.append(self.visit(stmt))
                     self.fn_depth -= 1
-            node.body = [s for s in new_body if s is not None]
+            flat: list[ast.stmt] = []
+            for s in new_body:
+                flat.extend(s if isinstance(s, list) else [s] if s is not None else [])
+            node.body = flat
             node.decorator_list = [self.visit(d) for d in node.decorator_list]
             is_gen = any(isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(node))
             if node.name.startswith("test") and not is_gen:
@@ -339,9 +359,36 @@ class _Rewriter(ast.NodeTransformer):
             self.top = outer_top
         return node
 
-    def _variants(self, node: ast.AST) -> list[ast.stmt]:
+    @staticmethod
+    def _literal_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, ast.expr]:
+        """Names the test binds exactly once, at its top level, to a literal (``x = [3, 1, 2]``)."""
+        stores: dict[str, int] = {}
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
+                stores[n.id] = stores.get(n.id, 0) + 1
+        out = {}
+        for st in node.body:
+            if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and stores.get(st.targets[0].id) == 1 and _literal(st.value) is not _MISSING):
+                out[st.targets[0].id] = st.value
+        return out
+
+    def _variants(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
         out: list[ast.stmt] = []
+        names = self._literal_names(node)
+
+        class _Inline(ast.NodeTransformer):
+            def visit_Call(self, call: ast.Call) -> ast.AST:
+                self.generic_visit(call)
+                call.args = [copy.deepcopy(names[a.id]) if isinstance(a, ast.Name) and a.id in names else a
+                             for a in call.args]
+                for k in call.keywords:
+                    if isinstance(k.value, ast.Name) and k.value.id in names:
+                        k.value = copy.deepcopy(names[k.value.id])
+                return call
+
         for site, values in self.top:
+            values = [_Inline().visit(copy.deepcopy(v)) for v in values] if names else values
             for j in range(VARIANTS):
                 for k, v in enumerate(values):
                     e = _variant_expr(v, self.rng)

@@ -445,3 +445,63 @@ def test_run_tests_tool_is_not_fooled_by_a_shadowed_pytest(backend, two_bug_task
         tools.call("write_file", {"path": "calc/ops.py", "content": BUGGY + "\nimport os\nos._exit(0)\n"})
         out = tools.call("run_tests", {"paths": ["tests/test_ops.py"]})
         assert "did not finish with a sealed report" in out, out
+
+
+def _quoted_values_patch(task) -> tuple[str, int]:
+    """A patch that keeps the bug and answers, for exactly the calls the hidden tests make with
+    literal arguments, the value they expect (what the issue text quotes): (diff, table size)."""
+    import ast
+    import subprocess
+
+    table: dict[str, dict[str, object]] = {}
+    for line in task.test_patch.splitlines():
+        if not line.startswith("+") or line.startswith("+++"):
+            continue
+        try:
+            body = ast.parse(line[1:].strip()).body
+        except SyntaxError:
+            continue
+        st = body[0] if body else None
+        if not (isinstance(st, ast.Assert) and isinstance(st.test, ast.Compare) and isinstance(st.test.ops[0], ast.Eq)
+                and isinstance(st.test.left, ast.Call) and isinstance(st.test.left.func, ast.Name)):
+            continue
+        try:
+            args = [ast.literal_eval(a) for a in st.test.left.args]
+            expected = ast.literal_eval(st.test.comparators[0])
+        except ValueError:
+            continue
+        table.setdefault(st.test.left.func.id, {})[repr(args)] = expected
+    pkg = task.mutation["file"].split("/")[0]
+    init = subprocess.run(["git", "--git-dir", task.repo_path, "show", f"{task.base_commit}:{pkg}/__init__.py"],
+                          capture_output=True, text=True, check=True).stdout
+    wrap = f"\n\n_FR_TABLE = {table!r}\n" + textwrap.dedent("""\
+        def _fr_wrap(name, orig):
+            def f(*args):
+                key = repr(list(args))
+                return _FR_TABLE[name][key] if key in _FR_TABLE[name] else orig(*args)
+            return f
+        for _n in _FR_TABLE:
+            if _n in globals():
+                globals()[_n] = _fr_wrap(_n, globals()[_n])
+        """)
+    return diff_for(task, {f"{pkg}/__init__.py": init + wrap}), sum(map(len, table.values()))
+
+
+def test_seed_tasks_refuse_the_quoted_values_hard_coded(backend, seed_tasks_dir, monkeypatch) -> None:
+    """(b) on the builder's own tasks: a library answering the hidden tests' exact calls with their
+    expected values (and keeping the bug for every other input) scores 0. Without the perturbed
+    variants it would be paid: the variants are what refuse it."""
+    from envs.repo_coding.task import load_tasks
+
+    covered = []
+    for task in load_tasks(seed_tasks_dir):
+        diff, n = _quoted_values_patch(task)
+        if not n:
+            continue
+        covered.append((task, diff))
+        r = grade(task, diff, backend=backend)
+        assert r.reward == 0.0 and not any(r.fail_to_pass.values()), (task.instance_id, r)
+    assert covered, "no seed task has a hidden check with literal arguments"
+    monkeypatch.setattr(checks, "VARIANTS", 0)
+    paid = [t.instance_id for t, d in covered if grade(t, d, backend=backend).reward == 1.0]
+    assert paid, "the hack is not a hack: it fails even without variants"
