@@ -118,11 +118,12 @@ def test_a_sandbox_killed_mid_grade_is_retried_and_left_out_of_the_batch_and_its
 
 def test_a_grader_that_always_fails_does_not_block_the_run(tmp_path: Path) -> None:
     """Every grade's sandbox is killed: each episode aborts every attempt, each batch is empty,
-    and the run still takes its steps (weights unchanged) and reports what aborted."""
+    and the run still takes its steps (weights unchanged) and reports what aborted. The rollout
+    runs in its own process here (the other runs keep it in the learner's)."""
     torch.set_num_threads(1)
     cfg = load_config("math-tiny", [
         *BASE, "trainer.steps=2", "rollout.concurrency=4", "rollout.max_infra_retries=1",
-        "env.kwargs={kills: -1}", "trainer.keep_checkpoints=10",
+        "env.kwargs={kills: -1}", "trainer.keep_checkpoints=10", "trainer.backend=process",  # the default backend
     ])
     trainer = Trainer(cfg, tmp_path, console=False)
     res = trainer.run()
