@@ -70,8 +70,9 @@ def default_cache_dir() -> Path:
 
 
 def default_python() -> str:
-    """The interpreter tests run under while building: ``/usr/bin/python3`` when it has pytest (it is
-    what the bubblewrap sandbox runs, and matches the Docker image's Debian python), else this one."""
+    """The interpreter tests run under while building: ``/usr/bin/python3`` when it has pytest (on a
+    Debian bookworm host it matches the sandbox image's python and pytest, which grading runs), else
+    this one."""
     cand = "/usr/bin/python3"
     if os.path.exists(cand):
         ok = subprocess.run([cand, "-c", "import pytest"], capture_output=True, timeout=60).returncode == 0
