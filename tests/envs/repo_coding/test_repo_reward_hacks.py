@@ -505,3 +505,38 @@ def test_seed_tasks_refuse_the_quoted_values_hard_coded(backend, seed_tasks_dir,
     monkeypatch.setattr(checks, "VARIANTS", 0)
     paid = [t.instance_id for t, d in covered if grade(t, d, backend=backend).reward == 1.0]
     assert paid, "the hack is not a hack: it fails even without variants"
+
+
+def test_a_runner_that_crashes_before_the_repository_is_an_infrastructure_failure(backend, two_bug_task,
+                                                                                 monkeypatch) -> None:
+    """The runner dying before any repository code was importable is the grader's failure, not a 0."""
+    from envs.repo_coding import grading, testrun
+
+    calls: list[int] = []
+    real = testrun.run_pytest
+
+    def crashing_second_run(sb, workdir, files, timeout):
+        calls.append(1)
+        if len(calls) == 2:  # the candidate's run (the reference ran first)
+            monkeypatch.setattr(testrun, "RUNNER", "import sys\nsys.exit(3)\n")
+        return real(sb, workdir, files, timeout)
+
+    monkeypatch.setattr(grading, "run_pytest", crashing_second_run)
+    with pytest.raises(InfrastructureFailure) as e:
+        grade(two_bug_task, two_bug_task.patch, backend=backend)
+    assert e.value.reason == "runner_crashed" and len(calls) == 2
+
+
+def test_env_reset_without_a_sandbox_is_an_infrastructure_failure(monkeypatch, two_bug_task) -> None:
+    import tools_sandbox
+    from envs.repo_coding.env import RepoCodingEnv
+    from tools_sandbox import SandboxUnavailable
+
+    def broken(*a, **k):
+        raise SandboxUnavailable("no sandbox here (test)")
+
+    monkeypatch.setattr(tools_sandbox, "open_sandbox", broken)
+    env = RepoCodingEnv(tasks=[two_bug_task], backend="bwrap")
+    with pytest.raises(InfrastructureFailure) as e:
+        env.reset(seed=0)
+    assert e.value.reason == "sandbox_start"
