@@ -126,7 +126,7 @@ def test_hack_power_restating_the_question(boxed) -> None:
     assert grade(boxed, task, r"\boxed{1000}")[0] == 1.0
 
 
-def test_hack_huge_expression_is_the_answers_fault_not_the_graders(verifier_pool) -> None:
+def test_hack_huge_expression_scores_zero_without_infrastructure_failure(verifier_pool) -> None:
     env = MathVerifierEnv(task_source=None, pool=verifier_pool, verify_timeout=1.5)
     info = assert_unpaid(env, ADD, r"\boxed{9^{9^{9^{9}}}}")
     assert info["reason"] in ("timeout", "unparsable", "wrong")  # never an InfrastructureFailure
@@ -254,7 +254,7 @@ def _echo(name: str, task: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("name", ["spell_backward", "word_sorting", "letter_jumble", "sentence_reordering"])
-def test_hack_reasoning_gym_echo_of_the_input(verifier_pool, name) -> None:
+def test_hack_reasoning_gym_echo_of_the_input_beside_gold_and_empty_controls(verifier_pool, name) -> None:
     env = MathVerifierEnv(task_source=None, pool=verifier_pool, max_answer_chars=2000)
     tasks = [t for t in get_task_source("reasoning_gym", seed=0, name=name, size=12, test_size=0).split("train")]
     echoed = 0
@@ -392,7 +392,7 @@ def test_hack_python_tool_restated_final_answer(backend, verifier_pool) -> None:
         env.close()
 
 
-def test_control_python_tool_shown_answer_and_final_answer(backend, verifier_pool) -> None:
+def test_control_python_tool_shown_answer_final_answer_wrong_and_empty(backend, verifier_pool) -> None:
     env = tool_env(backend, verifier_pool)
     try:
         assert cut_after(env, [call("x = 22 + 48\nprint('x =', x)")]) == (0.5, 0.5)
@@ -440,7 +440,7 @@ def test_hack_alfworld_moving_a_preplaced_object_between_goal_receptacles() -> N
     assert alfworld_partial("pick_heat_then_place_in_recep", HEAT, moved, False, initial=start) == 0.0
 
 
-def test_hack_alfworld_lamp_on_and_agent_by_it_at_the_start() -> None:
+def test_hack_alfworld_lamp_on_and_agent_by_it_at_the_start_even_after_toggling() -> None:
     start = _facts(*TYPES, ("istoggled", "lamp_1"), ("atlocation", "agent1", "loc_lamp"))
     assert alfworld_partial("look_at_obj_in_light", LOOK, start, False, initial=start) == 0.0
     off = _facts(*TYPES, ("atlocation", "agent1", "loc_lamp"))
