@@ -236,6 +236,28 @@ def _load_check(spec: dict, candidate: object) -> object:
     return namespace["check"]
 
 
+def _judge(check: object, candidate: object, broken: list[str]) -> dict:
+    """Run ``check(candidate)``; the checker's last message. ``done`` when the test ran to its end
+    (``passed``) or stopped on the values (an assert, a ``TypeError`` on a wrong type...);
+    ``broken`` when the checker could not judge: a call it could not send (``broken``), or a test
+    that raises ``NameError``/``ImportError``, which no value can cause (``UnboundLocalError`` can:
+    a loop over an empty result)."""
+    import traceback
+
+    try:
+        check(candidate)  # type: ignore[operator]
+    except BaseException as e:  # noqa: BLE001 - whatever the test raises ends the judgement
+        trace = traceback.format_exc(limit=-2)[-1500:]
+        if broken or isinstance(e, _Broken):
+            return {"op": "broken", "error": broken[0] if broken else str(e)}
+        if isinstance(e, (NameError, ImportError, SyntaxError)) and not isinstance(e, UnboundLocalError):
+            return {"op": "broken", "error": "the test is broken: " + trace}
+        return {"op": "done", "passed": False, "error": trace}
+    if broken:  # the test swallowed a _Broken with a bare except
+        return {"op": "broken", "error": broken[0]}
+    return {"op": "done", "passed": True, "error": ""}
+
+
 def main() -> None:
     import os
     import sys
@@ -275,27 +297,7 @@ def main() -> None:
     except BaseException:  # noqa: BLE001 - the test itself does not load
         send({"op": "broken", "error": "the test does not load: " + traceback.format_exc(limit=-2)[-1500:]})
         return
-    try:
-        check(candidate)
-    except _Broken as e:
-        send({"op": "broken", "error": str(e)})
-        return
-    except (NameError, ImportError, SyntaxError) as e:
-        if type(e) is not UnboundLocalError:  # that one a strange value can cause (an empty loop)
-            send({"op": "broken", "error": "the test is broken: " + traceback.format_exc(limit=-2)[-1500:]})
-            return
-        send({"op": "done", "passed": False, "error": traceback.format_exc(limit=-2)[-1500:]})
-        return
-    except BaseException:  # noqa: BLE001 - an assert, or the test tripping over the values
-        if broken:
-            send({"op": "broken", "error": broken[0]})
-        else:
-            send({"op": "done", "passed": False, "error": traceback.format_exc(limit=-2)[-1500:]})
-        return
-    if broken:
-        send({"op": "broken", "error": broken[0]})
-        return
-    send({"op": "done", "passed": True, "error": ""})
+    send(_judge(check, candidate, broken))
 
 
 if __name__ == "__main__":
