@@ -49,6 +49,7 @@ _SCI_TEN_RE = re.compile(rf"^[+-]?(?:({_DEC})(?:\\times|\\cdot|\*|x))?10\^(?:\{{
 _FRAC_TEX_RE = re.compile(r"^([+-]?)\\frac\{([+-]?[0-9]+)\}\{([+-]?[0-9]+)\}$")
 _FRAC_SHORT_RE = re.compile(r"^([+-]?)\\frac([0-9])([0-9])$")  # \frac12
 _FRAC_SLASH_RE = re.compile(r"^([+-]?[0-9]+)/([+-]?[0-9]+)$")
+_MIXED_RE = re.compile(r"^([+-]?)([0-9]+)\\frac\{([0-9]+)\}\{([0-9]+)\}$")  # 2\frac{1}{4} = 9/4
 
 _BOLD_RE = re.compile(r"^\\(?:textbf|mathbf|boldsymbol|bm)\s*\{(.*)\}$")
 _MONEY_PREFIX_RE = re.compile(r"^\\?\$\s*")  # \$18
@@ -132,7 +133,8 @@ def parse_number(text: str) -> NumberLiteral | None:
 
     A number literal is, after :func:`_strip_decorations`, one of: an integer or decimal with an
     optional sign (``-3``, ``12.0``, ``.5``, ``1,000`` with commas grouping exactly three digits);
-    a fraction of two integers (``1/2``, ``\\frac{1}{2}``, ``\\dfrac12``, ``-\\frac{3}{4}``);
+    a fraction of two integers (``1/2``, ``\\frac{1}{2}``, ``\\dfrac12``, ``-\\frac{3}{4}``) or a mixed
+    number (``2\\frac{1}{4}``);
     scientific notation with base ten and an integer exponent (``7e1``, ``1.5E-3``,
     ``7\\times 10^{1}``, ``10^{3}``). Whitespace between digits (``3 4``), any other operator, any
     letter left over and any non-ASCII digit make it not a number.
@@ -159,6 +161,10 @@ def parse_number(text: str) -> NumberLiteral | None:
     m = _FRAC_SLASH_RE.match(s)
     if m:
         return _fraction("", m.group(1), m.group(2))
+    m = _MIXED_RE.match(s)
+    if m and int(m.group(4)) != 0:
+        whole = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
+        return NumberLiteral(-whole if m.group(1) == "-" else whole, False, _ints_of(*m.groups()[1:]))
     return None
 
 

@@ -71,6 +71,13 @@ def test_control_number_gold_is_paid_in_every_format(boxed, tagged, plain) -> No
         assert grade(boxed, ADD, reply)[0] == 1.0, reply
 
 
+def test_control_fraction_golds_take_fractions_decimals_and_mixed_numbers(boxed) -> None:
+    task = {"prompt": "A recipe needs 9 quarter cups of flour. How many cups is that?", "answer": r"\frac{9}{4}"}
+    for reply in [r"\boxed{\frac{9}{4}}", r"\boxed{2.25}", r"\boxed{2\frac{1}{4}}", r"\boxed{18/8}"]:
+        assert grade(boxed, task, reply)[0] == 1.0, reply
+    assert_unpaid(boxed, task, r"\boxed{9/4 + 0}")
+
+
 def test_control_empty_and_wrong_answers_score_zero(boxed, plain) -> None:
     assert assert_unpaid(boxed, ADD, "")["reason"] == "no_answer"
     assert assert_unpaid(boxed, ADD, r"\boxed{71}")["reason"] == "wrong"
