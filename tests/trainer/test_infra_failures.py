@@ -116,6 +116,36 @@ def test_a_sandbox_killed_mid_grade_is_retried_and_left_out_of_the_batch_and_its
     assert "aborted" not in MetricsSink.progress_line(second)
 
 
+def test_a_failure_that_passes_leaves_the_training_data_and_the_weights_as_without_it(tmp_path: Path) -> None:
+    """The same run twice, once with episode 0's first grade killed: its retry requests the same
+    seeds, so both runs train on the same tokens and rewards and end with equal weights."""
+    from safetensors.torch import load_file
+
+    torch.set_num_threads(1)
+    trained = {}
+    for name, kills in (("clean", 0), ("killed", 1)):
+        tickets = tmp_path / f"tickets_{name}"
+        tickets.mkdir()
+        cfg = load_config("math-tiny", [
+            *BASE, "trainer.steps=2", "rollout.concurrency=1", "rollout.max_infra_retries=1",
+            f"env.kwargs={{kills: {kills}, ticket_dir: {tickets}}}",
+        ])
+        run = tmp_path / name
+        assert Trainer(cfg, run, console=False).run().ok
+        ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
+        data = []
+        for k in range(2):
+            rows = ledger.batch_rows(k)
+            data.append([(r[0], r[2], t.token_ids, t.logprobs) for r, t in zip(rows, tree.trajectories([r[1] for r in rows]), strict=True)])
+        trained[name] = (data, len(ledger.aborted_rows(0)), load_file(run / "checkpoints" / "step_000002" / "model.safetensors"))
+        ledger.close()
+        tree.close()
+    (clean, clean_aborts, clean_w), (killed, killed_aborts, killed_w) = trained["clean"], trained["killed"]
+    assert (clean_aborts, killed_aborts) == (0, 1)
+    assert killed == clean and [len(b) for b in clean] == [4, 4]
+    assert all(torch.equal(clean_w[k], killed_w[k]) for k in clean_w)
+
+
 def test_a_grader_that_always_fails_does_not_block_the_run(tmp_path: Path) -> None:
     """Every grade's sandbox is killed: each episode aborts every attempt, each batch is empty,
     and the run still takes its steps (weights unchanged) and reports what aborted. The rollout
