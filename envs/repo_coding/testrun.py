@@ -390,7 +390,16 @@ class _Report:
 
     def __init__(self, records):
         self.tests, self.finished, self.exit_status = {}, False, None
-        self.records, self.started, self.late_plugins = records, False, []
+        self.records, self.started, self.late_plugins, self.foreign = records, False, [], []
+
+    def pytest_collection_modifyitems(self, session, config, items):
+        # A test whose function was not compiled from its own file (a module swapped in sys.modules,
+        # a function built from a string) is not the trusted test: it counts as failed.
+        for item in items:
+            code = getattr(getattr(item, "function", None), "__code__", None)
+            path = getattr(item, "path", None) or getattr(item, "fspath", None)
+            if code is not None and path is not None and _realpath(code.co_filename) != _realpath(str(path)):
+                self.foreign.append(_exact_str(item.nodeid))
 
     def pytest_sessionstart(self, session):
         self.started = True
@@ -497,7 +506,8 @@ def main():
     except BaseException:  # noqa: BLE001 - whatever pytest did not catch: its report says what ran
         traceback.print_exc()
     payload = {"tests": report.tests, "finished": report.finished, "exit_status": _repr(report.exit_status),
-               "tampered": rebound(snap), "records": records.by_test, "late_plugins": report.late_plugins}
+               "tampered": rebound(snap), "records": records.by_test, "late_plugins": report.late_plugins,
+               "foreign": report.foreign}
     # Serialised by repr of exact builtin values only: no module function the repository could wrap.
     _fr_seal(secret, out, _repr(payload).encode("utf-8", "backslashreplace"), result_path)
     os._exit(0)
@@ -572,6 +582,9 @@ def run_pytest(sb: Any, workdir: str, files: list[str], timeout: float) -> Pytes
             out.finished = data.get("finished") is True
             out.tampered = list(data.get("tampered") or [])
             out.late_plugins = list(data.get("late_plugins") or [])
+            for nid in data.get("foreign") or []:  # not the trusted test file's function: failed
+                if isinstance(nid, str):
+                    out.report[nid] = {"outcome": "failed", "message": "the test function is not from its file"}
         else:
             out.evidence = "forged"
     return out

@@ -157,6 +157,16 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             exec("def test_add():\\n    pass\\ndef test_mul():\\n    pass\\ndef test_neg():\\n    pass\\n", _m.__dict__)
             sys.modules[_name] = _m
         """)},
+    "swaps_the_test_module_compiled_under_its_own_file_name": {"calc/__init__.py": textwrap.dedent("""\
+        import os, sys, types
+        _path = os.path.join(os.getcwd(), "tests", "test_ops.py")
+        _src = "def test_add():\\n    pass\\ndef test_mul():\\n    pass\\ndef test_neg():\\n    pass\\n"
+        for _name in ("test_ops", "tests.test_ops"):
+            _m = types.ModuleType(_name)
+            _m.__file__ = _path
+            exec(compile(_src, _path, "exec"), _m.__dict__)
+            sys.modules[_name] = _m
+        """)},
     # (d) the report's serialiser wrapped to say every test passed
     "wraps_json_dumps_and_repr_of_reports": lib("""\
         import json, json.encoder
