@@ -204,6 +204,26 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             if _name in sys.modules and _real is not None:
                 sys.modules[_name]._fr_site = _site
         """)},
+    # the runner's own report and records found through gc and rewritten as the session ends
+    "rewrites_the_runners_report_and_records_through_gc": lib("""\
+        import atexit, gc, threading, time
+        def _edit():
+            for o in gc.get_objects():
+                name = type(o).__name__
+                if name == "_Report" and isinstance(getattr(o, "tests", None), dict):
+                    for v in o.tests.values():
+                        v["outcome"] = "passed"
+                if name == "_Records" and isinstance(getattr(o, "by_test", None), dict):
+                    for recs in o.by_test.values():
+                        for rec in recs:
+                            if isinstance(rec[1], list) and len(rec[1]) == 2 and isinstance(rec[1][1], tuple):
+                                rec[1][1] = tuple({-1: 5, 5: 6}.get(v, v) for v in rec[1][1])
+        def _loop():
+            while True:
+                time.sleep(0.005)
+                _edit()
+        threading.Thread(target=_loop, daemon=True).start()
+        """),
     # the expected value read from the checking line's source text
     "reads_the_expected_value_from_the_callers_line": redefine("""\
         import inspect, re
