@@ -247,7 +247,8 @@ def _judge(check: object, candidate: object, broken: list[str]) -> dict:
     try:
         check(candidate)  # type: ignore[operator]
     except BaseException as e:  # noqa: BLE001 - whatever the test raises ends the judgement
-        trace = traceback.format_exc(limit=-2)[-1500:]
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # from the test on
+        trace = "".join(traceback.format_exception(type(e), e, tb))[-1500:]
         if broken or isinstance(e, _Broken):
             return {"op": "broken", "error": broken[0] if broken else str(e)}
         if isinstance(e, (NameError, ImportError, SyntaxError)) and not isinstance(e, UnboundLocalError):
