@@ -50,11 +50,15 @@ def collect(
     elapsed = time.monotonic() - t0
     leaves = [leaf for r in results for leaf in r.leaves]
     tokens = sum(leaf.policy_tokens for leaf in leaves)
+    graded = [leaf for leaf in leaves if leaf.status != "aborted"]  # aborted: grading could not happen
     lines = [
         f"episodes     {len(results)}",
         f"leaves       {len(leaves)}",
-        f"mean reward  {sum(leaf.reward for leaf in leaves) / len(leaves):.4f}",
+        f"mean reward  {sum(leaf.reward for leaf in graded) / len(graded):.4f}" if graded else "mean reward  n/a",
     ]
+    if len(graded) < len(leaves):
+        reasons = sorted({str(leaf.info.get("aborted_by")) for leaf in leaves if leaf.status == "aborted"})
+        lines.append(f"aborted      {len(leaves) - len(graded)} (not graded: {', '.join(reasons)}; not in the mean)")
     if actor is not None:
         demo = sum(e - s for leaf in leaves for s, e in leaf.info.get("demo_spans", []))
         won = sum(bool(leaf.info.get("won")) for leaf in leaves)
