@@ -244,6 +244,8 @@ _int_int, _float_float, _float_repr = int.__int__, float.__float__, float.__repr
 _qualname_of = type.__dict__["__qualname__"].__get__
 _module_of = type.__dict__["__module__"].__get__
 _exc_args = BaseException.__dict__["args"].__get__
+_fn_name = types.FunctionType.__dict__["__qualname__"].__get__
+_fn_module = types.FunctionType.__dict__["__module__"].__get__
 _getattribute = object.__getattribute__
 _realpath, _sep, _modules = os.path.realpath, os.sep, sys.modules
 _INF = float("inf")
@@ -338,6 +340,12 @@ class _Records:
                 return self.plain(conv(v), budget, depth)
         if _issubclass(t, types.ModuleType):
             return ("__obj__", "module", self._name(t), False)
+        if t is types.FunctionType:  # a function is its name (two lambdas are not told apart)
+            try:
+                name = _exact_str(_fn_module(v) or "") + "." + _exact_str(_fn_name(v))
+            except BaseException:  # noqa: BLE001
+                name = "?"
+            return ("__obj__", "function", name, False)
         try:
             attrs = _getattribute(v, "__dict__")
             attrs = self.plain(_dict_copy(attrs), budget, d) if _issubclass(_type(attrs), dict) else None
