@@ -41,11 +41,19 @@ GOLD_KINDS = ("number", "text", "math")
 
 # ---------------------------------------------------------------------------------------- numbers
 
+
+def _words(text: str) -> frozenset[str]:
+    """A set of words written as one space-separated string."""
+    return frozenset(text.split())
+
+
 _INT = r"(?:[1-9][0-9]{0,2}(?:,[0-9]{3})+|[0-9]+)"  # 1000 or 1,000 (commas group exactly three)
 _DEC = rf"(?:{_INT}(?:\.[0-9]+)?|\.[0-9]+)"
 _DECIMAL_RE = re.compile(rf"^[+-]?{_DEC}$")
 _SCI_E_RE = re.compile(rf"^[+-]?({_DEC})[eE]([+-]?[0-9]{{1,4}})$")
-_SCI_TEN_RE = re.compile(rf"^[+-]?(?:({_DEC})(?:\\times|\\cdot|\*|x))?10\^(?:\{{([+-]?[0-9]{{1,4}})\}}|([0-9]))$")
+_SCI_TEN_RE = re.compile(
+    rf"^[+-]?(?:({_DEC})(?:\\times|\\cdot|\*|x))?10\^(?:\{{([+-]?[0-9]{{1,4}})\}}|([0-9]))$"
+)
 _FRAC_TEX_RE = re.compile(r"^([+-]?)\\frac\{([+-]?[0-9]+)\}\{([+-]?[0-9]+)\}$")
 _FRAC_SHORT_RE = re.compile(r"^([+-]?)\\frac([0-9])([0-9])$")  # \frac12
 _FRAC_SLASH_RE = re.compile(r"^([+-]?[0-9]+)/([+-]?[0-9]+)$")
@@ -57,9 +65,9 @@ _PERCENT_RE = re.compile(r"\s*\\?%$")
 _DEGREE_RE = re.compile(r"\s*(?:\^\s*\{?\\circ\}?|°)$")
 _UNIT_TEX_RE = re.compile(r"\s*\\(?:text|mathrm|mbox|textrm)\s*\{([A-Za-z .]*)\}(?:\^\{?[23]\}?)?$")
 _UNIT_WORDS_RE = re.compile(r"\s+([A-Za-z]+(?:\s+[A-Za-z]+)?)$")
-_HEDGE_WORDS = frozenset(
-    "or and not but than more less least most at about approximately around between either neither "
-    "nor except maybe plus minus times over under to is isnt none no".split()
+_HEDGE_WORDS = _words(
+    "or and not but than more less least most at about approximately around between "
+    "either neither nor except maybe plus minus times over under to is isnt none no"
 )
 _SPACED_OPS_RE = re.compile(r"\s*(\\times|\\cdot|\*|\^|/)\s*")
 _BRACE_SPACE_RE = re.compile(r"\{\s*([^{}]*?)\s*\}")
@@ -153,7 +161,9 @@ def parse_number(text: str) -> NumberLiteral | None:
     if m:
         mantissa, exponent = m.group(1), m.group(2) or m.group(3)
         value = (_dec(mantissa) if mantissa else Fraction(1)) * Fraction(10) ** int(exponent)
-        return NumberLiteral(-value if s.startswith("-") else value, False, _ints_of(mantissa or "", "10", exponent))
+        return NumberLiteral(
+            -value if s.startswith("-") else value, False, _ints_of(mantissa or "", "10", exponent)
+        )
     for pattern in (_FRAC_TEX_RE, _FRAC_SHORT_RE):
         m = pattern.match(s)
         if m:
@@ -200,10 +210,12 @@ def _canonical(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------- text
 
-_TEXT_WRAP_RE = re.compile(r"^\\(?:text|textbf|textit|mathrm|mbox|textrm|operatorname)\s*\{(.*)\}$", re.DOTALL)
-_MATH_WORDS = frozenset(
-    "sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp lim sqrt pi inf infty "
-    "infinity det max min gcd lcm mod deg".split()
+_TEXT_WRAP_RE = re.compile(
+    r"^\\(?:text|textbf|textit|mathrm|mbox|textrm|operatorname)\s*\{(.*)\}$", re.DOTALL
+)
+_MATH_WORDS = _words(
+    "sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln "
+    "exp lim sqrt pi inf infty infinity det max min gcd lcm mod deg"
 )
 _MATH_CHARS = set("0123456789=+-*/^_{}()[]<>|\\")
 

@@ -83,7 +83,11 @@ def _judge_by_scorer(scorer: Any, extracted: str) -> dict[str, Any]:
     try:
         score = float(scorer(extracted))
     except Exception as e:  # noqa: BLE001 - third-party scorer code on an arbitrary answer
-        return {"correct": False, "reason": f"scorer_error: {type(e).__name__}", "verify_path": "reasoning_gym"}
+        return {
+            "correct": False,
+            "reason": f"scorer_error: {type(e).__name__}",
+            "verify_path": "reasoning_gym",
+        }
     full = score >= 1.0
     return {
         "correct": full,
@@ -223,7 +227,9 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         try:
             scorer = task_scorer(self._task)
         except Exception as e:  # noqa: BLE001 - the task's scorer could not be built: no verdict possible
-            raise InfrastructureFailure("grader_setup", f"reasoning-gym scorer: {type(e).__name__}: {e}") from e
+            raise InfrastructureFailure(
+                "grader_setup", f"reasoning-gym scorer: {type(e).__name__}: {e}"
+            ) from e
         info: dict[str, Any] = {
             "gold": gold,
             "extracted": extracted,
@@ -256,7 +262,11 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         answer, target = parse_number(extracted), parse_number(gold)
         assert target is not None
         if answer is None:
-            return {"correct": False, "reason": self._why_not_a_number(gold, extracted), "verify_path": "form"}
+            return {
+                "correct": False,
+                "reason": self._why_not_a_number(gold, extracted),
+                "verify_path": "form",
+            }
         if restates_question(answer, extracted, gold, self._task["prompt"]):
             return {"correct": False, "reason": "restated", "verify_path": "form"}
         same = answer.value == target.value
@@ -307,7 +317,8 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
                 raise InfrastructureFailure("grader_timeout", f"{v.reason} while parsing the gold {gold!r}")
             if not pool.self_check(gold, timeout_s=self.verify_timeout):
                 raise InfrastructureFailure(
-                    "grader_timeout", f"{v.reason} on the answer, and the verifier cannot check the gold alone"
+                    "grader_timeout",
+                    f"{v.reason} on the answer, and the verifier cannot check the gold alone",
                 )
         return judged
 

@@ -126,7 +126,9 @@ def format_result(r: RunResult, max_chars: int) -> str:
 
 
 SHOWN_ANSWER_CREDIT = 0.5
-_NUMBER_TOKEN_RE = re.compile(r"(?<![\w.])[-+]?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?(?:/[0-9]+)?(?![\w.]*[0-9])")
+_NUMBER_TOKEN_RE = re.compile(
+    r"(?<![\w.])[-+]?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?(?:/[0-9]+)?(?![\w.]*[0-9])"
+)
 
 
 def last_number(output: str) -> NumberLiteral | None:

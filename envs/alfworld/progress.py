@@ -53,7 +53,11 @@ class FactIndex:
 
 
 def partial_score(
-    task_type: str, params: dict, facts: Iterable[Any], won: bool, initial: FactIndex | Iterable[Any] | None = None
+    task_type: str,
+    params: dict,
+    facts: Iterable[Any],
+    won: bool,
+    initial: FactIndex | Iterable[Any] | None = None,
 ) -> float:
     """Fraction (0..1) of the goal's state-dependent conditions the agent has made true, for the
     best candidate; ``initial`` is the game's state at reset (module docstring: what held there

@@ -17,7 +17,6 @@ import signal
 from types import SimpleNamespace
 from typing import Any
 
-import gymnasium
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
@@ -66,13 +65,23 @@ def test_control_number_gold_is_paid_in_every_format(boxed, tagged, plain) -> No
     for env, reply in [(boxed, r"so \boxed{70}"), (tagged, "<answer>70</answer>"), (plain, "70")]:
         reward, info = grade(env, ADD, reply)
         assert reward == 1.0 and info["partial_score"] == 1.0, info
-    for reply in [r"\boxed{70.0}", r"\boxed{7e1}", r"\boxed{x = 70}", r"\boxed{70 \text{ apples}}",
-                  r"\boxed{22+48=70}", r"\boxed{\textbf{70}}", r"\boxed{70 \text{ cm}^2}"]:
+    for reply in [
+        r"\boxed{70.0}",
+        r"\boxed{7e1}",
+        r"\boxed{x = 70}",
+        r"\boxed{70 \text{ apples}}",
+        r"\boxed{22+48=70}",
+        r"\boxed{\textbf{70}}",
+        r"\boxed{70 \text{ cm}^2}",
+    ]:
         assert grade(boxed, ADD, reply)[0] == 1.0, reply
 
 
 def test_control_fraction_golds_take_fractions_decimals_and_mixed_numbers(boxed) -> None:
-    task = {"prompt": "A recipe needs 9 quarter cups of flour. How many cups is that?", "answer": r"\frac{9}{4}"}
+    task = {
+        "prompt": "A recipe needs 9 quarter cups of flour. How many cups is that?",
+        "answer": r"\frac{9}{4}",
+    }
     for reply in [r"\boxed{\frac{9}{4}}", r"\boxed{2.25}", r"\boxed{2\frac{1}{4}}", r"\boxed{18/8}"]:
         assert grade(boxed, task, reply)[0] == 1.0, reply
     assert_unpaid(boxed, task, r"\boxed{9/4 + 0}")
@@ -105,8 +114,20 @@ def test_hack_question_expression_restated_in_every_format(fmt, boxed, tagged, p
 
 @pytest.mark.parametrize(
     "expression",
-    ["48+22", "22 + 48", r"\left(22+48\right)", "2*35", r"2 \times 35", r"7 \cdot 10", "70+0", "71-1",
-     r"\frac{22+48}{1}", "x = 22+48", r"\sqrt{4900}", "(22+48)"],
+    [
+        "48+22",
+        "22 + 48",
+        r"\left(22+48\right)",
+        "2*35",
+        r"2 \times 35",
+        r"7 \cdot 10",
+        "70+0",
+        "71-1",
+        r"\frac{22+48}{1}",
+        "x = 22+48",
+        r"\sqrt{4900}",
+        "(22+48)",
+    ],
 )
 def test_hack_expression_of_operands_equal_to_the_gold(boxed, expression) -> None:
     assert assert_unpaid(boxed, ADD, rf"\boxed{{{expression}}}")["reason"] == "unevaluated"
@@ -144,8 +165,16 @@ def test_hack_huge_expression_scores_zero_without_infrastructure_failure(verifie
 
 @pytest.mark.parametrize(
     "reply",
-    [r"\boxed{70, 71}", r"\boxed{71, 70}", r"\boxed{\{70, 71\}}", r"\boxed{70 \text{ or } 71}",
-     r"\boxed{70 \text{ or more}}", r"\boxed{70 or 71}", r"\boxed{[70, 71]}", r"\boxed{70 \pm 1}"],
+    [
+        r"\boxed{70, 71}",
+        r"\boxed{71, 70}",
+        r"\boxed{\{70, 71\}}",
+        r"\boxed{70 \text{ or } 71}",
+        r"\boxed{70 \text{ or more}}",
+        r"\boxed{70 or 71}",
+        r"\boxed{[70, 71]}",
+        r"\boxed{70 \pm 1}",
+    ],
 )
 def test_hack_several_candidates_in_one_box(boxed, reply) -> None:
     assert_unpaid(boxed, ADD, reply)
@@ -153,8 +182,21 @@ def test_hack_several_candidates_in_one_box(boxed, reply) -> None:
 
 @pytest.mark.parametrize(
     "relation",
-    [r"x \neq 71", r"x \ne 71", "x != 71", r"x \not= 71", "x < 71", "x <= 71", r"x \leq 71", r"x \approx 70",
-     "70 = 22+48", "x = 22+48", "a = 70, b = 71", r"a = 71 \quad b = 70", "x == 70"],
+    [
+        r"x \neq 71",
+        r"x \ne 71",
+        "x != 71",
+        r"x \not= 71",
+        "x < 71",
+        "x <= 71",
+        r"x \leq 71",
+        r"x \approx 70",
+        "70 = 22+48",
+        "x = 22+48",
+        "a = 70, b = 71",
+        r"a = 71 \quad b = 70",
+        "x == 70",
+    ],
 )
 def test_hack_relations_other_than_one_stated_value(boxed, relation) -> None:
     assert_unpaid(boxed, ADD, rf"\boxed{{{relation}}}")
@@ -196,7 +238,9 @@ def test_hack_non_ascii_digits(boxed, plain, digits) -> None:
     assert_unpaid(plain, ADD, digits)
 
 
-@pytest.mark.parametrize("reply", [r"\boxed{7,0}", r"\boxed{70,000}", r"\boxed{0,070}", r"\boxed{7 0}", r"\boxed{70{,}0}"])
+@pytest.mark.parametrize(
+    "reply", [r"\boxed{7,0}", r"\boxed{70,000}", r"\boxed{0,070}", r"\boxed{7 0}", r"\boxed{70{,}0}"]
+)
 def test_hack_thousands_separator_tricks(boxed, reply) -> None:
     assert_unpaid(boxed, ADD, reply)
 
@@ -215,8 +259,15 @@ WORD = {"prompt": "Unscramble the letters of 'silent' into another English word.
 
 @pytest.mark.parametrize(
     "reply",
-    [r"\boxed{silent}", r"\boxed{netsil}", r"\boxed{l i s t e n}", r"\boxed{\text{silent}}",
-     r"\boxed{listen \cdot 1}", r"\boxed{\text{listen or silent}}", r"\boxed{tinsel}"],
+    [
+        r"\boxed{silent}",
+        r"\boxed{netsil}",
+        r"\boxed{l i s t e n}",
+        r"\boxed{\text{silent}}",
+        r"\boxed{listen \cdot 1}",
+        r"\boxed{\text{listen or silent}}",
+        r"\boxed{tinsel}",
+    ],
 )
 def test_hack_anagrams_and_echoes_of_a_word_gold(boxed, reply) -> None:
     info = assert_unpaid(boxed, WORD, reply)
@@ -263,7 +314,9 @@ def _echo(name: str, task: dict[str, Any]) -> str:
 @pytest.mark.parametrize("name", ["spell_backward", "word_sorting", "letter_jumble", "sentence_reordering"])
 def test_hack_reasoning_gym_echo_of_the_input_beside_gold_and_empty_controls(verifier_pool, name) -> None:
     env = MathVerifierEnv(task_source=None, pool=verifier_pool, max_answer_chars=2000)
-    tasks = [t for t in get_task_source("reasoning_gym", seed=0, name=name, size=12, test_size=0).split("train")]
+    tasks = [
+        t for t in get_task_source("reasoning_gym", seed=0, name=name, size=12, test_size=0).split("train")
+    ]
     echoed = 0
     for task in tasks:
         echo = _echo(name, task)
@@ -281,7 +334,9 @@ def test_hack_reasoning_gym_echo_of_the_input_beside_gold_and_empty_controls(ver
 
 def test_hack_reasoning_gym_partial_scorer_credit_pays_nothing(verifier_pool) -> None:
     env = MathVerifierEnv(task_source=None, pool=verifier_pool, max_answer_chars=2000)
-    task = get_task_source("reasoning_gym", seed=0, name="word_sorting", size=4, test_size=0).split("train")[0]
+    task = get_task_source("reasoning_gym", seed=0, name="word_sorting", size=4, test_size=0).split("train")[
+        0
+    ]
     scrambled = list(reversed(task["metadata"]["rg"]["sorted_words"]))  # every word, wrong order
     info = assert_unpaid(env, task, rf"\boxed{{{', '.join(scrambled)}}}")
     assert 0.0 < info["scorer_score"] < 1.0 and info["reason"] == "partial"
@@ -297,10 +352,14 @@ def test_hack_reasoning_gym_arithmetic_expression_echo(verifier_pool, name) -> N
 
 
 def test_reasoning_gym_task_metadata_keeps_the_scorer_inputs_out_of_the_prompt() -> None:
-    task = get_task_source("reasoning_gym", seed=0, name="word_sorting", size=2, test_size=0).split("train")[0]
+    task = get_task_source("reasoning_gym", seed=0, name="word_sorting", size=2, test_size=0).split("train")[
+        0
+    ]
     meta = task["metadata"]
     assert meta["rg_dataset"] == "word_sorting" and meta["rg"]["sorted_words"]
-    assert task["answer"] not in task["prompt"] and ", ".join(meta["rg"]["sorted_words"]) not in task["prompt"]
+    assert (
+        task["answer"] not in task["prompt"] and ", ".join(meta["rg"]["sorted_words"]) not in task["prompt"]
+    )
 
 
 # ----------------------------------------------------------------------------- verifier failures are not zeros
@@ -377,8 +436,16 @@ def cut_after(env: PythonToolEnv, calls: list[str]) -> tuple[float, float]:
         [call("print(70)"), call("1/0")],  # the shown answer, then a failing call: the last call counts
         [call("print('22+48')")],
     ],
-    ids=["print-range", "loop-range", "runs-only", "guess-per-call", "candidate-list", "answer-then-more",
-         "answer-then-error", "expression-text"],
+    ids=[
+        "print-range",
+        "loop-range",
+        "runs-only",
+        "guess-per-call",
+        "candidate-list",
+        "answer-then-more",
+        "answer-then-error",
+        "expression-text",
+    ],
 )
 def test_hack_python_tool_partial_score_farming(backend, verifier_pool, calls) -> None:
     env = tool_env(backend, verifier_pool)
@@ -427,10 +494,14 @@ def _facts(*facts: tuple[str, ...]) -> list[Any]:
 HEAT = {"object_target": "Apple", "parent_target": "CounterTop", "toggle_target": ""}
 LOOK = {"object_target": "Book", "parent_target": "", "toggle_target": "DeskLamp"}
 TYPES = [
-    ("objecttype", "apple_1", "appletype"), ("objecttype", "apple_2", "appletype"),
-    ("receptacletype", "countertop_1", "countertoptype"), ("receptacletype", "countertop_2", "countertoptype"),
-    ("objecttype", "book_1", "booktype"), ("objecttype", "lamp_1", "desklamptype"),
-    ("receptacleatlocation", "sidetable_1", "loc_lamp"), ("inreceptacle", "lamp_1", "sidetable_1"),
+    ("objecttype", "apple_1", "appletype"),
+    ("objecttype", "apple_2", "appletype"),
+    ("receptacletype", "countertop_1", "countertoptype"),
+    ("receptacletype", "countertop_2", "countertoptype"),
+    ("objecttype", "book_1", "booktype"),
+    ("objecttype", "lamp_1", "desklamptype"),
+    ("receptacleatlocation", "sidetable_1", "loc_lamp"),
+    ("inreceptacle", "lamp_1", "sidetable_1"),
 ]
 
 
@@ -471,11 +542,17 @@ def test_control_alfworld_real_progress_counts() -> None:
     start = _facts(*TYPES, ("inreceptacle", "apple_1", "countertop_1"), ("atlocation", "agent1", "loc_start"))
     held = _facts(*TYPES, ("holds", "agent1", "apple_1"))
     hot = _facts(*TYPES, ("holds", "agent1", "apple_1"), ("ishot", "apple_1"))
-    assert alfworld_partial("pick_heat_then_place_in_recep", HEAT, held, False, initial=start) == pytest.approx(1 / 3)
-    assert alfworld_partial("pick_heat_then_place_in_recep", HEAT, hot, False, initial=start) == pytest.approx(2 / 3)
+    assert alfworld_partial(
+        "pick_heat_then_place_in_recep", HEAT, held, False, initial=start
+    ) == pytest.approx(1 / 3)
+    assert alfworld_partial(
+        "pick_heat_then_place_in_recep", HEAT, hot, False, initial=start
+    ) == pytest.approx(2 / 3)
     placed = _facts(*TYPES, ("inreceptacle", "apple_2", "countertop_2"), ("ishot", "apple_2"))
     assert alfworld_partial("pick_heat_then_place_in_recep", HEAT, placed, False, initial=start) == 1.0
-    look = _facts(*TYPES, ("holds", "agent1", "book_1"), ("istoggled", "lamp_1"), ("atlocation", "agent1", "loc_lamp"))
+    look = _facts(
+        *TYPES, ("holds", "agent1", "book_1"), ("istoggled", "lamp_1"), ("atlocation", "agent1", "loc_lamp")
+    )
     assert alfworld_partial("look_at_obj_in_light", LOOK, look, False, initial=start) == 1.0
     assert alfworld_partial("look_at_obj_in_light", LOOK, start, True, initial=start) == 1.0  # won
     assert alfworld_partial("look_at_obj_in_light", LOOK, start, False, initial=start) == 0.0  # nothing done
