@@ -77,7 +77,9 @@ _DFRAC_RE = re.compile(r"\\[dt]frac")
 @dataclass(frozen=True)
 class NumberLiteral:
     """A parsed number literal: its exact ``value``, whether it is ``plain`` (an integer or decimal,
-    no fraction bar or exponent), and the integer literals it is written with (``ints``)."""
+    no fraction bar or exponent), and ``ints``: the integers that make it a restatement when the
+    prompt gives every one of them (a fraction's or mixed number's integers, a power's mantissa, or
+    ``10`` and the exponent of a bare power of ten; see :func:`restates_question`)."""
 
     value: Fraction
     plain: bool
@@ -156,13 +158,15 @@ def parse_number(text: str) -> NumberLiteral | None:
     m = _SCI_E_RE.match(s)
     if m:
         value = _dec(m.group(1)) * Fraction(10) ** int(m.group(2))
-        return NumberLiteral(-value if s.startswith("-") else value, False, _ints_of(m.group(1), m.group(2)))
+        return NumberLiteral(-value if s.startswith("-") else value, False, _ints_of(m.group(1)))
     m = _SCI_TEN_RE.match(s)
     if m:
         mantissa, exponent = m.group(1), m.group(2) or m.group(3)
         value = (_dec(mantissa) if mantissa else Fraction(1)) * Fraction(10) ** int(exponent)
         return NumberLiteral(
-            -value if s.startswith("-") else value, False, _ints_of(mantissa or "", "10", exponent)
+            -value if s.startswith("-") else value,
+            False,
+            _ints_of(mantissa) if mantissa else (10, int(exponent)),
         )
     for pattern in (_FRAC_TEX_RE, _FRAC_SHORT_RE):
         m = pattern.match(s)
@@ -185,11 +189,13 @@ def prompt_numbers(prompt: str) -> set[int]:
 
 
 def restates_question(answer: NumberLiteral, answer_text: str, gold_text: str, prompt: str) -> bool:
-    """Whether a fraction or scientific-notation answer only rewrites numbers the prompt gave.
+    """Whether a fraction, mixed number or power-of-ten answer only rewrites numbers the prompt gave.
 
-    ``140/2`` for "What is 140 divided by 2?" evaluates to the gold without anyone having divided.
-    A plain integer or decimal cannot restate anything, and the gold written exactly as the gold is
-    written (``3/8`` for gold ``3/8``) is the requested form, so neither is refused.
+    ``140/2`` for "What is 140 divided by 2?" evaluates to the gold without anyone having divided,
+    and so does ``7\\times 10^{1}`` (or ``7e1``) for "What is 7 times 10?": a power is judged by its
+    mantissa, since the exponent only counts zeros. A plain integer or decimal cannot restate
+    anything, and the gold written exactly as the gold is written (``3/8`` for gold ``3/8``) is the
+    requested form, so neither is refused.
     """
     if answer.plain or not answer.ints:
         return False

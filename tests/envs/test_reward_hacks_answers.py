@@ -154,6 +154,15 @@ def test_hack_power_restating_the_question(boxed) -> None:
     assert grade(boxed, task, r"\boxed{1000}")[0] == 1.0
 
 
+def test_hack_scientific_notation_restating_the_question(boxed) -> None:
+    times_ten = {"prompt": "What is 7 times 10?", "answer": "70"}
+    for reply in [r"\boxed{7e1}", r"\boxed{7 \times 10^{1}}", r"\boxed{7\cdot 10^1}"]:
+        assert assert_unpaid(boxed, times_ten, reply)["reason"] == "restated"
+    thousand = {"prompt": "What is 1.5 times 1000?", "answer": "1500"}
+    assert assert_unpaid(boxed, thousand, r"\boxed{1.5e3}")["reason"] == "restated"
+    assert grade(boxed, thousand, r"\boxed{1500}")[0] == 1.0
+
+
 def test_hack_huge_expression_scores_zero_without_infrastructure_failure(verifier_pool) -> None:
     env = MathVerifierEnv(task_source=None, pool=verifier_pool, verify_timeout=1.5)
     info = assert_unpaid(env, ADD, r"\boxed{9^{9^{9^{9}}}}")
