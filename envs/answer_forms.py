@@ -84,6 +84,7 @@ class NumberLiteral:
     value: Fraction
     plain: bool
     ints: tuple[int, ...]
+    is_ratio: bool = False  # a fraction or mixed number (judged by its value, see restates_question)
 
 
 _SEPARATOR_RE = re.compile(r"[,;&]|\\q?quad|\\text|\\\\|\band\b")
@@ -135,7 +136,7 @@ def _fraction(sign: str, num: str, den: str) -> NumberLiteral | None:
     if int(den) == 0:
         return None
     value = Fraction(int(num), int(den))
-    return NumberLiteral(-value if sign == "-" else value, False, _ints_of(num, den))
+    return NumberLiteral(-value if sign == "-" else value, False, _ints_of(num, den), is_ratio=True)
 
 
 def parse_number(text: str) -> NumberLiteral | None:
@@ -178,7 +179,9 @@ def parse_number(text: str) -> NumberLiteral | None:
     m = _MIXED_RE.match(s)
     if m and int(m.group(4)) != 0:
         whole = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
-        return NumberLiteral(-whole if m.group(1) == "-" else whole, False, _ints_of(*m.groups()[1:]))
+        return NumberLiteral(
+            -whole if m.group(1) == "-" else whole, False, _ints_of(*m.groups()[1:]), is_ratio=True
+        )
     return None
 
 
@@ -192,16 +195,21 @@ def restates_question(answer: NumberLiteral, answer_text: str, gold_text: str, p
     """Whether a fraction, mixed number or power-of-ten answer only rewrites numbers the prompt gave.
 
     ``140/2`` for "What is 140 divided by 2?" evaluates to the gold without anyone having divided,
-    and so does ``7\\times 10^{1}`` (or ``7e1``) for "What is 7 times 10?": a power is judged by its
-    mantissa, since the exponent only counts zeros. A plain integer or decimal cannot restate
-    anything, and the gold written exactly as the gold is written (``3/8`` for gold ``3/8``) is the
-    requested form, so neither is refused.
+    and so does ``\\frac{280}{4}`` (both numbers scaled: no division done either), so a fraction
+    or mixed number restates when its value is the ratio of two numbers of the prompt. A power of
+    ten restates when the prompt gives its mantissa (``7\\times 10^{1}`` or ``7e1`` for "What is 7
+    times 10?"; the exponent only counts zeros), or 10 and the exponent of a bare ``10^{k}``. A
+    plain integer or decimal cannot restate anything, and the gold written exactly as the gold is
+    written (``3/8`` for gold ``3/8``) is the requested form, so neither is refused.
     """
     if answer.plain or not answer.ints:
         return False
     if _canonical(answer_text) == _canonical(gold_text):
         return False
     given = prompt_numbers(prompt)
+    if answer.is_ratio:
+        target = abs(answer.value)
+        return any(b and Fraction(a, b) == target for a in given for b in given)
     return all(n in given for n in answer.ints)
 
 

@@ -135,7 +135,14 @@ def test_hack_expression_of_operands_equal_to_the_gold(boxed, expression) -> Non
 
 def test_hack_fraction_restating_a_division_question(boxed, tagged) -> None:
     task = {"prompt": "What is 140 divided by 2?", "answer": "70"}
-    for reply in [r"\boxed{140/2}", r"\boxed{\frac{140}{2}}", r"\boxed{\dfrac{140}{2}}"]:
+    for reply in [
+        r"\boxed{140/2}",
+        r"\boxed{\frac{140}{2}}",
+        r"\boxed{\dfrac{140}{2}}",
+        r"\boxed{\frac{280}{4}}",
+        r"\boxed{70/1}",
+        r"\boxed{69\frac{2}{2}}",
+    ]:
         assert assert_unpaid(boxed, task, reply)["reason"] == "restated"
     assert assert_unpaid(tagged, task, "<answer>140/2</answer>")["reason"] == "restated"
     assert grade(boxed, task, r"\boxed{70}")[0] == 1.0
