@@ -11,19 +11,21 @@ an answer must be:
   the answer must be a *number literal* (see :func:`parse_number`) with the same exact value, possibly
   as the last side of one equality (``x = 70``, ``22+48 = 70``: the value is stated). An
   expression that evaluates to it (``22+48``, ``2*35``, ``70+0``, ``9^{9^9}``) is not a number
-  literal and is never paid, whatever it equals. Two literal forms carry an operation, a fraction
-  (``140/2``, ``\\frac{6}{2}``) and scientific notation (``7e1``, ``10^{3}``); they are accepted as
-  numbers (writing ``140/2`` needs 70 already), except when they restate the question: when every
-  integer in them is a number of the prompt (``140/2`` for "What is 140 divided by 2?") and they are
-  not the gold as written (:func:`restates_question`).
+  literal and is never paid, whatever it equals. Three literal forms carry an operation: a fraction
+  (``140/2``, ``\\frac{6}{2}``), a mixed number (``2\\frac{1}{4}``) and a power of ten (``7e1``,
+  ``10^{3}``). They are accepted as numbers (writing ``140/2`` for ``22+48`` needs 70 already),
+  except when they restate the question and are not the gold as written
+  (:func:`restates_question`): a fraction whose value is the ratio of two numbers of the prompt
+  (``140/2`` or ``280/4`` for "What is 140 divided by 2?"), a power whose mantissa the prompt gives.
 * **text** (``listen``, ``no solution``, ``Alice``): compared as normalized strings
   (:func:`normalize_text`: Unicode NFKC, case-folded, whitespace collapsed, a ``\\text{}`` wrapper,
   ``$`` and a final period dropped). Case and spacing carry no information a word answer could
   cheat with: no change of case or spacing turns one word into another.
 * **math** (``\\sqrt{2}/2``, ``x^2+2x+1``, ``(0,\\infty)``, ``\\{1,2\\}``): equal value per
-  math-verify, as before, since an equivalent form is a fair answer there (``(x+1)^2`` for
-  ``x^2+2x+1``); but an answer that is a piece of the prompt copied back (after removing spaces and
-  ``\\left``/``\\right``) is refused unless it is the gold itself.
+  math-verify, since an equivalent form is a fair answer there (``(x+1)^2`` for ``x^2+2x+1``); but
+  an answer that copies the prompt is refused unless it is the gold: a piece of the prompt's text
+  (:func:`echoes_prompt`, after removing spaces and ``\\left``/``\\right``), or one of its math spans
+  up to the order of terms (:func:`math_spans`, compared by the verifier worker).
 
 Only ASCII digits count as digits: an answer written in other scripts' digits (``٧٠``, ``７０``) is
 not a number literal. The prompt's numbers are read after NFKC, so they are found whatever digits
