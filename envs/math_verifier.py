@@ -313,12 +313,12 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
             raise InfrastructureFailure("gold_unparsable", f"math-verify cannot parse the gold {gold!r}")
         failed = v.reason in ("timeout", "worker_died") or v.reason.startswith("verifier_error")
         if failed:
+            kind = "grader_timeout" if v.reason == "timeout" else "verifier_error"
             if v.phase == "gold":
-                raise InfrastructureFailure("grader_timeout", f"{v.reason} while parsing the gold {gold!r}")
+                raise InfrastructureFailure(kind, f"{v.reason} while parsing the gold {gold!r}")
             if not pool.self_check(gold, timeout_s=self.verify_timeout):
                 raise InfrastructureFailure(
-                    "grader_timeout",
-                    f"{v.reason} on the answer, and the verifier cannot check the gold alone",
+                    kind, f"{v.reason} on the answer, and the verifier cannot check the gold alone"
                 )
         return judged
 
