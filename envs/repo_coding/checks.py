@@ -35,7 +35,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-VARIANTS = 2  # extra perturbed records per top-level check with literal call arguments
+VARIANTS = 4  # extra perturbed records per literal call argument of a top-level check
 
 PLAIN_DOC = """plain data: None, bool, int, float, complex, str, bytes, and list / tuple / dict / set /
 frozenset of plain data. An instance of a subclass of one of these is converted to the base value
@@ -122,7 +122,7 @@ def perturb(value: Any, rng: random.Random) -> Any:
     if t is bool or value is None:
         return _MISSING
     if t is int:
-        return value + rng.choice([-2, -1, 1, 2, 3]) if value not in (0, 1) else value + rng.choice([1, 2, 3])
+        return value + rng.choice([-1, 1, 1, 2, -2]) if value not in (0, 1) else value + rng.choice([1, 1, 2])
     if t is float:
         return value + rng.choice([-0.75, 0.5, 1.25, 2.0])
     if t in (str, bytes):
@@ -135,7 +135,7 @@ def perturb(value: Any, rng: random.Random) -> Any:
     if t in (list, tuple):
         items = list(value)
         idx = [i for i, v in enumerate(items) if perturb(v, random.Random(0)) is not _MISSING]
-        if items and (not idx or rng.random() < 0.3):
+        if t is list and items and (not idx or rng.random() < 0.25):  # a tuple keeps its arity
             items.append(copy.deepcopy(items[rng.randrange(len(items))]))
         elif idx:
             i = rng.choice(idx)
@@ -389,11 +389,20 @@ class _Rewriter(ast.NodeTransformer):
 
         for site, values in self.top:
             values = [_Inline().visit(copy.deepcopy(v)) for v in values] if names else values
-            for j in range(VARIANTS):
-                for k, v in enumerate(values):
+            seen: set[str] = {ast.unparse(v) for v in values}
+            made = 0
+            for _ in range(VARIANTS * 3):  # distinct variants, differing from the check's own inputs
+                if made == VARIANTS:
+                    break
+                for v in values:
                     e = _variant_expr(v, self.rng)
                     if e is None:
                         continue
+                    text = ast.unparse(e)
+                    if text in seen:
+                        break
+                    seen.add(text)
+                    made += 1
                     var = self._new("variant", node)
                     var.line = site.line
                     lam = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[],
@@ -429,8 +438,19 @@ def rewrite(files: dict[str, str], rng: random.Random) -> Plan:
 # ----------------------------------------------------------------------------- host-side verdicts
 
 
+_TAGS = ("__obj__", "__exc__", "__type__", "__cut__", "__float__", "__digest__", "__complex__", "__range__",
+         "__unhashable__")
+
+
 def _is_obj(v: Any) -> bool:
-    return type(v) is tuple and len(v) >= 2 and v[0] in ("__obj__", "__exc__", "__type__", "__cut__", "__float__")
+    return type(v) is tuple and len(v) >= 2 and v[0] in _TAGS
+
+
+def _host(v: Any) -> Any:
+    """A recorded range as a range (for ``in`` and ordering); everything else as recorded."""
+    if type(v) is tuple and len(v) == 4 and v[0] == "__range__" and all(type(x) is int for x in v[1:]):
+        return range(*v[1:])
+    return v
 
 
 def _approx_eq(actual: Any, expected: Any, rel: float, abs_: float) -> bool:
@@ -455,6 +475,7 @@ def _holds(op: str, a: Any, b: Any, ident: bool | None) -> bool:
     if op in ("==", "!="):
         eq = a == b
         return eq if op == "==" else not eq
+    a, b = _host(a), _host(b)
     if _is_obj(a) or _is_obj(b):
         return False
     try:
@@ -476,7 +497,8 @@ def check(site: Site, record: Any) -> bool:
             return False
         v = values[0]
         if _is_obj(v):  # an object of a class the repository defines has no trusted truth value
-            truthy = v[0] in ("__type__", "__exc__", "__float__") or (v[0] == "__obj__" and v[-1] is False)
+            truthy = (v[0] in ("__type__", "__exc__", "__float__", "__complex__") and v != ("__complex__", 0.0, 0.0)) \
+                or (v[0] == "__range__" and len(_host(v)) > 0) or (v[0] == "__obj__" and v[-1] is False)
         else:
             truthy = bool(v)
         return truthy != site.negate

@@ -248,6 +248,9 @@ _fn_name = types.FunctionType.__dict__["__qualname__"].__get__
 _fn_module = types.FunctionType.__dict__["__module__"].__get__
 _getattribute = object.__getattribute__
 _realpath, _sep, _modules = os.path.realpath, os.sep, sys.modules
+_sha256 = _fr_hashlib.sha256
+_mp_copy = types.MappingProxyType.copy
+_KEYS, _VALUES, _ITEMS = type({}.keys()), type({}.values()), type({}.items())
 _INF = float("inf")
 _BASES = ((int, _int_int), (float, _float_float), (str, lambda v: _str_add("", v)),
           (bytes, lambda v: _bytes_add(b"", v)), (tuple, lambda v: _tuple_add((), v)),
@@ -283,6 +286,14 @@ class _Guard:
             raise ModuleNotFoundError(f"{name!r} is a module name of the test runner; "
                                       "the repository cannot provide it", name=name)
         return spec
+
+
+def _hashable(x):
+    try:
+        _hash(x)
+        return True
+    except BaseException:  # noqa: BLE001
+        return False
 
 
 def _exact_str(v):
@@ -331,6 +342,15 @@ class _Records:
             return {self.key(k, budget, d): self.plain(x, budget, d) for k, x in v.items()}
         if t is set or t is frozenset:
             return {self.key(x, budget, d) for x in v}
+        if t is types.MappingProxyType:  # a class's __dict__
+            inner = _mp_copy(v)
+            return self.plain(inner, budget, depth) if _type(inner) is dict else ("__obj__", "mappingproxy", None, False)
+        if t is _KEYS or t is _ITEMS:  # set-like views: compared as sets (of plain data)
+            return self.plain(set(v), budget, depth) if all(_hashable(x) for x in v) else self.plain(list(v), budget, depth)
+        if t is _VALUES:
+            return self.plain(list(v), budget, depth)
+        if t is range:
+            return ("__range__", v.start, v.stop, v.step)
         if _issubclass(t, type):
             return ("__type__", self._name(v))
         if _issubclass(t, BaseException):
@@ -361,6 +381,15 @@ class _Records:
         except BaseException:  # noqa: BLE001
             return ("__unhashable__", _repr(p))
 
+    BUDGET = 4000  # nodes of one recorded value; a larger value is recorded as a digest of its data
+
+    def small(self, value):
+        budget = [self.BUDGET]
+        p = self.plain(value, budget)
+        if budget[0] <= 0:
+            p = ("__digest__", _sha256(_repr(p).encode("utf-8", "backslashreplace")).hexdigest())
+        return p
+
     def add(self, sid, payload):
         recs = self.by_test.setdefault(self.current, [])
         if _len(recs) < self.LIMIT:
@@ -370,7 +399,7 @@ class _Records:
         pairs = None
         if idents is not None:
             pairs = tuple([(i, values[i] is values[i + 1]) for i in idents])
-        self.add(sid, [pairs, self.plain(values, [100000])])
+        self.add(sid, [pairs, self.small(values)])
 
     def raised(self, sid, exc, match):
         if exc is None:
@@ -390,7 +419,7 @@ class _Records:
         except BaseException as e:  # noqa: BLE001 - what the code raised is the record
             self.add(vid, ["raised", self._name(_type(e))])
             return
-        self.add(vid, ["ok", self.plain(value, [100000])])
+        self.add(vid, ["ok", self.small(value)])
 
 
 class _Report:
@@ -423,6 +452,7 @@ class _Report:
 
     def pytest_runtest_logstart(self, nodeid, location):
         self.records.current = _exact_str(nodeid)
+        _random_seed(self.records.current)  # the reference and the candidate draw the same numbers
 
     def pytest_runtest_logfinish(self, nodeid, location):
         self.records.current = ""
@@ -496,6 +526,9 @@ def main():
             importlib.import_module(m.name)
         except Exception:  # noqa: BLE001 - an optional part (e.g. a missing extra)
             pass
+    global _random_seed
+    import random
+    _random_seed = random.seed
     names = (set(sys.stdlib_module_names) - {"test"}) | {n.partition(".")[0] for n in sys.modules}
     names.discard("test")  # the stdlib's test package name is what repositories call their tests
     names |= {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "pygments", "argcomplete",

@@ -521,8 +521,12 @@ def test_seed_tasks_refuse_the_quoted_values_hard_coded(backend, seed_tasks_dir,
     """(b) on the builder's own tasks: a library answering the hidden tests' exact calls with their
     expected values (and keeping the bug for every other input) scores 0. Without the perturbed
     variants it would be paid: the variants are what refuse it."""
+    from envs.repo_coding import grading
     from envs.repo_coding.task import load_tasks
 
+    # A fixed draw of the variants (grading draws them from the host's randomness): a variant can
+    # miss a bug by chance, and this test is about the rule, not about one draw's luck.
+    monkeypatch.setattr(grading.secrets, "randbits", lambda n: 20261204)
     covered = []
     for task in load_tasks(seed_tasks_dir):
         diff, n = _quoted_values_patch(task)
