@@ -329,6 +329,11 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
             return f"No final answer found. Give your final answer {_HOW[self.answer_format]}. ({tries})"
         if result["reason"] == "too_long":
             return f"Your final answer is longer than {self.max_answer_chars} characters. ({tries})"
+        if result["gold_kind"] == "number" and result["verify_path"] == "form":
+            # the same words whether the expression equals the gold or not: no free equality oracle
+            return (
+                f"Your answer {result['extracted']} is not a number. State the result as a number. ({tries})"
+            )
         if self.feedback and result["extracted"] is not None:
             return f"Your answer {result['extracted']} is incorrect. Try again. ({tries})"
         return f"That is incorrect. Try again. ({tries})"

@@ -133,6 +133,17 @@ def test_hack_expression_of_operands_equal_to_the_gold(boxed, expression) -> Non
     assert assert_unpaid(boxed, ADD, rf"\boxed{{{expression}}}")["reason"] == "unevaluated"
 
 
+def test_hack_retry_feedback_is_no_equality_oracle_for_expressions(verifier_pool) -> None:
+    env = MathVerifierEnv(task_source=None, pool=verifier_pool, max_turns=3)
+    feedback = []
+    for expression in ["22+48", "22+49"]:  # one equals the gold, one does not: the env says the same
+        env.reset(options={"task": ADD})
+        obs, reward, terminated, _, _ = env.step(rf"\boxed{{{expression}}}")
+        assert reward == 0.0 and not terminated
+        feedback.append(obs.replace(expression, "<answer>"))
+    assert feedback[0] == feedback[1] and "not a number" in feedback[0]
+
+
 def test_hack_fraction_restating_a_division_question(boxed, tagged) -> None:
     task = {"prompt": "What is 140 divided by 2?", "answer": "70"}
     for reply in [
