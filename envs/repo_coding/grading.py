@@ -181,10 +181,21 @@ def _write_tests(sb: Any, task: RepoTask, files: dict[str, str]) -> None:
         sb.write_file(f"{task.workdir.rstrip('/')}/{path}", text)
 
 
-def reference_run(sb: Any, task: RepoTask, rng: random.Random, test_timeout: float) -> tuple[checks.Plan, PytestRun]:
+@dataclass
+class Reference:
+    """The rewritten checks and what the gold patch recorded (:func:`reference_run`)."""
+
+    plan: checks.Plan
+    run: PytestRun
+    unstable_sites: set[int] = field(default_factory=set)
+    unstable_tests: set[str] = field(default_factory=set)
+
+
+def reference_run(sb: Any, task: RepoTask, rng: random.Random, test_timeout: float) -> Reference:
     """In ``sb`` (fresh): read the trusted test files (base + ``test_patch``), rewrite them
-    (:func:`checks.rewrite`), and run them on the gold patch. Raises ``_Infra`` when this cannot be
-    done or the gold patch does not pass every FAIL_TO_PASS and PASS_TO_PASS test."""
+    (:func:`checks.rewrite`), and run them on the gold patch, twice (what differs between the two
+    runs is not compared with the candidate's values). Raises ``_Infra`` when this cannot be done or
+    the gold patch does not pass every FAIL_TO_PASS and PASS_TO_PASS test."""
     try:
         setup_repo(sb, task)
     except RuntimeError as e:
@@ -212,11 +223,16 @@ def reference_run(sb: Any, task: RepoTask, rng: random.Random, test_timeout: flo
     if failed:
         raise _Infra("reference_failed", f"{task.instance_id}: the gold patch fails the rewritten checks: "
                                          f"{dict(list(failed.items())[:3])}")
-    return plan, run
+    again = run_pytest(sb, task.workdir, task.test_files, test_timeout)
+    if not again.trusted:
+        raise _Infra("reference_run", f"{task.instance_id}: the second reference run left no trusted report "
+                                      f"({again.evidence}, {again.status}): {again.output[-400:]}")
+    sites, tests = checks.unstable(run.records, again.records)
+    return Reference(plan, run, sites, tests)
 
 
 def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
-             reference: tuple[checks.Plan, PytestRun] | None = None) -> GradeResult:
+             reference: Reference | None = None) -> GradeResult:
     """Grade ``diff`` in ``sb``, a sandbox nobody else has touched, against ``reference`` (the
     rewritten checks and the gold run's records, from :func:`reference_run` in *another* fresh
     sandbox; made here, in a second sandbox of ``sb``'s backend, when not given)."""
@@ -224,7 +240,7 @@ def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
     if reference is None:
         with _open(sb.backend, sb.limits, task.image) as ref_sb:
             reference = reference_run(ref_sb, task, random.Random(secrets.randbits(64)), test_timeout)
-    plan, ref = reference
+    plan, ref = reference.plan, reference.run
     kept, dropped = filter_diff(diff)
     try:
         setup_repo(sb, task)
@@ -260,7 +276,8 @@ def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
         zero.seconds = time.monotonic() - t0
         return zero
     ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
-    per_test = checks.verdicts(plan, run.report, run.records, ref.records, ids)
+    per_test = checks.verdicts(plan, run.report, run.records, ref.records, ids,
+                               reference.unstable_sites, reference.unstable_tests)
     result = score(task, {n: {"outcome": "passed" if v.passed else "failed"} for n, v in per_test.items()})
     result.discarded = dropped
     result.evidence, result.checks_completed = run.evidence, run.finished

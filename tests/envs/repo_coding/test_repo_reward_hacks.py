@@ -546,19 +546,25 @@ def test_a_runner_that_crashes_before_the_repository_is_an_infrastructure_failur
     """The runner dying before any repository code was importable is the grader's failure, not a 0."""
     from envs.repo_coding import grading, testrun
 
-    calls: list[int] = []
-    real = testrun.run_pytest
+    calls: list[str] = []
+    real_run, real_reference = testrun.run_pytest, grading.reference_run
 
-    def crashing_second_run(sb, workdir, files, timeout):
-        calls.append(1)
-        if len(calls) == 2:  # the candidate's run (the reference ran first)
+    def reference(*a, **k):
+        out = real_reference(*a, **k)
+        calls.append("reference done")
+        return out
+
+    def crashing_after_the_reference(sb, workdir, files, timeout):
+        if calls:  # the candidate's run
+            calls.append("candidate")
             monkeypatch.setattr(testrun, "RUNNER", "import sys\nsys.exit(3)\n")
-        return real(sb, workdir, files, timeout)
+        return real_run(sb, workdir, files, timeout)
 
-    monkeypatch.setattr(grading, "run_pytest", crashing_second_run)
+    monkeypatch.setattr(grading, "reference_run", reference)
+    monkeypatch.setattr(grading, "run_pytest", crashing_after_the_reference)
     with pytest.raises(InfrastructureFailure) as e:
         grade(two_bug_task, two_bug_task.patch, backend=backend)
-    assert e.value.reason == "runner_crashed" and len(calls) == 2
+    assert e.value.reason == "runner_crashed" and calls == ["reference done", "candidate"]
 
 
 def test_env_reset_without_a_sandbox_is_an_infrastructure_failure(monkeypatch, two_bug_task) -> None:
@@ -574,3 +580,29 @@ def test_env_reset_without_a_sandbox_is_an_infrastructure_failure(monkeypatch, t
     with pytest.raises(InfrastructureFailure) as e:
         env.reset(seed=0)
     assert e.value.reason == "sandbox_start"
+
+
+def test_values_that_vary_between_reference_runs_are_held_to_their_checks_only() -> None:
+    """A check on id-dependent values (``hash(object())``) records other values in every run: two
+    reference runs find it, and the candidate's value there is not compared (its check still is)."""
+    import random
+
+    src = "def test_x():\n    assert f(1) == 2\n    assert g() != 0\n"
+    plan = checks.rewrite({"t.py": src}, random.Random(0))
+    site_f = next(s.id for s in plan.sites.values() if s.kind == "cmp" and s.operands[1].value == 2)
+    site_g = next(s.id for s in plan.sites.values() if s.kind == "cmp" and s.ops == ["!="])
+    variants = [s.id for s in plan.sites.values() if s.kind == "variant"]
+
+    def recs(g: int, f: int = 2) -> dict[str, list]:
+        return {"t.py::test_x": [[site_f, [None, (f,)]], [site_g, [None, (g,)]]]
+                + [[v, ["ok", 7]] for v in variants]}
+
+    sites, tests = checks.unstable(recs(11), recs(12))
+    assert sites == {site_g} and not tests
+    passed = {"t.py::test_x": {"outcome": "passed"}}
+    ok = checks.verdicts(plan, passed, recs(13), recs(11), ["t.py::test_x"], sites, tests)
+    assert ok["t.py::test_x"].passed
+    wrong_f = checks.verdicts(plan, passed, recs(13, f=3), recs(11), ["t.py::test_x"], sites, tests)
+    assert not wrong_f["t.py::test_x"].passed
+    zero_g = checks.verdicts(plan, passed, recs(0), recs(11), ["t.py::test_x"], sites, tests)
+    assert not zero_g["t.py::test_x"].passed  # the check itself (!= 0) still holds the candidate
