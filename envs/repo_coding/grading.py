@@ -277,7 +277,7 @@ def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
         return zero
     ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
     per_test = checks.verdicts(plan, run.report, run.records, ref.records, ids,
-                               reference.unstable_sites, reference.unstable_tests)
+                               reference.unstable_sites, reference.unstable_tests, set(task.PASS_TO_PASS))
     result = score(task, {n: {"outcome": "passed" if v.passed else "failed"} for n, v in per_test.items()})
     result.discarded = dropped
     result.evidence, result.checks_completed = run.evidence, run.finished
