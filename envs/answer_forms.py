@@ -39,8 +39,6 @@ import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 
-GOLD_KINDS = ("number", "text", "math")
-
 # ---------------------------------------------------------------------------------------- numbers
 
 
