@@ -109,8 +109,10 @@ def _bindable_rootfs(root: Path) -> Path:
         for a in [shared, *shared.parents]:
             st = os.stat(a)
             if st.st_uid != 0 or st.st_mode & 0o022:
-                raise RuntimeError(f"{a} is not a root-owned folder only root can write; cannot share the "
-                                   f"sandbox root file system there (set FR_AGENTS_CACHE to a folder others can read)")
+                raise RuntimeError(
+                    f"{a} is not a root-owned folder only root can write; cannot share the "
+                    f"sandbox root file system there (set FR_AGENTS_CACHE to a folder others can read)"
+                )
         partial = shared / f".{root.name}.{os.getpid()}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         r = subprocess.run(["cp", "-al", str(root), str(partial)], capture_output=True, text=True)
@@ -119,7 +121,9 @@ def _bindable_rootfs(root: Path) -> Path:
             r = subprocess.run(["cp", "-a", str(root), str(partial)], capture_output=True, text=True)
         if r.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
-            raise RuntimeError(f"cannot copy the sandbox root file system to {dest}: {r.stderr.strip()[-300:]}")
+            raise RuntimeError(
+                f"cannot copy the sandbox root file system to {dest}: {r.stderr.strip()[-300:]}"
+            )
         os.chmod(partial, 0o755)
         try:
             partial.rename(dest)
@@ -148,7 +152,11 @@ def _system_binds(root: Path | None = None) -> list[str]:
 
 
 def build_argv(
-    label: str, limits: SandboxLimits, python: str, worker_cfg: str, data_fds: dict[str, int],
+    label: str,
+    limits: SandboxLimits,
+    python: str,
+    worker_cfg: str,
+    data_fds: dict[str, int],
     root: Path | None = None,
 ) -> list[str]:
     """The full bwrap command line of one worker (``root``: the image root file system, default
@@ -264,7 +272,10 @@ class BwrapSandbox(Sandbox):
     backend = "bwrap"
 
     def __init__(
-        self, limits: SandboxLimits | None = None, python: str | None = None, use_cgroups: bool = True,
+        self,
+        limits: SandboxLimits | None = None,
+        python: str | None = None,
+        use_cgroups: bool = True,
         root: str | Path | None = None,
     ) -> None:
         state = BwrapState()

@@ -44,13 +44,35 @@ to ("__exc__", class, args); a class to ("__type__", module, qualname); any othe
 ("__obj__", module.qualname, attributes, defined-in-the-repository). Never compared with the
 object's own ``__eq__``."""
 
-_CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
-        ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+_CMP = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+}
 _UNITTEST = {
-    "assertEqual": "==", "assertEquals": "==", "assertNotEqual": "!=", "assertLess": "<",
-    "assertLessEqual": "<=", "assertGreater": ">", "assertGreaterEqual": ">=", "assertIn": "in",
-    "assertNotIn": "not in", "assertIs": "is", "assertIsNot": "is not", "assertCountEqual": "count==",
-    "assertDictEqual": "==", "assertListEqual": "==", "assertTupleEqual": "==", "assertSetEqual": "==",
+    "assertEqual": "==",
+    "assertEquals": "==",
+    "assertNotEqual": "!=",
+    "assertLess": "<",
+    "assertLessEqual": "<=",
+    "assertGreater": ">",
+    "assertGreaterEqual": ">=",
+    "assertIn": "in",
+    "assertNotIn": "not in",
+    "assertIs": "is",
+    "assertIsNot": "is not",
+    "assertCountEqual": "count==",
+    "assertDictEqual": "==",
+    "assertListEqual": "==",
+    "assertTupleEqual": "==",
+    "assertSetEqual": "==",
     "assertSequenceEqual": "==",
 }
 _MISSING = object()
@@ -106,7 +128,9 @@ def _is_approx(node: ast.AST) -> bool:
     if not isinstance(node, ast.Call):
         return False
     f = node.func
-    return (isinstance(f, ast.Name) and f.id == "approx") or (isinstance(f, ast.Attribute) and f.attr == "approx")
+    return (isinstance(f, ast.Name) and f.id == "approx") or (
+        isinstance(f, ast.Attribute) and f.attr == "approx"
+    )
 
 
 def _call(name: str, *args: ast.expr) -> ast.Call:
@@ -126,10 +150,12 @@ def perturb(value: Any, rng: random.Random) -> Any:
     if t is float:
         return value + rng.choice([-0.75, 0.5, 1.25, 2.0])
     if t in (str, bytes):
-        alphabet = [c for c in (value if t is str else value.decode("latin-1")) if c.isalnum()] or list("abxyz")
+        alphabet = [c for c in (value if t is str else value.decode("latin-1")) if c.isalnum()] or list(
+            "abxyz"
+        )
         pos = rng.randrange(len(value) + 1)
         ch = rng.choice(alphabet + list(string.ascii_lowercase[:6]))
-        new = (value if t is str else value.decode("latin-1"))
+        new = value if t is str else value.decode("latin-1")
         new = new[:pos] + ch + new[pos:]
         return new if t is str else new.encode("latin-1")
     if t in (list, tuple):
@@ -231,9 +257,14 @@ class _Rewriter(ast.NodeTransformer):
             operands.append(op)
             if val is not None:
                 values.append(val)
-        identity = [i for i, o in enumerate(ops) if o in ("is", "is not")
-                    and not any(operands[j].kind == "lit" and operands[j].value in (None, True, False)
-                                for j in (i, i + 1))]
+        identity = [
+            i
+            for i, o in enumerate(ops)
+            if o in ("is", "is not")
+            and not any(
+                operands[j].kind == "lit" and operands[j].value in (None, True, False) for j in (i, i + 1)
+            )
+        ]
         site = self._new("cmp", node, ops=ops, operands=operands, identity=identity)
         if identity:  # `a is b` on two computed values: the test records the identity itself
             site.operands = [Operand("val") if o.kind == "lit" else o for o in operands]
@@ -262,24 +293,43 @@ class _Rewriter(ast.NodeTransformer):
     def _raises_call(self, node: ast.Expr, c: ast.Call) -> ast.stmt:
         """``raises(E, f, *args, **kw)`` as a statement: also record what ``f(*args, **kw)`` raised."""
         site = self._new("raises", node)
-        inner = ast.Call(func=c.args[1], args=c.args[2:], keywords=[k for k in c.keywords if k.arg != "match"])
+        inner = ast.Call(
+            func=c.args[1], args=c.args[2:], keywords=[k for k in c.keywords if k.arg != "match"]
+        )
         exc = ast.Name(id="_fr_e", ctx=ast.Load())
         handler = ast.ExceptHandler(
-            type=ast.Name(id="BaseException", ctx=ast.Load()), name="_fr_e",
-            body=[ast.Expr(_call("_fr_raised", ast.Constant(site.id), exc, ast.Constant(False)))])
-        record = ast.Try(body=[ast.Expr(inner)], handlers=[handler],
-                         orelse=[ast.Expr(_call("_fr_raised", ast.Constant(site.id), ast.Constant(None),
-                                                ast.Constant(False)))], finalbody=[])
+            type=ast.Name(id="BaseException", ctx=ast.Load()),
+            name="_fr_e",
+            body=[ast.Expr(_call("_fr_raised", ast.Constant(site.id), exc, ast.Constant(False)))],
+        )
+        record = ast.Try(
+            body=[ast.Expr(inner)],
+            handlers=[handler],
+            orelse=[
+                ast.Expr(_call("_fr_raised", ast.Constant(site.id), ast.Constant(None), ast.Constant(False)))
+            ],
+            finalbody=[],
+        )
         return [ast.copy_location(record, node), node]
 
     def visit_Expr(self, node: ast.Expr) -> ast.stmt:
         c = node.value
-        if (isinstance(c, ast.Call) and len(c.args) >= 2 and not any(isinstance(a, ast.Starred) for a in c.args[:2])
-                and ((isinstance(c.func, ast.Attribute) and c.func.attr in ("raises", "assertRaises"))
-                     or (isinstance(c.func, ast.Name) and c.func.id == "raises"))):
+        if (
+            isinstance(c, ast.Call)
+            and len(c.args) >= 2
+            and not any(isinstance(a, ast.Starred) for a in c.args[:2])
+            and (
+                (isinstance(c.func, ast.Attribute) and c.func.attr in ("raises", "assertRaises"))
+                or (isinstance(c.func, ast.Name) and c.func.id == "raises")
+            )
+        ):
             return self._raises_call(node, c)
-        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
-                and isinstance(c.func.value, ast.Name) and c.func.value.id == "self"):
+        if not (
+            isinstance(c, ast.Call)
+            and isinstance(c.func, ast.Attribute)
+            and isinstance(c.func.value, ast.Name)
+            and c.func.value.id == "self"
+        ):
             return node
         name, args = c.func.attr, [a for a in c.args if not isinstance(a, ast.Starred)]
         if len(args) != len(c.args):
@@ -296,7 +346,9 @@ class _Rewriter(ast.NodeTransformer):
         if name == "assertFalse" and args:
             return self._truth(node, args[0], True)
         if name in ("assertIsNone", "assertIsNotNone") and args:
-            return self._compare(node, args[0], ["is" if name == "assertIsNone" else "is not"], [ast.Constant(None)])
+            return self._compare(
+                node, args[0], ["is" if name == "assertIsNone" else "is not"], [ast.Constant(None)]
+            )
         if name in ("assertIsInstance", "assertNotIsInstance") and len(args) >= 2:
             return self._truth(node, _call("isinstance", args[0], args[1]), name == "assertNotIsInstance")
         if name in ("assertAlmostEqual", "assertNotAlmostEqual") and len(args) >= 2 and "delta" not in kw:
@@ -304,8 +356,11 @@ class _Rewriter(ast.NodeTransformer):
             if places is _MISSING:
                 return node
             tol = 0.5 * 10.0 ** (-places)
-            approx = ast.Call(func=ast.Name(id="approx", ctx=ast.Load()), args=[args[1]],
-                              keywords=[ast.keyword("rel", ast.Constant(0.0)), ast.keyword("abs", ast.Constant(tol))])
+            approx = ast.Call(
+                func=ast.Name(id="approx", ctx=ast.Load()),
+                args=[args[1]],
+                keywords=[ast.keyword("rel", ast.Constant(0.0)), ast.keyword("abs", ast.Constant(tol))],
+            )
             return self._compare(node, args[0], ["==" if name == "assertAlmostEqual" else "!="], [approx])
         return node
 
@@ -323,13 +378,21 @@ class _Rewriter(ast.NodeTransformer):
         site = self._new("raises", node, negate=match)
         exc = ast.Name(id="_fr_e", ctx=ast.Load())
         handler = ast.ExceptHandler(
-            type=ast.Name(id="BaseException", ctx=ast.Load()), name="_fr_e",
-            body=[ast.Expr(_call("_fr_raised", ast.Constant(site.id), exc, ast.Constant(match))),
-                  ast.Raise(exc=None, cause=None)])
-        guarded = ast.Try(body=node.body, handlers=[handler],
-                          orelse=[ast.Expr(_call("_fr_raised", ast.Constant(site.id), ast.Constant(None),
-                                                 ast.Constant(match)))],
-                          finalbody=[])
+            type=ast.Name(id="BaseException", ctx=ast.Load()),
+            name="_fr_e",
+            body=[
+                ast.Expr(_call("_fr_raised", ast.Constant(site.id), exc, ast.Constant(match))),
+                ast.Raise(exc=None, cause=None),
+            ],
+        )
+        guarded = ast.Try(
+            body=node.body,
+            handlers=[handler],
+            orelse=[
+                ast.Expr(_call("_fr_raised", ast.Constant(site.id), ast.Constant(None), ast.Constant(match)))
+            ],
+            finalbody=[],
+        )
         node.body = [guarded]
         return node
 
@@ -368,8 +431,13 @@ class _Rewriter(ast.NodeTransformer):
                 stores[n.id] = stores.get(n.id, 0) + 1
         out = {}
         for st in node.body:
-            if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
-                    and stores.get(st.targets[0].id) == 1 and _literal(st.value) is not _MISSING):
+            if (
+                isinstance(st, ast.Assign)
+                and len(st.targets) == 1
+                and isinstance(st.targets[0], ast.Name)
+                and stores.get(st.targets[0].id) == 1
+                and _literal(st.value) is not _MISSING
+            ):
                 out[st.targets[0].id] = st.value
         return out
 
@@ -380,8 +448,10 @@ class _Rewriter(ast.NodeTransformer):
         class _Inline(ast.NodeTransformer):
             def visit_Call(self, call: ast.Call) -> ast.AST:
                 self.generic_visit(call)
-                call.args = [copy.deepcopy(names[a.id]) if isinstance(a, ast.Name) and a.id in names else a
-                             for a in call.args]
+                call.args = [
+                    copy.deepcopy(names[a.id]) if isinstance(a, ast.Name) and a.id in names else a
+                    for a in call.args
+                ]
                 for k in call.keywords:
                     if isinstance(k.value, ast.Name) and k.value.id in names:
                         k.value = copy.deepcopy(names[k.value.id])
@@ -405,8 +475,12 @@ class _Rewriter(ast.NodeTransformer):
                     made += 1
                     var = self._new("variant", node)
                     var.line = site.line
-                    lam = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[],
-                                                        defaults=[]), body=e)
+                    lam = ast.Lambda(
+                        args=ast.arguments(
+                            posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]
+                        ),
+                        body=e,
+                    )
                     out.append(ast.Expr(_call("_fr_variant", ast.Constant(var.id), lam)))
                     break
         return out
@@ -438,8 +512,17 @@ def rewrite(files: dict[str, str], rng: random.Random) -> Plan:
 # ----------------------------------------------------------------------------- host-side verdicts
 
 
-_TAGS = ("__obj__", "__exc__", "__type__", "__cut__", "__float__", "__digest__", "__complex__", "__range__",
-         "__unhashable__")
+_TAGS = (
+    "__obj__",
+    "__exc__",
+    "__type__",
+    "__cut__",
+    "__float__",
+    "__digest__",
+    "__complex__",
+    "__range__",
+    "__unhashable__",
+)
 
 
 def _is_obj(v: Any) -> bool:
@@ -459,9 +542,13 @@ def _approx_eq(actual: Any, expected: Any, rel: float, abs_: float) -> bool:
             return actual == expected
         return abs(actual - expected) <= max(rel * abs(expected), abs_)
     if type(actual) in (list, tuple) and type(expected) in (list, tuple):
-        return len(actual) == len(expected) and all(_approx_eq(a, e, rel, abs_) for a, e in zip(actual, expected))
+        return len(actual) == len(expected) and all(
+            _approx_eq(a, e, rel, abs_) for a, e in zip(actual, expected, strict=True)
+        )
     if type(actual) is dict and type(expected) is dict:
-        return actual.keys() == expected.keys() and all(_approx_eq(actual[k], expected[k], rel, abs_) for k in actual)
+        return actual.keys() == expected.keys() and all(
+            _approx_eq(actual[k], expected[k], rel, abs_) for k in actual
+        )
     return actual == expected
 
 
@@ -479,8 +566,14 @@ def _holds(op: str, a: Any, b: Any, ident: bool | None) -> bool:
     if _is_obj(a) or _is_obj(b):
         return False
     try:
-        return {"<": lambda: a < b, "<=": lambda: a <= b, ">": lambda: a > b, ">=": lambda: a >= b,
-                "in": lambda: a in b, "not in": lambda: a not in b}[op]()
+        return {
+            "<": lambda: a < b,
+            "<=": lambda: a <= b,
+            ">": lambda: a > b,
+            ">=": lambda: a >= b,
+            "in": lambda: a in b,
+            "not in": lambda: a not in b,
+        }[op]()
     except TypeError:
         return False
 
@@ -497,8 +590,14 @@ def check(site: Site, record: Any) -> bool:
             return False
         v = values[0]
         if _is_obj(v):  # an object of a class the repository defines has no trusted truth value
-            truthy = (v[0] in ("__type__", "__exc__", "__float__", "__complex__") and v != ("__complex__", 0.0, 0.0)) \
-                or (v[0] == "__range__" and len(_host(v)) > 0) or (v[0] == "__obj__" and v[-1] is False)
+            truthy = (
+                (
+                    v[0] in ("__type__", "__exc__", "__float__", "__complex__")
+                    and v != ("__complex__", 0.0, 0.0)
+                )
+                or (v[0] == "__range__" and len(_host(v)) > 0)
+                or (v[0] == "__obj__" and v[-1] is False)
+            )
         else:
             truthy = bool(v)
         return truthy != site.negate
@@ -546,7 +645,7 @@ def same(a: Any, b: Any) -> bool:
     if ta is not tb:
         return False
     if ta in (list, tuple):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if ta is dict:
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     return a == b
@@ -566,16 +665,16 @@ def unstable(first: dict[str, list], second: dict[str, list]) -> tuple[set[int],
     tests: set[str] = set()
     for nid in set(first) | set(second):
         a, b = first.get(nid, []), second.get(nid, [])
-        if len(a) != len(b) or any(x[0] != y[0] for x, y in zip(a, b)):
+        if len(a) != len(b) or any(x[0] != y[0] for x, y in zip(a, b, strict=True)):
             tests.add(nid)
             continue
-        sites |= {x[0] for x, y in zip(a, b) if not same(x, y)}
+        sites |= {x[0] for x, y in zip(a, b, strict=True) if not same(x, y)}
     return sites, tests
 
 
 def _same_records(recs: list, ref: list, unstable_sites: set[int]) -> int | None:
     """The index of the first record that differs from the reference's (None when none does)."""
-    for i, (x, y) in enumerate(zip(recs, ref)):
+    for i, (x, y) in enumerate(zip(recs, ref, strict=False)):
         if type(x) is not list or len(x) != 2 or x[0] != y[0]:
             return i
         if y[0] not in unstable_sites and not same(x, y):
@@ -583,10 +682,16 @@ def _same_records(recs: list, ref: list, unstable_sites: set[int]) -> int | None
     return None if len(recs) == len(ref) else min(len(recs), len(ref))
 
 
-def verdicts(plan: Plan, report: dict[str, dict[str, str]], records: dict[str, list],
-             reference: dict[str, list] | None, nodeids: list[str],
-             unstable_sites: set[int] = frozenset(), unstable_tests: set[str] = frozenset(),
-             without_variants: set[str] = frozenset()) -> dict[str, Verdict]:
+def verdicts(
+    plan: Plan,
+    report: dict[str, dict[str, str]],
+    records: dict[str, list],
+    reference: dict[str, list] | None,
+    nodeids: list[str],
+    unstable_sites: set[int] = frozenset(),
+    unstable_tests: set[str] = frozenset(),
+    without_variants: set[str] = frozenset(),
+) -> dict[str, Verdict]:
     """Per test: pytest passed it, each of its records holds, and (with ``reference``, the gold run's
     records) its record sequence equals the reference's (values of unstable sites aside; a test
     whose sequence changed shape between two reference runs is held to its checks only). Tests in
@@ -595,8 +700,11 @@ def verdicts(plan: Plan, report: dict[str, dict[str, str]], records: dict[str, l
     out: dict[str, Verdict] = {}
     variant_ids = {sid for sid, site in plan.sites.items() if site.kind == "variant"}
     common = records.get("", [])
-    common_ok = reference is None or "" in unstable_tests or \
-        _same_records(common, reference.get("", []), unstable_sites) is None
+    common_ok = (
+        reference is None
+        or "" in unstable_tests
+        or _same_records(common, reference.get("", []), unstable_sites) is None
+    )
     for nid in nodeids:
         if report.get(nid, {}).get("outcome") != "passed":
             out[nid] = Verdict(False, f"pytest: {report.get(nid, {}).get('outcome', 'not run')}")
@@ -618,7 +726,11 @@ def verdicts(plan: Plan, report: dict[str, dict[str, str]], records: dict[str, l
         if bad is None and reference is not None and nid not in unstable_tests:
             n = _same_records(recs, ref, unstable_sites)
             if n is not None:
-                where = plan.sites[ref[n][0]].describe() if n < len(ref) and ref[n][0] in plan.sites else "the end"
+                where = (
+                    plan.sites[ref[n][0]].describe()
+                    if n < len(ref) and ref[n][0] in plan.sites
+                    else "the end"
+                )
                 bad = f"differs from the reference implementation at record {n} ({where})"
             elif not common_ok:
                 bad = "module-level records differ from the reference implementation"

@@ -134,9 +134,7 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         self._close_sandbox()
         task = self._pick(options)
-        from tools_sandbox import open_sandbox
-
-        from tools_sandbox import SandboxError
+        from tools_sandbox import SandboxError, open_sandbox
 
         t0 = time.monotonic()
         try:

@@ -52,6 +52,7 @@ from typing import Any
 from envs.repo_coding import checks
 from envs.repo_coding.task import RepoTask
 from envs.repo_coding.testrun import PytestRun, filter_diff, partial_score, run_pytest
+from fr_agents.errors import InfrastructureFailure
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +160,8 @@ def score(task: RepoTask, report: dict[str, dict[str, str]]) -> GradeResult:
     return GradeResult(reward, part, ok, p2p_ok, len(task.PASS_TO_PASS))
 
 
-class _Infra(Exception):
-    """Internal: grading could not happen (raised as InfrastructureFailure by :func:`grade`)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+class _Infra(InfrastructureFailure):
+    """Grading could not happen (an :class:`~fr_agents.errors.InfrastructureFailure`)."""
 
 
 def _apply(sb: Any, task: RepoTask, text: str, name: str) -> Any:
@@ -308,16 +305,12 @@ def grade(task: RepoTask, diff: str, backend: str = "auto", limits: Any = None,
     reference run that fails, a runner that crashes before the repository is loaded)."""
     from tools_sandbox import SandboxError
 
-    from fr_agents.errors import InfrastructureFailure
-
     limits = limits or sandbox_limits()
     try:
         with _open(backend, limits, task.image) as ref_sb:
             reference = reference_run(ref_sb, task, random.Random(secrets.randbits(64)), test_timeout)
         with _open(backend, limits, task.image) as sb:
             return grade_in(sb, task, diff, test_timeout, reference)
-    except _Infra as e:
-        raise InfrastructureFailure(e.reason, str(e)) from e
     except SandboxError as e:  # a file transfer or set-up call failed: the sandbox, not the candidate
         raise InfrastructureFailure("sandbox_died", f"{type(e).__name__}: {e}") from e
 
@@ -325,8 +318,6 @@ def grade(task: RepoTask, diff: str, backend: str = "auto", limits: Any = None,
 def validate(task: RepoTask, backend: str = "auto", test_timeout: float = 300.0) -> dict[str, Any]:
     """Check a task in the sandbox: the gold patch must score 1 and the empty diff must not.
     Returns ``{"instance_id", "ok", "gold", "empty", "error"}``."""
-    from fr_agents.errors import InfrastructureFailure
-
     try:
         gold = grade(task, task.patch, backend=backend, test_timeout=test_timeout)
         empty = grade(task, "", backend=backend, test_timeout=test_timeout)
