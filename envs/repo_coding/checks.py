@@ -8,7 +8,7 @@ At grading time (:func:`~envs.repo_coding.grading.grade`) the trusted test files
   ``is not``, chains), ``assert x``, ``assert not x``, ``assert ... == approx(...)``, and the
   unittest forms (``self.assertEqual`` ... ``assertIsInstance``, ``assertAlmostEqual``) become
   ``_fr_site(K, (operands...))``: the test records the **plain-data conversion** of each operand
-  that is not a literal (:data:`PLAIN_DOC`), nothing more. Literal operands (the expected values)
+  that is not a literal (*plain data*, below), nothing more. Literal operands (the expected values)
   stay on the host: they never enter the sandbox of the code under test.
 * ``with pytest.raises(E)`` / ``with self.assertRaises(E)`` blocks also record what the body raised
   (the exception's class name, and its message when ``match=`` is given).
@@ -23,6 +23,13 @@ in the candidate's run **and** its record sequence equals the reference's (same 
 values, variants included) **and** each record satisfies its check evaluated here, on the host,
 with the literals. The code under test can make a test *fail*, but to make it pass it has to
 produce the values the gold implementation produces, on inputs it has not seen.
+
+Plain data, as records hold it: None, bool, int, float, complex, str, bytes, and list / tuple / dict / set /
+frozenset of plain data. An instance of a subclass of one of these is converted to the base value
+through the base type's own C methods (its overrides, e.g. ``__eq__``, are never called); an exception
+to ("__exc__", class, args); a class to ("__type__", module, qualname); any other object to
+("__obj__", module.qualname, attributes, defined-in-the-repository). Never compared with the
+object's own ``__eq__``.
 """
 
 from __future__ import annotations
@@ -36,13 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VARIANTS = 4  # extra perturbed records per literal call argument of a top-level check
-
-PLAIN_DOC = """plain data: None, bool, int, float, complex, str, bytes, and list / tuple / dict / set /
-frozenset of plain data. An instance of a subclass of one of these is converted to the base value
-through the base type's own C methods (its overrides, e.g. ``__eq__``, are never called); an exception
-to ("__exc__", class, args); a class to ("__type__", module, qualname); any other object to
-("__obj__", module.qualname, attributes, defined-in-the-repository). Never compared with the
-object's own ``__eq__``."""
 
 _CMP = {
     ast.Eq: "==",

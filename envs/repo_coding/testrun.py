@@ -25,7 +25,6 @@ Two ways to run:
 
 from __future__ import annotations
 
-import json
 import secrets
 import shlex
 from dataclasses import dataclass, field
@@ -194,14 +193,6 @@ def pytest_shell(
         f"{env} {shlex.quote(python)} -m pytest -q -p {PLUGIN_MODULE} -p no:cacheprovider "
         f"--tb=short -o addopts= -o console_output_style=classic {targets}"
     )
-
-
-def parse_report(text: str | bytes) -> dict[str, dict[str, str]]:
-    """The plugin's JSON report as ``{node id: {"outcome", "message"}}``."""
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError("the pytest report is not a JSON object")
-    return data
 
 
 def passed_ids(report: dict[str, dict[str, str]]) -> set[str]:
