@@ -29,11 +29,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     # signatures fixed by a protocol: the argument must be there, unused or not
     ("envs/verify_worker.py", "signum"): "signal handler signature",
     ("envs/verify_worker.py", "frame"): "signal handler signature",
-    ("envs/verifier.py", "exc"): "__exit__ signature",
     ("envs/verifier.py", "memo"): "__deepcopy__ signature",
-    ("fr_agents/tree/store.py", "exc"): "__exit__ signature",
-    ("tools_sandbox/pool.py", "exc"): "__exit__ signature",
-    ("tools_sandbox/session.py", "exc"): "__exit__ signature",
     ("fr_agents/spaces.py", "probability"): "gymnasium Space.sample signature",
     # read by a framework through its attribute protocol
     ("fr_agents/view/server.py", "protocol_version"): "http.server reads it",
@@ -59,7 +55,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("envs/repo_coding/task.py", "created_at"): "SWE-style task record field",
     ("envs/alfworld/generate.py", "walkthrough_len"): "manifest field of generated games",
     ("trainer/schedule.py", "member"): "EpisodeSpec field, written to the ledger/metrics",
-    ("tools_sandbox/result.py", "duration_s"): "part of the sandbox result record",
     ("trainer/elastic/simulator.py", "learner_busy_frac"): "simulator report field (benchmarks read it from summary())",
     # public API kept on purpose (documented, exercised by hand)
     ("tools_sandbox/session.py", "restart"): "public session API",
