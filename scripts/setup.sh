@@ -86,7 +86,9 @@ fi
 
 if [ "$want_docker" = 1 ]; then
   step "sandboxes: docker.io, bubblewrap, debootstrap"
-  apt_install docker.io bubblewrap debootstrap python3-pytest git  # python3-pytest: the bwrap sandbox runs the host /usr/bin/python3
+  # python3-pytest: the repo-coding task builder runs task tests with the host /usr/bin/python3 (the sandboxes
+  # themselves, bwrap and docker alike, run the offline image built below, never the host's /usr)
+  apt_install docker.io bubblewrap debootstrap python3-pytest git
   bash scripts/start_dockerd.sh
   step "sandbox image (offline, cached by content hash)"
   fr-agents sandbox build-image
