@@ -56,6 +56,8 @@ ALGOS = ("flashreinforce", "grpo")
 BASELINES = ("batch", "tree")
 PACKED_MODES = ("auto", "always", "never")
 WARM_START_SCHEDULES = ("constant", "cosine")
+#: what a preset's recipe is tuned for (model.tuned_for): undeclared, the in-code tiny model, a pretrained model
+MODEL_KINDS = ("", "tiny", "pretrained")
 #: where objective.negative_min_prob cuts a row pushed down: its unlikely tokens, or from the first one on
 MIN_PROB_SCOPES = ("token", "suffix")
 
@@ -114,6 +116,11 @@ class ModelConfig:
     name: str = _opt("tiny", help="policy model: tiny, tiny-<size>, smollm2-135m, a local HF directory or a hub id org/name")
     dtype: str = _opt("float32", help="parameter dtype of the learner and the rollout engine",
                       choices=("float32", "bfloat16", "float16", "float64"))
+    tuned_for: str = _opt("", help="the kind of model this config's recipe (learning rates, sampling, lengths, answer "
+                          "format, warm start) was tuned for: tiny (the in-code model, trained from scratch) or pretrained "
+                          "(a pretrained language model); when model.name is the other kind, the dry-run plan and the "
+                          "run's log warn, naming those keys and the presets tuned for that kind (set it to the model's "
+                          "kind once the recipe is yours); empty: undeclared, no check", choices=MODEL_KINDS)
     tiny_size: str = _opt("micro", help="size of the in-code tiny model (model.name=tiny)", choices=("nano", "micro", "small"))
     tiny_seed: int = _opt(0, help="initialisation seed of the in-code tiny model (model.name=tiny)")
     compact_forward: bool = _opt(True, help="run fr_agents.models.compact where it applies (Qwen2/Llama in float32): in "

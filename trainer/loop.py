@@ -205,15 +205,21 @@ class Trainer:
 
     def open_run(self, resume: bool) -> tuple[TrainerState, dict[str, dict[str, float]]]:
         """Build the parts; restore the latest checkpoint (``resume``) or run the pre-RL
-        evaluations and the warm start. Version ``learner.version`` is published."""
+        evaluations and the warm start. Version ``learner.version`` is published. First of all, a
+        recipe tuned for another kind of model than ``model.name`` is logged as a WARNING
+        (:func:`trainer.preflight.warn_recipe`) and kept in the ``start`` event."""
+        from trainer.preflight import warn_recipe
+
         cfg = self.cfg
+        recipe = warn_recipe(cfg)
         self._build()
         self.hooks.run_started(self)
         engine = (
             type(self.runner.engine).__name__ if self.runner.engine is not None
             else f"{cfg.rollout.engine} (rollout {'process' if cfg.trainer.backend == 'process' else 'workers'})"
         )
-        self.metrics.event("start", engine=engine, backend=cfg.trainer.backend, resume=resume)
+        self.metrics.event("start", engine=engine, backend=cfg.trainer.backend, resume=resume,
+                           **({"recipe_warning": recipe} if recipe else {}))
         state = TrainerState()
         evals: dict[str, dict[str, float]] = {}
         if resume:

@@ -198,8 +198,10 @@ class RolloutCore:
 def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, num_cpus: int | None = None) -> Any:
     """Train ``cfg`` with Ray actors; connects to ``RAY_ADDRESS`` (after ``ray start``) or starts a local Ray."""
     from trainer.loop import TrainResult
+    from trainer.preflight import warn_recipe
     from trainer.schedule import EpisodeSchedule
 
+    warn_recipe(cfg)
     ray = _ray()
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -133,6 +133,50 @@ def resolve_model(name: str) -> Path | str:
     raise ModelNotFoundError(f"unknown model {name!r}; accepted forms: {ACCEPTED_FORMS}")
 
 
+def _is_tiny_config(folder: Path) -> bool:
+    """Is the model in ``folder`` the in-code tiny model? Its build leaves ``fr_agents_tiny.json``
+    beside the weights; a run's checkpoint (``save_pretrained``) keeps only ``config.json``, whose
+    shape then tells: a Qwen2 with the layers, widths and heads of one of :data:`SIZES`."""
+    import json
+
+    if (folder / "fr_agents_tiny.json").is_file():
+        return True
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    shape = tuple(config.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                          "num_key_value_heads", "intermediate_size"))
+    return config.get("model_type") == "qwen2" and any(
+        shape == (s.hidden_size, s.num_hidden_layers, s.num_attention_heads, s.num_key_value_heads, s.intermediate_size)
+        for s in SIZES.values()
+    )
+
+
+def model_kind(name: str) -> str | None:
+    """``"tiny"`` (the in-code model, trained from scratch), ``"pretrained"`` (any other language
+    model) or None (``name`` is no accepted form), decided from the name and, for a local directory
+    or a hub id already in the Hugging Face cache, its ``config.json``: no weights are loaded and
+    nothing is built or downloaded, so a dry run can ask (``model.tuned_for``)."""
+    name = name.strip() if isinstance(name, str) else ""
+    if name == "tiny" or name.startswith("tiny-"):
+        return "tiny"
+    if name.lower() in ("smollm2-135m", "smollm2"):
+        return "pretrained"
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return "tiny" if _is_tiny_config(path) else "pretrained"
+    if _HUB_ID.match(name) and not path.exists():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 - a cache probe never decides anything by failing
+            cached = None
+        return "tiny" if isinstance(cached, str) and _is_tiny_config(Path(cached).parent) else "pretrained"
+    return None
+
+
 def load_policy(name: str, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` for ``name`` (any accepted form) in ``dtype`` on ``device``."""
     import torch
