@@ -348,9 +348,11 @@ class HFEngine(Engine):
         seeded = [i for i, r in enumerate(reqs) if r.generator is not None and _untruncated(r.options)]
         if seeded:
             # One uniform per row from the row's own generator, then one vectorised inverse-CDF draw
-            # for all of them (a multinomial call per row costs ~100x more on a small model).
+            # for all of them (a multinomial call per row costs ~100x more on a small model). Each
+            # uniform is drawn on its generator's device (a CUDA generator cannot fill a CPU tensor).
             rows = logp[seeded]
-            u = torch.cat([torch.rand(1, generator=reqs[i].generator) for i in seeded]).to(rows.device)
+            u = torch.cat([torch.rand(1, generator=g, device=g.device)
+                           for g in (reqs[i].generator for i in seeded)]).to(rows.device)
             cdf = rows.exp().cumsum(dim=-1)
             draws = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=rows.shape[1] - 1)
             picked = rows.gather(1, draws).squeeze(1)
