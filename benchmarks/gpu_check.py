@@ -273,6 +273,8 @@ def report(out: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the device machine reaches nothing outside it: never wait on the hub for a local model
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     a = parse_args(argv)
     if a.steps < 1:
         print("error: --steps must be >= 1", file=sys.stderr)
