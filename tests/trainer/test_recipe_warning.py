@@ -115,3 +115,12 @@ def test_the_run_logs_the_warning_before_any_work(
     with caplog.at_level(logging.WARNING, logger="trainer.preflight"), pytest.raises(_Built):
         Trainer(load_config("math-tiny"), tmp_path, console=False).open_run(resume=False)
     assert not [r for r in caplog.records if r.getMessage().startswith("recipe: ")]
+
+
+def test_every_shipped_preset_declares_its_model_kind_and_fits_its_own_model() -> None:
+    from fr_agents.config import list_presets
+
+    for name in list_presets():
+        cfg = load_config(name)
+        assert cfg.model.tuned_for in ("tiny", "pretrained"), name
+        assert recipe_warning(cfg) is None, name
