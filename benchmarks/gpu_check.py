@@ -47,6 +47,7 @@ script cannot rot while no device is at hand.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -57,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -200,11 +202,13 @@ def check(a: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         device_name = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     t0 = time.perf_counter()
     peak = DevicePeak() if a.device == "cuda" else None
-    if peak is not None:
-        with peak:
+    error = None
+    with peak if peak is not None else contextlib.nullcontext():
+        try:
             code = main_train(a.preset, overrides, run_dir=str(run_dir))
-    else:
-        code = main_train(a.preset, overrides, run_dir=str(run_dir))
+        except Exception as e:  # noqa: BLE001 - a failed device run still reports what it got to
+            traceback.print_exc()
+            code, error = 1, f"{type(e).__name__}: {e}"
     wall = time.perf_counter() - t0
     rows = read_metrics(run_dir)
     steps = [r for r in rows if r.get("kind") == "step"]
@@ -223,6 +227,8 @@ def check(a: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         "exit_code": code,
         "wall_s": wall,
     }
+    if error:
+        out["error"] = error
     if steps:
         out.update(step_figures(steps))
     for ev in (r for r in rows if r.get("kind") == "eval"):
@@ -247,6 +253,8 @@ def report(out: dict[str, Any]) -> None:
         f"backend {out['backend']}, wall {out['wall_s']:.1f} s, exit code {out['exit_code']}",
         f"steps done: {out['steps_done']} of {out['steps_asked']}",
     ]
+    if "error" in out:
+        lines.append(f"error: {out['error']}")
     if out["steps_done"]:
         lines += [
             f"step time: median {out['step_time_median_s']:.3f} s (first step {out['first_step_s']:.3f} s, "
@@ -266,7 +274,8 @@ def report(out: dict[str, Any]) -> None:
     else:
         lines.append(
             f"peak memory (CPU run): {out['peak_rss_mib']:.0f} MiB resident in this process, "
-            f"{out['peak_rss_children_mib']:.0f} MiB in its largest finished child (the rollout process)"
+            f"{out['peak_rss_children_mib']:.0f} MiB in its largest finished child process (the rollout process, "
+            "once the run got that far)"
         )
     print("\n".join(lines))
     print(json.dumps(out))
