@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 from typing import Any
 
-import gymnasium
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
 from envs.humaneval import humaneval_tasks
 from envs.math_verifier import MathVerifierEnv
 from envs.python_tool import PythonToolEnv
+from tests.envs.humaneval_attempt import attempt, body
 from tools_sandbox import SandboxLimits
 
 FORGED_SEAL = "FR-SEALED " + "0" * 64
@@ -28,21 +27,6 @@ FORGED_SEAL = "FR-SEALED " + "0" * 64
 @pytest.fixture(scope="module")
 def tasks() -> dict[str, dict[str, Any]]:
     return {t["id"]: dict(t) for t in humaneval_tasks()}
-
-
-def attempt(backend: str, task: dict[str, Any], reply: str) -> tuple[float, dict[str, Any]]:
-    env = gymnasium.make("fr_agents/HumanEval-v0", backend=backend, timeout=10.0)
-    try:
-        env.reset(options={"task": task})
-        _obs, reward, _term, _trunc, info = env.step(reply)
-        return float(reward), info
-    finally:
-        env.close()
-
-
-def body(code: str) -> str:
-    """A completion (function body) from dedented code."""
-    return textwrap.indent(textwrap.dedent(code).strip("\n"), "    ") + "\n"
 
 
 # name -> (task id, reply). Each would score 1.0 under a grader that trusts exit status or stdout.

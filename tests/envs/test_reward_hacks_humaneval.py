@@ -17,12 +17,12 @@ import math
 import textwrap
 from typing import Any
 
-import gymnasium
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
 from envs.humaneval import humaneval_tasks
 from envs.humaneval_checker import decode, encode
+from tests.envs.humaneval_attempt import attempt, body
 
 # ----------------------------------------------------------------------------- the value encoding
 
@@ -129,21 +129,6 @@ def test_decode_refuses_anything_else(text: str) -> None:
 @pytest.fixture(scope="module")
 def tasks() -> dict[str, dict[str, Any]]:
     return {t["id"]: dict(t) for t in humaneval_tasks()}
-
-
-def attempt(backend: str, task: dict[str, Any], reply: str, **kw: Any) -> tuple[float, dict[str, Any]]:
-    env = gymnasium.make("fr_agents/HumanEval-v0", backend=backend, **{"timeout": 10.0, **kw})
-    try:
-        env.reset(options={"task": task})
-        _obs, reward, _term, _trunc, info = env.step(reply)
-        return float(reward), info
-    finally:
-        env.close()
-
-
-def body(code: str) -> str:
-    """A completion (function body) from dedented code."""
-    return textwrap.indent(textwrap.dedent(code).strip("\n"), "    ") + "\n"
 
 
 def program(code: str) -> str:
