@@ -283,12 +283,13 @@ class PythonToolEnv(gymnasium.Env[str, str]):
     def _run(self, code: str) -> str:
         try:
             r = self._open_sandbox().run_python(code, timeout=self.call_timeout)
-        except SandboxError as e:  # the sandbox itself failed (daemon gone, ...): tell the agent, retry fresh
+        except SandboxError as e:
+            # The sandbox itself failed (it could not start, the daemon is gone, it is closed): the
+            # tool never ran the code, so the episode cannot go on honestly. A crash of the agent's
+            # own program is not this (``r.restarted`` below); this is the infrastructure's.
             log.warning("python tool: %s", e)
             self._close_sandbox()
-            self._history.clear()
-            self._last_call_shows_answer = False
-            return f"Error: the sandbox failed ({e}); the interpreter state was lost."
+            raise InfrastructureFailure("sandbox_failed", f"the python tool's sandbox failed: {e}") from e
         self._tool_calls += 1
         if r.restarted:
             self._history.clear()

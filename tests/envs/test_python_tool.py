@@ -54,6 +54,24 @@ def test_multi_turn_state_persists_and_answer_is_graded(backend, verifier_pool) 
     env.close()
 
 
+def test_a_tool_call_whose_sandbox_failed_is_an_infrastructure_failure_not_an_observation(
+        backend, verifier_pool) -> None:
+    """The episode's real sandbox is closed under the env (as a dead daemon leaves it): the next tool
+    call raises InfrastructureFailure (the rollout stores the leaf aborted and retries the episode)
+    instead of showing the agent an error it did not cause."""
+    from fr_agents.errors import InfrastructureFailure
+
+    env = make(backend, verifier_pool)
+    env.reset(seed=0, options={"task": TASK})
+    env.step(call("a = 1"))
+    sb = env.sandbox
+    sb.close()
+    with pytest.raises(InfrastructureFailure) as failure:
+        env.step(call("print(a)"))
+    assert failure.value.reason == "sandbox_failed" and env.sandbox is None
+    env.close()
+
+
 def test_malformed_calls_get_explanations_and_the_episode_goes_on(backend, verifier_pool) -> None:
     env = make(backend, verifier_pool)
     env.reset(options={"task": TASK})
