@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,10 @@ def test_wheel_installs_into_a_fresh_venv_and_trains_from_another_directory(tmp_
     dist = tmp_path / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)], tmp_path)
     (wheel,) = dist.glob("fr_agents-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    presets = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+    assert presets and {f"fr_agents/configs/{p}" for p in presets} <= names  # configs/ shipped as package data
+    assert {f"fr_agents/view/static/{f}" for f in ("app.js", "index.html", "style.css")} <= names
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     py, cli = venv / "bin" / "python", venv / "bin" / "fr-agents"

@@ -18,7 +18,7 @@ import dataclasses
 import textwrap
 
 import pytest
-from conftest import BUGGY, diff_for
+from conftest import ALL_TESTS, BUGGY, diff_for
 from sandbox_params import BACKENDS, require
 
 from envs.repo_coding import checks
@@ -420,7 +420,6 @@ def test_the_rewritten_checks_hold_no_expected_literal() -> None:
     import ast
     import random
 
-    from conftest import ALL_TESTS
 
     plan = checks.rewrite({"tests/test_ops.py": ALL_TESTS}, random.Random(0))
     tree = ast.parse(plan.files["tests/test_ops.py"])

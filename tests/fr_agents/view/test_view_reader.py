@@ -3,6 +3,7 @@ the server's safety rules, and ``store show`` printing decoded text."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import sqlite3
@@ -184,6 +185,14 @@ def test_server_binds_loopback_checks_host_and_ships_its_assets(text_store, serv
         assert e.value.code == 404
 
 
+def declared_package_data() -> dict[str, list[str]]:
+    """The ``package_data`` that ``setup.py`` hands to setuptools (read from its source, not run)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup"]
+    (kw,) = [k for k in call.keywords if k.arg == "package_data"]
+    return ast.literal_eval(kw.value)
+
+
 def test_static_assets_are_local_and_packaged() -> None:
     static = ROOT / "fr_agents" / "view" / "static"
     files = sorted(p.name for p in static.iterdir())
@@ -193,8 +202,7 @@ def test_static_assets_are_local_and_packaged() -> None:
         urls = set(re.findall(r"https?://[^\s\"')]+", text)) - {"http://www.w3.org/2000/svg"}
         assert not urls, f"{name} loads something from outside: {urls}"
     assert "innerHTML" not in (static / "app.js").read_text().replace("Nothing here assigns\n// innerHTML", "")
-    tomllib = pytest.importorskip("tomllib")
-    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = declared_package_data()
     for name in files:
         assert any(fnmatch(f"static/{name}", pat) for pat in data.get("fr_agents.view", [])), name
 
