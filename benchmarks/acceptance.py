@@ -69,6 +69,7 @@ def one_run(work: Path, start: Path, lag: int, delta: str, steps: int, eval_ever
             "warm_start.examples=0",
             f"trainer.steps={steps}",
             "trainer.max_minutes=0",
+            "trainer.plateau_patience=0",  # every run takes its steps
             f"trainer.eval_every={eval_every}",
             f"rollout.max_policy_lag={lag}",
             f"objective.delta={delta}",

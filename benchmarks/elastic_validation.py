@@ -197,7 +197,7 @@ def main() -> None:
         "trainer.backend=local",  # the elastic runtime's hooks act inside the rollout
         "model.tiny_size=micro", "tasks.params={digits: 2}", f"trainer.batch_size={a.batch}",
         f"rollout.concurrency={a.batch}", "rollout.max_policy_lag=1", f"trainer.steps={a.steps}",
-        "trainer.max_minutes=0", "trainer.eval_episodes=0", "warm_start.examples=0",
+        "trainer.max_minutes=0", "trainer.plateau_patience=0", "trainer.eval_episodes=0", "warm_start.examples=0",
         "trainer.collapse_guard=false", "trainer.checkpoint_every=0", "trainer.plot_every=1000",
         "rollout.max_new_tokens=16",
     ]

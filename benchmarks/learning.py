@@ -120,7 +120,7 @@ def compare(root: Path, preset: str, steps: int, seeds: int, reuse: bool = False
     with the same config is read, not made again (its row says "reused")."""
     from fr_agents.config import load_config
 
-    common = ["trainer.max_minutes=0", "trainer.checkpoint_every=0", "trainer.collapse_guard=false"]
+    common = ["trainer.max_minutes=0", "trainer.plateau_patience=0", "trainer.checkpoint_every=0", "trainer.collapse_guard=false"]
     methods = {
         "FlashREINFORCE": (steps, [f"trainer.steps={steps}"]),
         # GRPO has no token filter (a preset's objective.negative_min_prob, a FlashREINFORCE option, is

@@ -81,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # collapse guard (a comparison reports what each run reaches)
 RUN_SHAPE = [
     "trainer.max_minutes=0",
+    "trainer.plateau_patience=0",
     "trainer.checkpoint_every=0",
     "trainer.plot_every=1000",
     "trainer.collapse_guard=false",

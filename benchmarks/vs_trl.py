@@ -259,7 +259,7 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
     say(f"fr-agents seed {seed}: {minutes:g} min of RL (log: {log})")
     proc = fr_agents(
         "train", PRESET, f"model.name={start}", "warm_start.examples=0", "trainer.steps=100000000",
-        f"trainer.max_minutes={minutes}", f"trainer.seed={seed}", "trainer.eval_episodes=0",
+        f"trainer.max_minutes={minutes}", "trainer.plateau_patience=0", f"trainer.seed={seed}", "trainer.eval_episodes=0",
         "--run-dir", str(run), log=log,
     )
     t0 = time.perf_counter()
