@@ -1,7 +1,11 @@
 """Hooks: how a run is extended without touching its parts' methods.
 
-A :class:`~trainer.loop.Trainer` takes one :class:`TrainerHooks` object and calls it at fixed
-points; every hook does nothing by default, so a subclass overrides only what it needs. The
+A :class:`~trainer.loop.Trainer` takes a :class:`TrainerHooks` object, or a list of them, and calls
+them at fixed points; every hook does nothing by default, so a subclass overrides only what it
+needs. A list composes (:class:`HookList`), as gymnasium's wrappers and TRL's callbacks do: each
+hook runs in list order, ``engine`` wraps the engine the previous hook returned, ``around_step``
+nests (the first hook outermost), and ``run_ended`` runs in reverse order, every one of them even
+when one raises. The
 elastic runtime (:mod:`trainer.elastic.runtime`) is the example: it hands the episode runner an
 :class:`~trainer.elastic.pools.ElasticPool` instead of the plain engine (:meth:`engine`), counts
 finished episodes (:meth:`episode_done`), sizes each learner step to its train pool
@@ -24,8 +28,11 @@ When each hook runs::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+ROLLOUT_HOOKS = ("engine", "episode_done")
+"""The hooks that act inside the rollout, so they need it in the learner's process."""
 
 
 class TrainerHooks:
@@ -56,3 +63,68 @@ class TrainerHooks:
 
     def run_ended(self) -> None:
         """The run is over (also after an error): stop what the hooks started."""
+
+
+def acts_inside_rollout(hooks: TrainerHooks) -> list[str]:
+    """``Class.hook`` for each of :data:`ROLLOUT_HOOKS` that ``hooks`` (or a member of a
+    :class:`HookList`) overrides."""
+    members = hooks.hooks if isinstance(hooks, HookList) else [hooks]
+    return [f"{type(h).__name__}.{name}" for h in members for name in ROLLOUT_HOOKS
+            if getattr(type(h), name) is not getattr(TrainerHooks, name)]
+
+
+class HookList(TrainerHooks):
+    """Several hooks as one (see the module docstring for the order)."""
+
+    def __init__(self, hooks: Sequence[TrainerHooks]) -> None:
+        self.hooks = list(hooks)
+
+    def engine(self, base: Any, tokenizer: Any) -> Any:
+        for h in self.hooks:
+            base = h.engine(base, tokenizer)
+        return base
+
+    def run_started(self, trainer: Any) -> None:
+        for h in self.hooks:
+            h.run_started(trainer)
+
+    def rollout_started(self, thread: Any) -> None:
+        for h in self.hooks:
+            h.rollout_started(thread)
+
+    def waiting(self, waiting: bool) -> None:
+        for h in self.hooks:
+            h.waiting(waiting)
+
+    def around_step(self, step: Callable[[], dict[str, float]]) -> dict[str, float]:
+        wrapped = step
+        for h in reversed(self.hooks):  # the first hook ends up outermost
+            wrapped = (lambda hook, inner: lambda: hook.around_step(inner))(h, wrapped)
+        return wrapped()
+
+    def before_micro_batch(self) -> None:
+        for h in self.hooks:
+            h.before_micro_batch()
+
+    def episode_done(self, outcome: Any) -> None:
+        for h in self.hooks:
+            h.episode_done(outcome)
+
+    def run_ended(self) -> None:
+        errors = []
+        for h in reversed(self.hooks):
+            try:
+                h.run_ended()
+            except Exception as e:  # the others still stop what they started
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def as_hooks(hooks: TrainerHooks | Sequence[TrainerHooks] | None) -> TrainerHooks:
+    """One hooks object from what a Trainer was given: none, one, or a list (a :class:`HookList`)."""
+    if hooks is None:
+        return TrainerHooks()
+    if isinstance(hooks, TrainerHooks):
+        return hooks
+    return HookList(hooks)

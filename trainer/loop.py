@@ -38,6 +38,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from trainer.affinity import pinned
 from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
 from trainer.guards import Guards, Plateau
-from trainer.hooks import TrainerHooks
+from trainer.hooks import TrainerHooks, acts_inside_rollout, as_hooks
 from trainer.parts import cpu_split, quiet_gc, rollout_threads, warm_start_cores, why_not_pinned
 from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread
@@ -87,24 +88,26 @@ class TrainResult:
 class Trainer:
     """One run: builds both sides from a config and drives rollout + learning (see module doc).
 
-    ``hooks``: a :class:`~trainer.hooks.TrainerHooks` that extends the run (default: none).
+    ``hooks``: a :class:`~trainer.hooks.TrainerHooks` that extends the run, or a list of them
+    (they compose: :class:`~trainer.hooks.HookList`); default: none.
     """
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: str | Path, *, console: bool = True, hooks: TrainerHooks | None = None
+        self, cfg: TrainConfig, run_dir: str | Path, *, console: bool = True,
+        hooks: TrainerHooks | Sequence[TrainerHooks] | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console
-        self.hooks = hooks or TrainerHooks()
+        self.hooks = as_hooks(hooks)
         self.rollout_process: RolloutProcess | None = None  # trainer.backend=process: spawned by _build
         self.cpus: tuple[list[int], list[int]] | None = None  # trainer.pin_cpus: (learner, rollout) CPUs, by _build
         self._unmarked: list[list[int]] = []  # trained batches not yet marked consumed (_mark_consumed)
-        inside = [h for h in ("engine", "episode_done") if getattr(type(self.hooks), h) is not getattr(TrainerHooks, h)]
+        inside = acts_inside_rollout(self.hooks)
         if cfg.trainer.backend == "process" and inside:
             raise ConfigError(
-                f"trainer.backend: the hooks {type(self.hooks).__name__}.{'/'.join(inside)} act inside the rollout, "
+                f"trainer.backend: the hooks {'/'.join(inside)} act inside the rollout, "
                 "which trainer.backend=process runs in a child process; use trainer.backend=local"
             )
         self.lag = cfg.rollout.max_policy_lag

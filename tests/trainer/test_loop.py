@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fr_agents.config import load_config
+from fr_agents.config import ConfigError, load_config
 from fr_agents.tree import TrajectoryTree
 from trainer.checkpoint import latest_checkpoint
 from trainer.ledger import EpisodeLedger
@@ -227,3 +227,41 @@ def test_every_checkpoint_holds_the_cursor_of_every_batch_it_trained(tmp_path: P
     tree = TrajectoryTree.open(tmp_path / "store.sqlite")
     assert tree.cursor() == steps and tree.stats()["available"] == 0
     tree.close()
+
+
+def test_hooks_given_as_a_list_compose(tmp_path: Path) -> None:
+    """``hooks=[a, b]``: every hook of both runs, ``around_step`` nested with the first outermost,
+    ``run_ended`` in reverse order; a list holding a rollout hook is refused with the process backend
+    as a single one is."""
+    from trainer.hooks import TrainerHooks
+    from trainer.loop import Trainer
+
+    calls: list[str] = []
+
+    class Named(TrainerHooks):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run_started(self, trainer):
+            calls.append(f"{self.name}.started")
+
+        def around_step(self, step):
+            calls.append(f"{self.name}.enter")
+            stats = step()
+            calls.append(f"{self.name}.exit")
+            return stats
+
+        def run_ended(self):
+            calls.append(f"{self.name}.ended")
+
+    class Counts(TrainerHooks):
+        def episode_done(self, outcome):
+            calls.append("episode")
+
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "trainer.steps=1"])
+    with pytest.raises(ConfigError, match=r"Counts\.episode_done"):
+        Trainer(cfg, tmp_path, console=False, hooks=[Named("a"), Counts()])
+    res = Trainer(cfg, tmp_path, console=False, hooks=[Named("a"), Named("b")]).run()
+    assert res.ok and res.steps == 1
+    assert calls == ["a.started", "b.started", "a.enter", "b.enter", "b.exit", "a.exit", "b.ended", "a.ended"]
