@@ -186,8 +186,9 @@ def _eval_checkpoint(arg: str, engine: str) -> str:
     """A run directory becomes its latest checkpoint; anything else is passed through."""
     from pathlib import Path
 
-    if engine != "openai" and (Path(arg) / "checkpoints").is_dir():
-        from trainer.checkpoint import latest_checkpoint
+    from fr_agents.run_layout import CHECKPOINT_DIR, latest_checkpoint
+
+    if engine != "openai" and (Path(arg) / CHECKPOINT_DIR).is_dir():
 
         ckpt = latest_checkpoint(arg)
         if ckpt is None:

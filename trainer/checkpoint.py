@@ -31,10 +31,16 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-log = logging.getLogger(__name__)
+from fr_agents.run_layout import (
+    CHECKPOINT_GLOB,
+    LATEST,
+    STATE_FILE,
+    checkpoint_name,
+    checkpoint_root,
+    latest_checkpoint,
+)
 
-STATE_FILE = "trainer_state.pt"
-LATEST = "LATEST"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,22 +70,6 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def checkpoint_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of ``run_dir``, or ``None``."""
-    root = checkpoint_root(run_dir)
-    pointer = root / LATEST
-    if pointer.exists():
-        path = root / pointer.read_text().strip()
-        if (path / STATE_FILE).exists():
-            return path
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
-    return done[-1] if done else None
-
-
 def _fsync_dir(path: Path) -> None:
     for p in [*path.rglob("*"), path]:
         if p.is_file():
@@ -106,7 +96,7 @@ def save_checkpoint(
     """Write a checkpoint for ``state.step`` atomically and prune older ones (``keep`` newest)."""
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{state.step:06d}"
+    name = checkpoint_name(state.step)
     final = root / name
     tmp = root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -143,7 +133,7 @@ def save_checkpoint(
 def _prune(root: Path, keep: int) -> None:
     """Keep the ``keep`` newest complete checkpoints, and always ``step_000000`` (the start of RL,
     after any warm start), so that "before RL" can be evaluated later."""
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists() and p.name != "step_000000")
+    done = sorted(p for p in root.glob(CHECKPOINT_GLOB) if (p / STATE_FILE).exists() and p.name != checkpoint_name(0))
     for old in done[: max(0, len(done) - max(1, keep))]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -21,6 +21,7 @@ from fr_agents.config import TrainConfig
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.periodic import evaluate_live
 from fr_agents.eval.runner import EvalSettings
+from fr_agents.run_layout import EVALS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class HeldOutEval:
             return None
         return cls(
             bench.subset(n, cfg.tasks.seed),
-            Path(run_dir) / "evals",
+            Path(run_dir) / EVALS_DIR,
             seed=cfg.trainer.seed,
             concurrency=cfg.rollout.concurrency,
             compact=cfg.model.compact_forward,

@@ -8,6 +8,8 @@ its leaf, so batch ``k`` is read back exactly as scheduled, duplicates included.
 A branching episode has several leaves: the ledger holds one row per leaf, numbered ``branch``
 0, 1, … in the episode's depth-first order, and :meth:`EpisodeLedger.record_episode` writes all of
 an episode's rows in one transaction, so an episode is either wholly acknowledged or re-run.
+This module is the ledger's write side; its tables and the queries that read them live in
+:mod:`fr_agents.run_layout`, which the viewer reads the ledger with too.
 
 Aborted leaves (the grader or the sandbox failed, docs/DESIGN.md "Infrastructure failures") are
 kept in a table of their own, ``episode_aborts``, one row per aborted leaf of every attempt (leaf
@@ -29,33 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS episode_leaves (
-    episode INTEGER NOT NULL,
-    branch  INTEGER NOT NULL,
-    batch   INTEGER NOT NULL,
-    leaf    INTEGER NOT NULL,
-    reward  REAL NOT NULL,
-    tokens  INTEGER NOT NULL,
-    version INTEGER NOT NULL,
-    sampled INTEGER,
-    PRIMARY KEY (episode, branch)
-);
-CREATE INDEX IF NOT EXISTS episode_leaves_batch ON episode_leaves(batch);
-CREATE TABLE IF NOT EXISTS episode_aborts (
-    episode INTEGER NOT NULL,
-    n       INTEGER NOT NULL,  -- its place among the episode's aborted leaves, attempts in order
-    attempt INTEGER NOT NULL,  -- 0: the episode's first run; each retry adds one
-    batch   INTEGER NOT NULL,
-    leaf    INTEGER,           -- NULL: the attempt failed before it sampled anything (its reset)
-    reason  TEXT NOT NULL,     -- InfrastructureFailure.reason
-    tokens  INTEGER NOT NULL,
-    version INTEGER NOT NULL,
-    sampled INTEGER,
-    PRIMARY KEY (episode, n)
-);
-CREATE INDEX IF NOT EXISTS episode_aborts_batch ON episode_aborts(batch);
-"""
+from fr_agents import run_layout
+from fr_agents.run_layout import LEDGER_SCHEMA
 
 
 class EpisodeLedger:
@@ -67,7 +44,7 @@ class EpisodeLedger:
         self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=60)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
+        self._conn.executescript(LEDGER_SCHEMA)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -175,52 +152,26 @@ class EpisodeLedger:
     def leaves(self, episodes: Iterable[int]) -> dict[int, int]:
         """``{episode: leaf}`` (its first leaf to train on) for those of ``episodes`` that have one
         (:meth:`done` also counts the episodes whose every attempt aborted)."""
-        eps = list(episodes)
-        if not eps:
-            return {}
         with self._lock:
-            marks = ",".join("?" * len(eps))
-            rows = self._conn.execute(f"SELECT episode, leaf FROM episode_leaves WHERE branch = 0 AND episode IN ({marks})", eps).fetchall()
-        return {int(e): int(leaf) for e, leaf in rows}
+            return run_layout.first_leaves(self._conn, episodes)
 
     def done(self, episodes: Iterable[int]) -> set[int]:
         """Those of ``episodes`` that are recorded: with leaves to train on, or with every attempt
         aborted (nothing to train on, not to be run again)."""
-        eps = list(episodes)
-        if not eps:
-            return set()
-        marks = ",".join("?" * len(eps))
         with self._lock:
-            rows = self._conn.execute(
-                f"SELECT episode FROM episode_leaves WHERE branch = 0 AND episode IN ({marks}) "
-                f"UNION SELECT episode FROM episode_aborts WHERE n = 0 AND episode IN ({marks})",
-                [*eps, *eps],
-            ).fetchall()
-        return {int(e) for (e,) in rows}
+            return run_layout.done_episodes(self._conn, episodes)
 
     def aborted_rows(self, batch: int) -> list[tuple[int, int, int | None, str]]:
         """``(episode, attempt, leaf or None, reason)`` of every aborted leaf of batch ``batch``
         (never trained on), by episode, then in the order the attempts made them."""
         with self._lock:
-            return [
-                (int(e), int(a), None if lf is None else int(lf), str(r))
-                for e, a, lf, r in self._conn.execute(
-                    "SELECT episode, attempt, leaf, reason FROM episode_aborts WHERE batch = ? ORDER BY episode, n",
-                    (batch,),
-                )
-            ]
+            return run_layout.aborted_rows(self._conn, batch)
 
     def batch_rows(self, batch: int) -> list[tuple[int, int, float, int, int]]:
         """``(episode, leaf, reward, tokens, version)`` of batch ``batch``: one row per leaf, by
         episode then branch."""
         with self._lock:
-            return [
-                (int(e), int(lf), float(r), int(t), int(v))
-                for e, lf, r, t, v in self._conn.execute(
-                    "SELECT episode, leaf, reward, tokens, version FROM episode_leaves WHERE batch = ? ORDER BY episode, branch",
-                    (batch,),
-                )
-            ]
+            return run_layout.batch_rows(self._conn, batch)
 
     def sampled_tokens(self, batch: int) -> int | None:
         """Policy tokens the engine sampled for batch ``batch``: every token of every branch once,
@@ -228,12 +179,7 @@ class EpisodeLedger:
         a fork's shared part once per leaf), aborted attempts included. None when a row of the
         batch does not know it."""
         with self._lock:
-            n, known, total = self._conn.execute(
-                "SELECT COUNT(*), COUNT(sampled), COALESCE(SUM(sampled), 0) FROM "
-                "(SELECT sampled FROM episode_leaves WHERE batch = ? UNION ALL SELECT sampled FROM episode_aborts WHERE batch = ?)",
-                (batch, batch),
-            ).fetchone()
-        return int(total) if n and known == n else None
+            return run_layout.sampled_tokens(self._conn, batch)
 
     def close(self) -> None:
         with self._lock:

@@ -17,10 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from fr_agents.run_layout import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 
-METRICS_FILE = "metrics.jsonl"
-PLOT_FILE = "curves.png"
+log = logging.getLogger(__name__)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -91,7 +90,7 @@ class MetricsSink:
             from torch.utils.tensorboard.writer import FileWriter
 
             self._summary = Summary
-            self._tb = FileWriter(str(self.run_dir / "tb"))
+            self._tb = FileWriter(str(self.run_dir / TENSORBOARD_DIR))
         except Exception as e:  # noqa: BLE001 - TensorBoard is optional at run time
             log.warning("TensorBoard events disabled: %s", e)
         self._console = None

@@ -26,10 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from fr_agents.config import TrainConfig, leaves_per_tree
+from fr_agents.run_layout import LEDGER_FILE, STORE_FILE
 from trainer.affinity import cores_given, split
-
-STORE_FILE = "store.sqlite"
-LEDGER_FILE = "episodes.sqlite"
 
 
 def warm_start_threads() -> int:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from fr_agents.config import ConfigError, TrainConfig, dump_config, load_config
+from fr_agents.run_layout import CHECKPOINT_DIR, CONFIG_FILE
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,9 @@ def load_run_config(
             raise ConfigError("--env: expected a gymnasium id such as mypkg.envs:me/Guess-v0")
         return load_config(ENV_PRESET, [f"env.id={env}", *overrides])
     if resume:
-        saved = Path(resume) / "config.yaml"
+        saved = Path(resume) / CONFIG_FILE
         if not saved.exists():
-            raise ConfigError(f"--resume: {resume} has no config.yaml (not a run directory)")
+            raise ConfigError(f"--resume: {resume} has no {CONFIG_FILE} (not a run directory)")
         if preset:
             raise ConfigError("--resume: give either a preset or --resume RUN_DIR, not both")
         return load_config(str(saved), overrides)
@@ -81,10 +82,10 @@ def main_train(
         out = Path(resume)
     else:
         out = resolve_run_dir(cfg, run_dir)
-        if (out / "checkpoints").exists() and any((out / "checkpoints").iterdir()):
+        if (out / CHECKPOINT_DIR).exists() and any((out / CHECKPOINT_DIR).iterdir()):
             raise ConfigError(f"run directory {out} already holds a run; use --resume {out} to continue it")
         out.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out / "config.yaml")
+    dump_config(cfg, out / CONFIG_FILE)
     if cfg.trainer.backend == "ray":
         from trainer.ray_backend import run_training_ray
 

@@ -32,10 +32,9 @@ from typing import Any
 
 import torch
 
+from fr_agents.run_layout import DEMO_STORE
+
 log = logging.getLogger(__name__)
-
-
-DEMO_STORE = "demos.sqlite"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 from fr_agents.config import TrainConfig
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.runner import BenchResult, EvalSettings, run_bench
+from fr_agents.run_layout import DURING_TRAINING_FILE, EVALS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class PeriodicEval:
         limit = t.eval_episodes if t.eval_episodes > 0 else None
         return cls(
             bench.subset(limit, cfg.tasks.seed) if limit else bench,
-            Path(run_dir) / "evals",
+            Path(run_dir) / EVALS_DIR,
             every=t.eval_every,
             k=t.eval_k,
             temperature=t.eval_temperature,
@@ -112,7 +113,7 @@ class PeriodicEval:
             **{f"avg@{self.settings.k}" if m == "mean@k" else m: v for m, v in res.metrics.items()},
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / "during_training.jsonl", "a", encoding="utf-8") as f:
+        with open(self.out_dir / DURING_TRAINING_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         self.history.append(row)
         log.info(

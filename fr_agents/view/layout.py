@@ -1,16 +1,8 @@
 """What ``fr-agents view PATH`` is looking at: a run directory or a bare tree store file.
 
-A run directory (written by ``fr-agents train``) holds::
-
-    config.yaml        the resolved config (names the model, hence the tokenizer)
-    metrics.jsonl      one JSON row per learner step, plus eval / warm_start / end events
-    store.sqlite       the trajectory tree (SQLite, WAL)
-    episodes.sqlite    the episode ledger: which scheduled episode and batch each leaf served
-    checkpoints/       step_NNNNNN/ folders (HF weights + tokenizer + trainer state), LATEST
-
-The trainer owns these names (``trainer.parts``, ``trainer.metrics``, ``trainer.checkpoint``);
-``fr_agents`` may not import ``trainer``, so they are repeated here and a test checks that both
-sides agree.
+A run directory (written by ``fr-agents train``) holds the config, ``metrics.jsonl``, the store,
+the episode ledger and the checkpoints; their names are declared once, in
+:mod:`fr_agents.run_layout`, which the trainer writes them with and this module reads them with.
 """
 
 from __future__ import annotations
@@ -19,12 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STORE_FILE = "store.sqlite"
-LEDGER_FILE = "episodes.sqlite"
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
-CHECKPOINT_DIR = "checkpoints"
-STATE_FILE = "trainer_state.pt"
+from fr_agents.run_layout import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_GLOB,
+    CONFIG_FILE,
+    LATEST,
+    LEDGER_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    STORE_FILE,
+    checkpoint_root,
+)
 
 
 @dataclass(frozen=True)
@@ -75,13 +72,13 @@ def checkpoints(run_dir: Path | None) -> list[dict[str, Any]]:
     """The run's checkpoints, oldest first: name, step, complete, bytes, mtime, latest."""
     if run_dir is None:
         return []
-    root = run_dir / CHECKPOINT_DIR
+    root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    latest_file = root / "LATEST"
+    latest_file = root / LATEST
     latest = latest_file.read_text().strip() if latest_file.is_file() else ""
     out = []
-    for d in sorted(root.glob("step_*")):
+    for d in sorted(root.glob(CHECKPOINT_GLOB)):
         if not d.is_dir():
             continue
         files = [f for f in d.rglob("*") if f.is_file()]

@@ -18,7 +18,6 @@ observations, chat-template markers) is ``env``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import sqlite3
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fr_agents.run_layout import leaf_episodes
 from fr_agents.tree.db import SCHEMA_VERSION
 from fr_agents.tree.prune import STATE_AVAILABLE, STATE_CONSUMED, STATE_PRUNED, STATE_STALE
 from fr_agents.tree.store import STATUSES
@@ -124,15 +124,7 @@ class StoreReader:
         conn = getattr(self._local, "ledger", None)
         if conn is None:
             conn = self._local.ledger = self._connect(self.ledger)
-        # the ledger's per-leaf table (``episode_leaves``), or the one-row-per-episode table of runs
-        # written before branching existed (``episodes``); neither: a ledger not created yet
-        for table in ("episode_leaves", "episodes"):
-            with contextlib.suppress(sqlite3.OperationalError):
-                rows = conn.execute(
-                    f"SELECT episode, batch FROM {table} WHERE leaf = ? ORDER BY episode", (leaf,)
-                ).fetchall()
-                return [{"episode": int(e), "batch": int(b)} for e, b in rows]
-        return []
+        return leaf_episodes(conn, leaf)  # the ledger's read side (fr_agents.run_layout)
 
     # ------------------------------------------------------------------ store-wide
     def version(self) -> tuple[int, ...]:
