@@ -34,6 +34,7 @@ from envs.alfworld.engine import data_files, make_textworld_env, plan
 from envs.alfworld.pddl_problem import problem_pddl
 from envs.alfworld.sampling import TASK_TYPES, SampleError, TaskSample, sample_task, scene_allows
 from envs.alfworld.scenes import load_scene, split_scenes
+from fr_agents.seeding import stable_seed
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,10 @@ class GameRecord:
 
 
 def _rng(seed: int, split: str, index: int, attempt: int) -> random.Random:
-    digest = hashlib.sha256(f"alfworld|{seed}|{split}|{index}|{attempt}".encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
+    """The random stream of one attempt at one game (see the module docstring)."""
+    return random.Random(
+        stable_seed("alfworld", seed, split, index, attempt, sep="|", bits=64, algorithm="sha256", byteorder="big")
+    )
 
 
 def task_description(task_type: str, params: dict, rng: random.Random) -> str:

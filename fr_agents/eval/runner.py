@@ -42,9 +42,10 @@ import gymnasium
 
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.metrics import pass_at_k
-from fr_agents.eval.seeding import item_seed, sample_seed, stable_seed
+from fr_agents.eval.seeding import item_seed, sample_seed
 from fr_agents.policy.base import Engine
 from fr_agents.policy.seeded import SeededEngine
+from fr_agents.seeding import stable_seed
 
 log = logging.getLogger(__name__)
 

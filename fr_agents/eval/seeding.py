@@ -9,14 +9,7 @@ request of the episode is then seeded from it by :class:`fr_agents.policy.seeded
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
-
-
-def stable_seed(*parts: Any) -> int:
-    """A 31-bit seed from printable parts, independent of ``PYTHONHASHSEED``."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+from fr_agents.seeding import stable_seed  # the project's one stable-seed hash (31 bits, "\x1f"-joined)
 
 
 def sample_seed(seed: int, bench: str, task_id: str, sample: int) -> int:

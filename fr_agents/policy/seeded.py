@@ -15,12 +15,12 @@ the episode's tree, never on how its siblings interleave.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
+from fr_agents.seeding import stable_seed
 
 
 class SeededEngine(Engine):
@@ -51,6 +51,5 @@ class SeededEngine(Engine):
 
 
 def _mix(*parts: int) -> int:
-    """A stable 63-bit seed from integers."""
-    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    """A stable 63-bit seed from integers (:func:`fr_agents.seeding.stable_seed`, ``/``-joined)."""
+    return stable_seed(*parts, sep="/", bits=63)
