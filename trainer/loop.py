@@ -49,7 +49,7 @@ from trainer.batches import BatchTrees, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
 from trainer.guards import Guards, Plateau
 from trainer.hooks import TrainerHooks, acts_inside_rollout, as_hooks
-from trainer.parts import cpu_split, quiet_gc, rollout_threads, warm_start_cores, why_not_pinned
+from trainer.os_tuning import cpu_split, freeze_gc, rollout_threads, warm_start_cores, why_not_pinned
 from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import RolloutThread
 
@@ -435,7 +435,7 @@ class Trainer:
         stop_reason, ok = "steps", True
         try:
             # RL only: the warm start and the evaluations are not pinned
-            with pinned(self.cpus[0] if self.cpus else None), quiet_gc(cfg):
+            with pinned(self.cpus[0] if self.cpus else None), freeze_gc(cfg):
                 while state.step < cfg.trainer.steps:
                     if not self._wait_batch(state.step, rollout, deadline):
                         stop_reason = "time budget"

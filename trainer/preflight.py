@@ -347,7 +347,7 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
             f"{t.batch_size}); each holds one {cfg.rollout.engine} engine (one policy copy) and no optimizer"
         )
     elif t.device == "cpu":
-        from trainer.parts import learner_threads, rollout_threads
+        from trainer.os_tuning import learner_threads, rollout_threads
 
         lines.append(f"learner: main thread, cpu, {learner_threads(cfg)} torch thread(s)")
         where = (
@@ -362,7 +362,7 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
         lines.append(f"learner: main thread on {t.device}:0")
         lines.append(f"rollout: {cfg.rollout.engine} engine, co-located on {t.device}:0 (time-shared)")
     if t.pin_cpus:
-        from trainer.parts import cpu_split, why_not_pinned
+        from trainer.os_tuning import cpu_split, why_not_pinned
 
         split = cpu_split(cfg)
         lines.append(

@@ -77,7 +77,8 @@ def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int
     logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
     import torch
 
-    from trainer.parts import build_rollout_side, quiet_gc
+    from trainer.os_tuning import freeze_gc
+    from trainer.parts import build_rollout_side
     from trainer.rollout_thread import RolloutThread
     from trainer.weights import WeightBoard
 
@@ -134,7 +135,7 @@ def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int
             concurrency=cfg.rollout.concurrency,
             on_batch_done=done,
         )
-        with quiet_gc(cfg):
+        with freeze_gc(cfg):
             rollout.run()  # this process's main thread runs the loop; errors are sent by done(-1)
     except BaseException as e:  # noqa: BLE001 - building the side failed: tell the learner
         send("error", "".join(traceback.format_exception(e)))

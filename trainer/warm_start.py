@@ -250,7 +250,8 @@ def warm_start_score(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
     and a test holds the default preset's warm start above a floor.
     """
     from trainer.checkpoint import TrainerState
-    from trainer.parts import build_learner_side, build_rollout_side, warm_start_cores
+    from trainer.os_tuning import warm_start_cores
+    from trainer.parts import build_learner_side, build_rollout_side
 
     if cfg.warm_start.examples <= 0:
         raise ValueError("warm_start.examples: 0 means no warm start; nothing to score")

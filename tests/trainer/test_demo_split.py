@@ -9,7 +9,7 @@ import pytest
 
 from envs.tasks import get_task_source
 from fr_agents.config import ConfigError, load_config
-from trainer.parts import balanced_indices, demo_and_rl_tasks, stratified_indices
+from trainer.task_balance import balanced_indices, demo_and_rl_tasks, stratified_indices
 
 
 def _train(cfg):

@@ -15,8 +15,8 @@ STEPS = textwrap.dedent(
     """
     import resource, sys, torch
     from fr_agents.config import load_config
-    from trainer.parts import apply_memory_option
-    apply_memory_option(load_config("math-tiny", sys.argv[1:]))
+    from trainer.os_tuning import keep_freed_memory
+    keep_freed_memory(load_config("math-tiny", sys.argv[1:]))
     def step():  # a step's tensors: 8 x 4 MiB, written, then all freed
         held = [torch.ones(1 << 20) for _ in range(8)]
         return sum(float(t[0]) for t in held)
@@ -48,24 +48,24 @@ def test_keeping_freed_memory_stops_the_page_faults_of_repeated_steps():
 def test_keep_freed_memory_reports_why_it_did_nothing(monkeypatch):
     import ctypes
 
-    from trainer import memory
+    from trainer import os_tuning
 
     class NoMallopt:  # a fake C library without mallopt (not glibc)
         def __init__(self, *a, **kw):
             pass
 
     monkeypatch.setattr(ctypes, "CDLL", NoMallopt)
-    assert memory.keep_freed_memory() == "no glibc mallopt on this platform"
+    assert os_tuning.keep_freed_memory() == "no glibc mallopt on this platform"
 
 
 def test_frozen_gc_skips_the_objects_made_before_and_restores_the_collector_after():
     import gc
 
-    from trainer.memory import frozen_gc
+    from trainer.os_tuning import freeze_gc
 
     before = gc.get_threshold()
     old = [[i] for i in range(1000)]  # objects that exist when RL starts
-    with frozen_gc(young=5000):
+    with freeze_gc(young=5000):
         assert gc.get_freeze_count() >= len(old)
         assert gc.get_threshold() == (5000, *before[1:])
         cycle = []
@@ -78,11 +78,11 @@ def test_frozen_gc_skips_the_objects_made_before_and_restores_the_collector_afte
 @pytest.mark.parametrize("on", [True, False])
 def test_the_freeze_gc_key_decides(on):
     from fr_agents.config import load_config
-    from trainer.parts import quiet_gc
+    from trainer.os_tuning import freeze_gc
 
     cfg = load_config("math-tiny", [f"trainer.freeze_gc={str(on).lower()}"])
     import gc
 
-    with quiet_gc(cfg):
+    with freeze_gc(cfg):
         assert (gc.get_freeze_count() > 0) == on
     assert gc.get_freeze_count() == 0

@@ -1,0 +1,186 @@
+"""How a training process sits on the machine: torch threads, CPU pinning, malloc and the garbage
+collector. None of it changes what a run computes, only how fast it runs.
+
+One name per switch: each config key is applied by the function of the same name::
+
+    trainer.threads            learner_threads(cfg)     (rollout_threads, warm_start_threads: the others)
+    trainer.pin_cpus           cpu_split(cfg)           (why_not_pinned: why it pins nothing; the
+                                                         mechanism, trainer.affinity.pinned, pins)
+    trainer.keep_freed_memory  keep_freed_memory(cfg)   once per process, by each side's builder
+    trainer.freeze_gc          freeze_gc(cfg)           around a block of RL
+
+``keep_freed_memory`` and ``freeze_gc`` called without a config apply the setting unconditionally
+(what the tests and the benchmarks measure).
+
+Keeping freed memory. A training step on CPU allocates and frees the same tensors every time:
+activations, gradients, a decode step's key/value rows. glibc's malloc serves a block over its mmap
+threshold (128 KiB at start, raised as such blocks are freed) with a fresh ``mmap`` and returns it
+to the kernel on ``free``, and trims the top of its heap once enough is free there. Either way the
+next step's tensor lands on pages the kernel must fault in and zero again: on math-tiny, thousands
+of page faults per learner step and per rollout batch, a few percent of the step in system time.
+
+:func:`keep_freed_memory` raises both limits for the process (``mallopt``): blocks up to
+``mmap_threshold`` come from the heap and go back to it, and the heap is trimmed only once more
+than ``trim_threshold`` lies free at its top, so a step reuses the pages the last one freed.
+Blocks larger than ``mmap_threshold`` (a large model's weights while loading) are still mapped and
+returned to the kernel one by one. The price: the process keeps up to ``trim_threshold`` of freed
+heap resident. glibc only (Linux); elsewhere nothing changes and :func:`keep_freed_memory` says why.
+
+The garbage collector. Python's cyclic collector runs a young-generation pass every 700 net
+allocations and, every so often, a full pass over every tracked object: in a training process that
+is the model, transformers, torch and the rest, hundreds of thousands of objects that live all run.
+A rollout makes many short-lived objects per episode (futures, dicts, lists), so those passes come
+often, and on math-tiny's rollout they take several percent of a batch, most of it the full
+passes. :func:`freeze_gc` collects once, then freezes every object that exists (``gc.freeze``:
+the collector skips them from then on; reference counting still frees them) and runs the young
+pass every ``young`` allocations, which leaves the collector almost nothing to do. Cycles made during
+RL are still collected; cycles among the frozen objects would be kept until the block ends (the
+collect before the freeze leaves none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import os
+from collections.abc import Iterator
+
+from fr_agents.config import TrainConfig
+from trainer.affinity import cores_given, split
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 64 << 20
+TRIM_THRESHOLD = 256 << 20
+YOUNG_THRESHOLD = 10_000  # allocations between young-generation passes (Python's default: 700)
+
+
+# =========================================================================== torch threads
+
+
+def warm_start_threads() -> int:
+    """Torch threads of the warm start: the cores this process is given (:func:`cores_given`), or
+    ``OMP_NUM_THREADS`` when the user set it (the thread count decides nothing but speed: the warm
+    start's recipe is chosen to land at the same held-out score on any thread count)."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return cores_given()
+
+
+@contextlib.contextmanager
+def warm_start_cores() -> Iterator[None]:
+    """Run a block (the warm start: supervised steps with nothing beside them in the process) on
+    :func:`warm_start_threads` torch threads, then restore the count (``trainer.threads`` sizes the
+    learner for RL, where the rollout side shares the cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(warm_start_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def learner_threads(cfg: TrainConfig) -> int:
+    """Torch threads of the learner and its held-out evaluations: ``trainer.threads``, or half the
+    cores this process is given."""
+    return cfg.trainer.threads or max(1, cores_given() // 2)
+
+
+def rollout_threads(cfg: TrainConfig) -> int:
+    """Torch threads of a rollout process (``trainer.backend=process``): the cores the learner
+    leaves, at least one; with ``trainer.pin_cpus``, one per CPU the process is pinned to."""
+    cpus = cpu_split(cfg)
+    if cpus is not None:
+        return len(cpus[1])
+    return max(1, cores_given() - learner_threads(cfg))
+
+
+# =========================================================================== CPU pinning
+
+
+def cpu_split(cfg: TrainConfig) -> tuple[list[int], list[int]] | None:
+    """``trainer.pin_cpus``: the learner's CPUs (``learner_threads`` of them) and the rollout
+    process's (the rest), or ``None`` when nothing is pinned (see :func:`why_not_pinned`)."""
+    if not cfg.trainer.pin_cpus or cfg.trainer.backend != "process":
+        return None
+    return split(learner_threads(cfg))
+
+
+def why_not_pinned(cfg: TrainConfig) -> str | None:
+    """Why ``trainer.pin_cpus`` pins nothing in this run (``None``: it pins, or it is off)."""
+    if not cfg.trainer.pin_cpus or cpu_split(cfg) is not None:
+        return None
+    if cfg.trainer.backend != "process":
+        return (f"trainer.backend={cfg.trainer.backend} has no rollout process of its own to pin apart "
+                "(pinning acts with trainer.backend=process)")
+    return f"no CPU is left for the rollout beside the learner's {learner_threads(cfg)}"
+
+
+# =========================================================================== malloc
+
+
+def keep_freed_memory(
+    cfg: TrainConfig | None = None, *, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
+) -> str | None:
+    """``trainer.keep_freed_memory``: make this process's malloc keep freed blocks up to
+    ``mmap_threshold`` bytes and trim its heap only past ``trim_threshold`` free bytes.
+
+    With ``cfg``: nothing when its key is off; when the setting cannot be applied, a warning says
+    why (each side's builder calls it, in whichever process that side runs). Without: applied.
+    Returns ``None`` when applied (or off), else why not."""
+    if cfg is not None and not cfg.trainer.keep_freed_memory:
+        return None
+    why = _mallopt(mmap_threshold, trim_threshold)
+    if why and cfg is not None:
+        log.warning("trainer.keep_freed_memory: nothing changed: %s", why)
+    return why
+
+
+def _mallopt(mmap_threshold: int, trim_threshold: int) -> str | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "no glibc mallopt on this platform"
+    gnu = getattr(libc, "gnu_get_libc_version", None)
+    if gnu is None:
+        return "the C library is not glibc"
+    if not mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)) or not mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)):
+        return "glibc refused the thresholds"
+    log.debug("malloc keeps freed blocks up to %d bytes, trims past %d", mmap_threshold, trim_threshold)
+    return None
+
+
+# =========================================================================== the garbage collector
+
+
+def freeze_gc(cfg: TrainConfig | None = None, *, young: int = YOUNG_THRESHOLD) -> contextlib.AbstractContextManager[None]:
+    """``trainer.freeze_gc``, for a block of RL: collect, freeze every object that exists now, run
+    the young-generation pass every ``young`` allocations; afterwards the objects are unfrozen and
+    the thresholds restored. With ``cfg`` whose key is off: nothing."""
+    if cfg is not None and not cfg.trainer.freeze_gc:
+        return contextlib.nullcontext()
+    return _frozen_gc(young)
+
+
+@contextlib.contextmanager
+def _frozen_gc(young: int) -> Iterator[None]:
+    gc.collect()
+    gc.freeze()
+    before = gc.get_threshold()
+    gc.set_threshold(young, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
