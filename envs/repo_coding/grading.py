@@ -18,7 +18,7 @@ Grading never trusts the episode's sandbox, nor anything the code under test can
 
 A test passes when the candidate's sealed report says pytest passed it, its records satisfy every
 check (evaluated on the host) and equal the reference's records, variants included
-(:func:`~envs.repo_coding.checks.verdicts`). A report that is not sealed, from a session that did
+(:func:`~envs.repo_coding.judge.verdicts`). A report that is not sealed, from a session that did
 not finish, with runner functions rebound or plugins registered during the run, scores 0, and
 ``info`` says why (``report_evidence``, ``checks_completed``, ``runner_tampered``, ``test_failures``).
 
@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.repo_coding import checks
+from envs.repo_coding import checks, judge
 from envs.repo_coding.task import RepoTask
 from envs.repo_coding.testrun import PytestRun, filter_diff, partial_score, run_pytest
 from fr_agents.errors import InfrastructureFailure
@@ -216,7 +216,7 @@ def reference_run(sb: Any, task: RepoTask, rng: random.Random, test_timeout: flo
         raise _Infra("reference_run", f"{task.instance_id}: the reference run left no trusted report "
                                       f"({run.evidence}, {run.status}): {run.output[-400:]}")
     ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
-    failed = {n: v.why for n, v in checks.verdicts(plan, run.report, run.records, None, ids).items() if not v.passed}
+    failed = {n: v.why for n, v in judge.verdicts(plan, run.report, run.records, None, ids).items() if not v.passed}
     if failed:
         raise _Infra("reference_failed", f"{task.instance_id}: the gold patch fails the rewritten checks: "
                                          f"{dict(list(failed.items())[:3])}")
@@ -224,7 +224,7 @@ def reference_run(sb: Any, task: RepoTask, rng: random.Random, test_timeout: flo
     if not again.trusted:
         raise _Infra("reference_run", f"{task.instance_id}: the second reference run left no trusted report "
                                       f"({again.evidence}, {again.status}): {again.output[-400:]}")
-    sites, tests = checks.unstable(run.records, again.records)
+    sites, tests = judge.unstable(run.records, again.records)
     return Reference(plan, run, sites, tests)
 
 
@@ -273,7 +273,7 @@ def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
         zero.seconds = time.monotonic() - t0
         return zero
     ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
-    per_test = checks.verdicts(plan, run.report, run.records, ref.records, ids,
+    per_test = judge.verdicts(plan, run.report, run.records, ref.records, ids,
                                reference.unstable_sites, reference.unstable_tests, set(task.PASS_TO_PASS))
     result = score(task, {n: {"outcome": "passed" if v.passed else "failed"} for n, v in per_test.items()})
     result.discarded = dropped

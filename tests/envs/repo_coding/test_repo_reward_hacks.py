@@ -21,7 +21,7 @@ import pytest
 from conftest import ALL_TESTS, BUGGY, diff_for
 from sandbox_params import BACKENDS, require
 
-from envs.repo_coding import checks
+from envs.repo_coding import checks, judge
 from envs.repo_coding.grading import grade, sandbox_limits, setup_repo
 from envs.repo_coding.testrun import filter_diff
 from envs.repo_coding.tools import RepoTools
@@ -596,12 +596,12 @@ def test_values_that_vary_between_reference_runs_are_held_to_their_checks_only()
         return {"t.py::test_x": [[site_f, [None, (f,)]], [site_g, [None, (g,)]]]
                 + [[v, ["ok", 7]] for v in variants]}
 
-    sites, tests = checks.unstable(recs(11), recs(12))
+    sites, tests = judge.unstable(recs(11), recs(12))
     assert sites == {site_g} and not tests
     passed = {"t.py::test_x": {"outcome": "passed"}}
-    ok = checks.verdicts(plan, passed, recs(13), recs(11), ["t.py::test_x"], sites, tests)
+    ok = judge.verdicts(plan, passed, recs(13), recs(11), ["t.py::test_x"], sites, tests)
     assert ok["t.py::test_x"].passed
-    wrong_f = checks.verdicts(plan, passed, recs(13, f=3), recs(11), ["t.py::test_x"], sites, tests)
+    wrong_f = judge.verdicts(plan, passed, recs(13, f=3), recs(11), ["t.py::test_x"], sites, tests)
     assert not wrong_f["t.py::test_x"].passed
-    zero_g = checks.verdicts(plan, passed, recs(0), recs(11), ["t.py::test_x"], sites, tests)
+    zero_g = judge.verdicts(plan, passed, recs(0), recs(11), ["t.py::test_x"], sites, tests)
     assert not zero_g["t.py::test_x"].passed  # the check itself (!= 0) still holds the candidate
