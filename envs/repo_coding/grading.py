@@ -12,7 +12,7 @@ Grading never trusts the episode's sandbox, nor anything the code under test can
    PASS_TO_PASS test, else grading cannot happen.
 2. **Candidate**: a clean checkout of ``base_commit``, the agent's diff with every change to a
    protected path (tests, ``conftest.py``, pytest configuration:
-   :func:`~envs.repo_coding.testrun.is_protected_path`) dropped, ``test_patch``, the same rewritten
+   :func:`~envs.repo_coding.protected.is_protected_path`) dropped, ``test_patch``, the same rewritten
    test files on top, the same runner. Patch files are deleted once applied; the gold patch, the
    original hidden tests and the reference's records never enter this sandbox.
 
@@ -50,8 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.repo_coding import checks, judge
+from envs.repo_coding.protected import filter_diff
 from envs.repo_coding.task import RepoTask
-from envs.repo_coding.testrun import PytestRun, filter_diff, partial_score, run_pytest
+from envs.repo_coding.testrun import PytestRun, partial_score, run_pytest
 from fr_agents.errors import InfrastructureFailure
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from sandbox_params import BACKENDS, require
 
 from envs.repo_coding import checks, judge
 from envs.repo_coding.grading import grade, sandbox_limits, setup_repo
-from envs.repo_coding.testrun import filter_diff
+from envs.repo_coding.protected import filter_diff
 from envs.repo_coding.tools import RepoTools
 from fr_agents.errors import InfrastructureFailure
 from tools_sandbox import open_sandbox

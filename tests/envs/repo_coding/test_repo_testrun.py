@@ -1,7 +1,8 @@
 import pytest
 
 from envs.repo_coding.builder import hide_tests, qualname_of
-from envs.repo_coding.testrun import filter_diff, is_protected_path, partial_score
+from envs.repo_coding.protected import filter_diff, is_protected_path
+from envs.repo_coding.testrun import partial_score
 
 
 @pytest.mark.parametrize(
