@@ -6,10 +6,8 @@ writers, and a short snapshot keeps the writer's WAL checkpoints moving. Nothing
 so the store's own ``TrajectoryTree`` (whose constructor takes a write lock to create the
 schema) is not used.
 
-Shapes. A root's *shape* (node ids, parents, offsets, sizes, policy counts, its leaves and the
-demo spans they carry) is read once per store version and cached; a page of the tree then only
-reads the token blobs of the nodes it shows. The store version is a tuple of counters that
-moves with every append, finish, consumption, pruning or compaction.
+Shapes. A root's structure (:mod:`fr_agents.view.shape`) is read once per store version and cached;
+a page of the tree then only reads the token blobs of the nodes it shows.
 
 Token kinds. ``policy`` tokens have the policy mask; ``demo`` tokens are non-policy tokens inside
 a leaf's ``info.demo_spans`` (scripted replies stored as SFT targets); everything else (prompt,
@@ -24,7 +22,6 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +29,11 @@ import numpy as np
 
 from fr_agents.run_layout import leaf_episodes
 from fr_agents.tree.db import SCHEMA_VERSION
-from fr_agents.tree.prune import STATE_AVAILABLE, STATE_CONSUMED, STATE_PRUNED, STATE_STALE
+from fr_agents.tree.prune import STATE_CONSUMED, STATE_PRUNED
 from fr_agents.tree.store import STATUSES
 from fr_agents.view.decode import TokenText
+from fr_agents.view.shape import STATE_NAMES, NotFound, RootShape, read_shape
 
-STATE_NAMES = {
-    STATE_AVAILABLE: "available",
-    STATE_CONSUMED: "consumed",
-    STATE_STALE: "stale",
-    STATE_PRUNED: "pruned",
-}
 SORTS = {  # sort key -> column of the grouped root query
     "id": "q.id",
     "leaves": "q.leaves",
@@ -51,33 +43,6 @@ SORTS = {  # sort key -> column of the grouped root query
 }
 MAX_PAGE = 2000
 PREVIEW_HEAD, PREVIEW_TAIL = 220, 120
-
-
-class NotFound(ValueError):
-    """An id that names nothing in the store (HTTP 404)."""
-
-
-@dataclass
-class RootShape:
-    """Structure of one root's subtree (no token blobs)."""
-
-    root: int
-    parent: dict[int, int | None] = field(default_factory=dict)
-    offset: dict[int, int] = field(default_factory=dict)
-    size: dict[int, int] = field(default_factory=dict)
-    version: dict[int, int] = field(default_factory=dict)
-    policy: dict[int, int] = field(default_factory=dict)
-    children: dict[int, list[int]] = field(default_factory=dict)
-    leaves: dict[int, dict[str, Any]] = field(default_factory=dict)
-    demo: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # node -> [start, stop) in node
-    order: list[tuple[int, int]] = field(default_factory=list)  # DFS (node, depth)
-    below: dict[int, int] = field(default_factory=dict)  # finished leaves in the subtree
-
-    def path(self, node: int) -> list[int]:
-        out = [node]
-        while (p := self.parent.get(out[-1])) is not None:
-            out.append(p)
-        return out[::-1]
 
 
 class StoreReader:
@@ -282,7 +247,7 @@ class StoreReader:
                 hit = self._shapes.get(root)
             if hit is not None and hit[0] == ver:
                 return hit[1]
-            shape = _read_shape(c, root)
+            shape = read_shape(c, root)
         with self._lock:
             if len(self._shapes) > 64:
                 self._shapes.clear()
@@ -499,69 +464,6 @@ def _page(offset: Any, limit: Any) -> tuple[int, int]:
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit: must lie in [1, {MAX_PAGE}], got {limit}")
     return offset, limit
-
-
-def _leaf_row(r: tuple[Any, ...]) -> dict[str, Any]:
-    return {
-        "reward": float(r[1]),
-        "partial_score": None if r[2] is None else float(r[2]),
-        "status": str(r[3]),
-        "state": STATE_NAMES.get(int(r[4]), str(r[4])),
-        "batch": None if r[5] is None else int(r[5]),
-        "length": int(r[7]),
-        "versions": [int(r[8]), int(r[9])],
-    }
-
-
-def _read_shape(c: sqlite3.Connection, root: int) -> RootShape:
-    rows = c.execute(
-        """
-        WITH RECURSIVE sub(id) AS (
-            SELECT id FROM nodes WHERE id = ? AND parent IS NULL
-            UNION ALL SELECT nodes.id FROM nodes JOIN sub ON nodes.parent = sub.id
-        )
-        SELECT id, parent, offset, n, version, created, mask FROM nodes WHERE id IN (SELECT id FROM sub)
-        """,
-        (root,),
-    ).fetchall()
-    if not rows:
-        raise NotFound(f"root: unknown root id {root}")
-    s = RootShape(root=root)
-    kids: dict[int, list[tuple[int, int]]] = {}
-    for nid, parent, off, n, ver, created, mask in rows:
-        nid = int(nid)
-        s.parent[nid] = None if parent is None else int(parent)
-        s.offset[nid], s.size[nid], s.version[nid] = int(off), int(n), int(ver)
-        s.policy[nid] = bytes(mask).count(1)
-        if parent is not None:
-            kids.setdefault(int(parent), []).append((int(created), nid))
-    s.children = {p: [nid for _, nid in sorted(v)] for p, v in kids.items()}
-    for r in c.execute(
-        "SELECT id, reward, partial_score, status, state, consumed_seq, info, length, min_version, max_version"
-        " FROM leaves WHERE root = ?",
-        (root,),
-    ):
-        leaf = int(r[0])
-        if leaf not in s.parent:
-            continue
-        s.leaves[leaf] = _leaf_row(r)
-        if r[6] and "demo_spans" in r[6]:
-            spans = json.loads(r[6]).get("demo_spans") or []
-            for node in s.path(leaf):
-                lo, hi = s.offset[node], s.offset[node] + s.size[node]
-                for a, b in spans:
-                    a, b = max(int(a), lo), min(int(b), hi)
-                    if a < b and (a - lo, b - lo) not in s.demo.setdefault(node, []):
-                        s.demo[node].append((a - lo, b - lo))
-    # depth-first order (iterative: trees may be deep) and leaf counts below each node
-    stack = [(root, 0)]
-    while stack:
-        node, depth = stack.pop()
-        s.order.append((node, depth))
-        stack.extend((ch, depth + 1) for ch in reversed(s.children.get(node, [])))
-    for node, _ in reversed(s.order):
-        s.below[node] = (1 if node in s.leaves else 0) + sum(s.below[ch] for ch in s.children.get(node, []))
-    return s
 
 
 def _kinds(mask: np.ndarray, demo: list[tuple[int, int]]) -> list[str]:
