@@ -94,7 +94,7 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
     """The rollout engine ``rollout.engine`` names, holding its own copy of the policy.
 
     * ``hf``: :class:`~fr_agents.policy.hf.HFEngine` on a copy of ``model`` (or a fresh load of
-      ``model_dir``) on ``trainer.device``;
+      ``model_dir``) in ``rollout.dtype`` (else ``model.dtype``) on ``trainer.device``;
     * ``vllm``: :class:`~fr_agents.policy.vllm_engine.VLLMEngine` loading ``model_dir``, with
       ``max_model_len = rollout.max_context`` and ``max_num_seqs = rollout.concurrency``; weights
       are reloaded in place after each step (:meth:`VLLMEngine.set_weights`).
@@ -109,7 +109,7 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
         kwargs: dict[str, Any] = {"max_model_len": r.max_context, "max_num_seqs": max(1, r.concurrency)}
         if cfg.trainer.device.startswith("cuda"):
             kwargs["gpu_memory_utilization"] = 0.5  # the learner shares the device
-        engine = VLLMEngine(str(model_dir), dtype=cfg.model.dtype, seed=cfg.trainer.seed, **kwargs)
+        engine = VLLMEngine(str(model_dir), dtype=cfg.engine_dtype, seed=cfg.trainer.seed, **kwargs)
         try:  # one token now: a model vLLM cannot serve fails here, before any warm start or rollout
             engine.generate_sync([int(tokenizer.eos_token_id or 0)], SamplingOptions(max_tokens=1))
         except Exception as e:
@@ -123,15 +123,16 @@ def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, mode
     from fr_agents.policy.hf import HFEngine
 
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.model.dtype))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.engine_dtype))
         model.to(cfg.trainer.device)
     else:
-        model = copy.deepcopy(model)
+        model = copy.deepcopy(model).to(getattr(torch, cfg.engine_dtype))
     engine = HFEngine(
         model, tokenizer, max_batch_size=max(1, r.concurrency), seed=cfg.trainer.seed, compact=cfg.model.compact_forward
     )
     if engine.compact_reason is None:
-        log.info("rollout engine: waves run the compact forward (fr_agents.models.compact)")
+        log.info("rollout engine: %s, running batches through the compact forward (fr_agents.models.compact)",
+                 cfg.engine_dtype)
     else:
         log.info("rollout engine: transformers' forward (no compact forward: %s)", engine.compact_reason)
     return engine

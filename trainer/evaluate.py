@@ -1,5 +1,8 @@
 """Held-out evaluation in training: the runner of ``fr-agents eval``, greedy, on the held-out bench.
 
+The policy is sampled as the rollout samples it: through a copy in ``rollout.dtype`` when that
+names another dtype than the learner's (``TrainConfig.engine_dtype``).
+
 Before RL, after the warm start, every ``trainer.eval_every`` steps and after RL, the loop calls
 :meth:`HeldOutEval.run`. It plays ``trainer.eval_episodes`` problems of the bench that
 ``trainer.eval_bench_provider`` returns for the config (default: the config's own held-out split,
@@ -30,11 +33,13 @@ class HeldOutEval:
     """Greedy held-out figures of the live policy (see the module docstring)."""
 
     def __init__(
-        self, bench: Bench, out_dir: str | Path, *, seed: int = 0, concurrency: int = 32, compact: bool = True
+        self, bench: Bench, out_dir: str | Path, *, seed: int = 0, concurrency: int = 32, compact: bool = True,
+        dtype: str | None = None,
     ) -> None:
         self.bench = bench
         self.out_dir = Path(out_dir)
-        self.settings = EvalSettings(k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency), compact=compact)
+        self.settings = EvalSettings(k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency), compact=compact,
+                                     dtype=dtype)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, run_dir: str | Path, bench: Bench) -> HeldOutEval | None:
@@ -49,6 +54,7 @@ class HeldOutEval:
             seed=cfg.trainer.seed,
             concurrency=cfg.rollout.concurrency,
             compact=cfg.model.compact_forward,
+            dtype=cfg.engine_dtype,
         )
 
     def run(self, name: str, step: int, model: Any, tokenizer: Any) -> dict[str, float]:

@@ -385,22 +385,19 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
 
 
 def forward_plan(cfg: TrainConfig) -> str:
-    """Which forward the learner's flat steps and the hf engine's waves would run
+    """Which forward the learner's flat steps and the hf engine's running batches would run
     (``model.compact_forward``; :func:`fr_agents.models.compact.compact_reason`), from the config
     and the model's config.json alone: no weights are loaded, the tiny model is not built."""
-    where = "the learner's flat steps" + (" and the hf engine's waves" if cfg.rollout.engine == "hf" else "")
     reason = None
     if not cfg.model.compact_forward:
         reason = "model.compact_forward is false"
-    elif cfg.model.dtype != "float32":
-        reason = f"model.dtype is {cfg.model.dtype}; it needs float32"
     else:
         name = cfg.model.name.strip()
         if not (name == "tiny" or name.startswith("tiny-")):  # the tiny model is a Qwen2ForCausalLM
             path = Path(name).expanduser() / "config.json"
             if not path.is_file():
-                return (f"forward: fr_agents.models.compact in {where} if {name} is a Qwen2/Llama model that "
-                        "qualifies (decided once its config is loaded; the run's log names the choice)")
+                return (f"forward: fr_agents.models.compact in {_forward_parts(cfg, None)} if {name} is a Qwen2/Llama "
+                        "model that qualifies (decided once its config is loaded; the run's log names the choice)")
             from transformers import AutoConfig
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -410,9 +407,25 @@ def forward_plan(cfg: TrainConfig) -> str:
             # the class AutoModelForCausalLM, which loads the policy, picks for this config
             architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, config.model_type)
             reason = architecture_reason(architecture, config)
-    if reason is None:
-        return f"forward: fr_agents.models.compact in {where} (model.compact_forward)"
-    return f"forward: transformers' in {where} ({reason})"
+    if reason is not None:
+        return f"forward: transformers' in {_forward_parts(cfg, None)} ({reason})"
+    return _forward_parts(cfg, "fr_agents.models.compact")
+
+
+def _forward_parts(cfg: TrainConfig, compact: str | None) -> str:
+    """The parts the forward plan speaks of; with ``compact`` (the model qualifies), the plan
+    itself, each part by the dtype it runs in (the compact forward takes float32 or bfloat16)."""
+    parts = [("the learner's flat steps", "model.dtype", cfg.model.dtype)]
+    if cfg.rollout.engine == "hf":
+        parts.append(("the hf engine's running batches", "rollout.dtype" if cfg.rollout.dtype else "model.dtype",
+                      cfg.engine_dtype))
+    if compact is None:
+        return " and ".join(p for p, _, _ in parts)
+    fits = [f"{part} ({dtype})" for part, _, dtype in parts if dtype in ("float32", "bfloat16")]
+    segments = [f"{compact} (model.compact_forward) in {' and '.join(fits)}"] if fits else []
+    segments += [f"transformers' in {part} ({key} is {dtype}; the compact forward needs float32 or bfloat16)"
+                 for part, key, dtype in parts if dtype not in ("float32", "bfloat16")]
+    return "forward: " + "; ".join(segments)
 
 
 def dry_run_report(cfg: TrainConfig, pf: Preflight | None = None) -> str:

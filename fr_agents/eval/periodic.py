@@ -22,6 +22,7 @@ the samples of steps already evaluated.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -39,14 +40,20 @@ def evaluate_live(
     model: Any, tokenizer: Any, bench: Bench, settings: EvalSettings, *, label: str, out_dir: str | Path
 ) -> BenchResult:
     """:func:`~fr_agents.eval.runner.run_bench` with the current weights of ``model`` (an
-    :class:`~fr_agents.policy.hf.HFEngine` over the live model, not a copy), in eval mode; the
+    :class:`~fr_agents.policy.hf.HFEngine` over the live model, not a copy, unless ``settings.dtype``
+    asks for a copy in another dtype, as ``rollout.dtype`` does), in eval mode; the
     model's training mode is restored after. Training's held-out and periodic evaluations both
     come through here, so they mean what ``fr-agents eval`` means."""
+    import torch
+
     from fr_agents.policy.hf import HFEngine
 
     was_training = model.training
     model.eval()
-    engine = HFEngine(model, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed, compact=settings.compact)
+    sampler = model
+    if settings.dtype is not None and next(model.parameters()).dtype != getattr(torch, settings.dtype):
+        sampler = copy.deepcopy(model).to(getattr(torch, settings.dtype))  # rollout.dtype: sample as the rollout does
+    engine = HFEngine(sampler, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed, compact=settings.compact)
     try:
         return run_bench(engine, tokenizer, bench, settings, label=label, out_dir=out_dir)
     finally:
@@ -68,13 +75,15 @@ class PeriodicEval:
         seed: int = 0,
         concurrency: int = 64,
         compact: bool = True,
+        dtype: str | None = None,
     ) -> None:
         if every < 1:
             raise ValueError(f"trainer.eval_every: must be >= 1 for periodic evaluation, got {every}")
         self.bench = bench
         self.out_dir = Path(out_dir)
         self.every = every
-        self.settings = EvalSettings(k=k, temperature=temperature, seed=seed, concurrency=concurrency, compact=compact)
+        self.settings = EvalSettings(k=k, temperature=temperature, seed=seed, concurrency=concurrency, compact=compact,
+                                     dtype=dtype)
         self.history: list[dict[str, Any]] = []
 
     @classmethod
@@ -93,6 +102,7 @@ class PeriodicEval:
             seed=t.seed,
             concurrency=max(1, cfg.rollout.concurrency),
             compact=cfg.model.compact_forward,
+            dtype=cfg.engine_dtype,
         )
 
     def due(self, step: int) -> bool:

@@ -71,6 +71,7 @@ class EvalSettings:
     system_prompt: str | None = None
     concurrency: int = 32
     compact: bool = True  # an HF engine built for the run takes fr_agents.models.compact where it applies
+    dtype: str | None = None  # a live model is evaluated through a copy in this dtype (None: the model itself)
 
     def __post_init__(self) -> None:
         if self.k < 1:

@@ -19,7 +19,7 @@ and skips, exactly:
 What it computes equals ``model(...)`` up to float rounding (the tests compare logits and every
 parameter's gradient with transformers' forward). It runs where that is known to hold
 (:func:`compact_reason` says why not otherwise): a ``Qwen2ForCausalLM`` or ``LlamaForCausalLM``
-in float32, SiLU MLP, default rotary embeddings, no sliding window or attention dropout, rows
+in float32 (or bfloat16, for generation), SiLU MLP, default rotary embeddings, no sliding window or attention dropout, rows
 right-padded (each row's real tokens first). Everything else takes transformers' forward.
 
 ``benchmarks/compact_forward.py`` measures it on math-tiny (figures in ``docs/measurements.md``). The HF engine
@@ -38,12 +38,16 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 
 _FAMILIES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+# float32 everywhere a gradient is taken; bfloat16 for a generation-only copy (the rollout engine's
+# ``rollout.dtype``), where each product runs in bfloat16 and rotary tables are computed in float32
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def compact_reason(model: torch.nn.Module) -> str | None:
     """Why :func:`compact_logits` cannot stand in for ``model``'s forward, or None when it can."""
-    if any(p.dtype != torch.float32 for p in model.parameters()):
-        return "its parameters are not all float32"
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) != 1 or not dtypes <= set(DTYPES):
+        return f"its parameters are not all of one dtype among {tuple(str(d) for d in DTYPES)}"
     reason = architecture_reason(type(model).__name__, getattr(model, "config", None))
     if reason is None and getattr(model.model, "gradient_checkpointing", False) and model.training:
         return "gradient checkpointing is on"
@@ -69,12 +73,13 @@ def architecture_reason(architecture: str, config: Any) -> str | None:
     return None
 
 
-def _rope(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos and sin ``[N, head_dim]`` of the default rotary embedding at ``positions`` [N]."""
+def _rope(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin ``[N, head_dim]`` of the default rotary embedding at ``positions`` [N], computed
+    in float32 and returned in ``dtype`` (the model's)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     freqs = positions.to(torch.float32)[:, None] * inv.to(positions.device)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -93,7 +98,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     kv = k.shape[1]
     group = h // kv
     scores = torch.matmul(q.reshape(b, kv, group * length, d), k.transpose(-1, -2)) * (d**-0.5)
-    probs = torch.softmax(scores.view(b, kv, group, length, -1) + mask, dim=-1)
+    probs = torch.softmax(scores.view(b, kv, group, length, -1) + mask.to(scores.dtype), dim=-1)
     return torch.matmul(probs.view(b, kv, group * length, -1), v).view(b, h, length, d)
 
 
@@ -113,7 +118,11 @@ class CompactCache:
 
     Row ``b``'s tokens sit in slots ``0 .. length[b] - 1`` with no holes (prompts are right-padded
     and each generated token overwrites the slot after its row's last one), so a row attends to
-    the slots below its own length and a slot past it is never read."""
+    the slots below its own length and a slot past it is never read.
+
+    A running batch that rows join and leave (the HF engine's) keeps its live rows first:
+    :meth:`rows` is a view of a range of rows that prefill and decode write through, :meth:`move`
+    copies finished rows' places over, and :meth:`grow` adds slots for a longer newcomer."""
 
     def __init__(self, model: torch.nn.Module, rows: int, slots: int, device: torch.device) -> None:
         c = model.config
@@ -125,11 +134,53 @@ class CompactCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.model.layers]
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
 
+    @property
+    def slots(self) -> int:
+        """Token slots per row."""
+        return int(self.keys[0].shape[2])
+
     def select(self, rows: Tensor) -> None:
         """Keep only ``rows`` (indices into the current rows), in that order."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
         self.lengths = self.lengths.index_select(0, rows)
+
+    def rows(self, start: int, stop: int) -> CompactCache:
+        """Rows ``start .. stop - 1`` as a cache of their own that shares this one's storage: what
+        :func:`compact_prefill` or :func:`compact_decode` writes into it (keys, values, lengths)
+        lands here."""
+        view = object.__new__(CompactCache)
+        view.head_dim = self.head_dim
+        view.keys = [k[start:stop] for k in self.keys]
+        view.values = [v[start:stop] for v in self.values]
+        view.lengths = self.lengths[start:stop]
+        return view
+
+    def move(self, src: Tensor, dst: Tensor) -> None:
+        """Copy rows ``src`` into the places of rows ``dst`` (the two sets disjoint)."""
+        for k in self.keys + self.values:
+            k[dst] = k[src]
+        self.lengths[dst] = self.lengths[src]
+
+    def grow(self, slots: int) -> None:
+        """At least ``slots`` token slots per row, keeping every row's cached tokens."""
+        if slots <= self.slots:
+            return
+        def wider(t: Tensor) -> Tensor:
+            out = t.new_zeros((*t.shape[:2], slots, t.shape[3]))
+            out[:, :, : t.shape[2]] = t
+            return out
+        self.keys = [wider(k) for k in self.keys]
+        self.values = [wider(v) for v in self.values]
+
+
+def fused_weights(model: torch.nn.Module) -> list[tuple[Tensor, Tensor | None, Tensor]]:
+    """Per layer, the query/key/value weight and bias and the gate/up weight concatenated as
+    :func:`compact_decode` uses them: what each decode step would otherwise concatenate again
+    (on a 135M model, half the parameters copied per step). Generation only (no autograd through
+    them); rebuild whenever the parameters change."""
+    with torch.no_grad():
+        return [(*_qkv(layer.self_attn), _gate_up(layer.mlp)) for layer in model.model.layers]
 
 
 def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int = 0) -> Tensor:
@@ -146,44 +197,51 @@ def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: in
     return _forward(model, ids[:, : int(keep[-1]) + 1], keep.expand(ids.shape[0], -1), prefix)
 
 
-def compact_prefill(model: torch.nn.Module, ids: Tensor, lengths: Tensor, prefix: int, cache: CompactCache) -> Tensor:
+def compact_prefill(
+    model: torch.nn.Module, ids: Tensor, lengths: Tensor, prefix: int, cache: CompactCache,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+) -> Tensor:
     """Run right-padded prompts ``ids`` [B, W] (row ``b`` real in its first ``lengths[b]``
     columns, every row the same in its first ``prefix``), fill ``cache`` with their keys and
     values, and return the logits ``[B, V]`` that predict each row's next token.
 
     ``prefix`` must be below every length. Equal, up to float rounding, to transformers' forward
-    of each prompt alone."""
+    of each prompt alone. ``fused``: :func:`fused_weights` of the current parameters, if kept."""
     if not 0 <= prefix < int(lengths.min()):
         raise ValueError(f"prefix: must be in [0, {int(lengths.min()) - 1}], got {prefix}")
-    logits = _forward(model, ids[:, : int(lengths.max())], (lengths - 1)[:, None], prefix, cache)
-    cache.lengths = lengths.clone()
+    logits = _forward(model, ids[:, : int(lengths.max())], (lengths - 1)[:, None], prefix, cache, fused)
+    cache.lengths.copy_(lengths)
     return logits[:, 0]
 
 
-def compact_decode(model: torch.nn.Module, tokens: Tensor, cache: CompactCache) -> Tensor:
+def compact_decode(
+    model: torch.nn.Module, tokens: Tensor, cache: CompactCache,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+) -> Tensor:
     """Append one token per row (``tokens`` [B]) after each row's cached tokens and return the
-    logits ``[B, V]`` that predict the next one."""
+    logits ``[B, V]`` that predict the next one. ``fused``: :func:`fused_weights`, if kept."""
     c = model.config
     heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, cache.head_dim
     b = tokens.shape[0]
-    pos = cache.lengths
+    pos = cache.lengths.clone()
     rows = torch.arange(b, device=tokens.device)
-    cos, sin = (t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"])))
+    cos, sin = (t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"]), cache.keys[0].dtype))
     span = int(pos.max()) + 1
     mask = torch.zeros(b, span, device=tokens.device).masked_fill(
         torch.arange(span, device=tokens.device)[None] > pos[:, None], -math.inf)[:, None, None, None]
     x = F.embedding(tokens, model.model.embed_tokens.weight)  # [B, C]
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = F.linear(_norm(x, layer.input_layernorm), *_qkv(attn)).view(b, heads + 2 * kv_heads, head_dim)
+        weight, bias, gate_up = fused[i] if fused is not None else (*_qkv(attn), None)
+        qkv = F.linear(_norm(x, layer.input_layernorm), weight, bias).view(b, heads + 2 * kv_heads, head_dim)
         qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
         cache.keys[i][rows, :, pos] = qk[:, heads:]
         cache.values[i][rows, :, pos] = qkv[:, heads + kv_heads :]
         q = qk[:, :heads, None]  # [B, H, 1, D]
         out = _attend(q, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask)
         x = x + F.linear(out.reshape(b, heads * head_dim), attn.o_proj.weight, attn.o_proj.bias)
-        x = x + _mlp(_norm(x, layer.post_attention_layernorm), mlp)
-    cache.lengths = pos + 1
+        x = x + _mlp(_norm(x, layer.post_attention_layernorm), mlp, gate_up)
+    cache.lengths += 1
     x = _norm(x, model.model.norm)
     return F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
 
@@ -196,13 +254,19 @@ def _qkv(attn: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
     return weight, torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
 
 
-def _mlp(h: Tensor, mlp: torch.nn.Module) -> Tensor:
-    gate, up = F.linear(h, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])).chunk(2, dim=-1)
+def _gate_up(mlp: torch.nn.Module) -> Tensor:
+    """The MLP's gate and up projections as one weight."""
+    return torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+
+
+def _mlp(h: Tensor, mlp: torch.nn.Module, gate_up: Tensor | None = None) -> Tensor:
+    gate, up = F.linear(h, _gate_up(mlp) if gate_up is None else gate_up).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, mlp.down_proj.weight)
 
 
 def _forward(
-    model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int, cache: CompactCache | None = None
+    model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int, cache: CompactCache | None = None,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
 ) -> Tensor:
     """Logits ``[B, K, V]`` at columns ``keep`` [B, K] (per row, each at or after ``prefix``) of
     right-padded rows ``ids`` [B, W] whose first ``prefix`` columns are the same in every row;
@@ -218,7 +282,8 @@ def _forward(
     # every token as one flat matrix: the shared prefix once, then each row's rest
     tokens = torch.cat([ids[0, :prefix], ids[:, prefix:].reshape(-1)])
     positions = torch.cat([torch.arange(prefix, device=device), torch.arange(prefix, width, device=device).repeat(b)])
-    cos, sin = (t[:, None] for t in _rope(positions, head_dim, float(c.rope_parameters["rope_theta"])))
+    cos, sin = (t[:, None] for t in _rope(positions, head_dim, float(c.rope_parameters["rope_theta"]),
+                                                  model.model.embed_tokens.weight.dtype))
     rest_mask = _causal(rest, width, prefix, device)
     prefix_mask = _causal(prefix, prefix, 0, device)
     keep_rest = keep - prefix  # [B, K] kept columns among each row's rest
@@ -241,7 +306,7 @@ def _forward(
         attn = layer.self_attn
         last = i == len(layers) - 1
         h = _norm(x, layer.input_layernorm)
-        weight, bias = _qkv(attn)
+        weight, bias, gate_up = fused[i] if fused is not None else (*_qkv(attn), None)
         if last:  # keys and values for every token, queries at the kept columns only
             kv = F.linear(h, weight[q_size:], None if bias is None else bias[q_size:])
             q = F.linear(h[flat_keep], weight[:q_size], None if bias is None else bias[:q_size])
@@ -269,7 +334,7 @@ def _forward(
                 out_pre = _attend(q_pre, k_pre, v_pre, prefix_mask)[0].transpose(0, 1).reshape(prefix, q_size)
                 out = torch.cat([out_pre, out])
         x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-        x = x + _mlp(_norm(x, layer.post_attention_layernorm), layer.mlp)
+        x = x + _mlp(_norm(x, layer.post_attention_layernorm), layer.mlp, gate_up)
     x = _norm(x, model.model.norm)
     logits = F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
     return logits.view(b, kept, -1)

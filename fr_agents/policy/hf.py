@@ -9,12 +9,17 @@ its first, or when it is full; the thread sleeps and then takes what came instea
 arrival, so that a burst of episodes stepping their envs at the same moment lands in one batch),
 batches the prompts, runs the prefill (the tokens every prompt of the wave starts with, such as the
 chat template's opening, once for the wave), then decodes one token per step for all rows with a
-shared KV cache. For float32 Qwen2/Llama models a wave runs :mod:`fr_agents.models.compact`
-(right-padded prompts, a preallocated cache, the prefill's last layer only at each row's last
-token; ``_CompactWave``); any other model runs transformers' forward with left padding and its
-``DynamicCache`` (``_TransformersWave``). Both give the same logits up to float rounding. Rows that finish (stop token, stop string, ``max_tokens``) are dropped
-from the batch and the cache between steps, and their futures resolve at once, so a fast episode
-does not wait for the slowest row of its wave.
+shared KV cache. Rows that finish (stop token, stop string, ``max_tokens``) leave the batch between
+steps and their futures resolve at once, so a fast episode does not wait for the slowest row.
+
+For Qwen2/Llama models in float32 or bfloat16 a wave runs :mod:`fr_agents.models.compact`
+(``_CompactWave``: right-padded prompts, a preallocated cache with a row per place of the batch,
+the prefill's last layer only at each row's last token, the fused projections built once per
+weight version) and is a *running batch*: requests queued while it decodes join it between two
+steps (prefilled into the places finished rows left), so the batch stays full as episodes come and
+go instead of draining to its slowest row. Any other model runs transformers' forward with left
+padding and its ``DynamicCache`` (``_TransformersWave``), whose rows only leave. Both give the same
+logits up to float rounding.
 
 Sampling is exact: logits are cast to float32, divided by the temperature, normalised with
 ``log_softmax``; the token is drawn from exactly that distribution and its log-prob is recorded.
@@ -47,7 +52,13 @@ from typing import Any
 import torch
 
 from fr_agents import hops
-from fr_agents.models.compact import CompactCache, compact_decode, compact_prefill, compact_reason
+from fr_agents.models.compact import (
+    CompactCache,
+    compact_decode,
+    compact_prefill,
+    compact_reason,
+    fused_weights,
+)
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
 
 log = logging.getLogger(__name__)
@@ -119,10 +130,17 @@ class HFEngine(Engine):
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
-        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "shared_prefill_tokens": 0}
+        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "joined": 0, "shared_prefill_tokens": 0}
         self.on_token = on_token
         # None: waves run fr_agents.models.compact's prefill and decode; else why they do not
         self.compact_reason = compact_reason(model) if compact else "compact is off"
+        self._fused: list | None = None  # fused_weights of the live weights, built on first use
+
+    def fused(self) -> list:
+        """The compact forward's fused projections of the live weights (rebuilt after a swap)."""
+        if self._fused is None:
+            self._fused = fused_weights(self.model)
+        return self._fused
 
     # ------------------------------------------------------------------ public API
 
@@ -190,6 +208,7 @@ class HFEngine(Engine):
         try:
             with torch.no_grad():
                 self.model.load_state_dict(state_dict, strict=True)
+            self._fused = None
             self.version = version
             log.debug("weights swapped to version %d", version)
         finally:
@@ -231,8 +250,12 @@ class HFEngine(Engine):
     def _take(self, batch: list[_Request]) -> bool:
         """Move what is queued into ``batch`` (up to ``max_batch_size``); False when the queue held
         nothing, or the close marker (left queued for :meth:`_loop`)."""
+        return self._take_up_to(batch, self.max_batch_size - len(batch))
+
+    def _take_up_to(self, batch: list[_Request], room: int) -> bool:
+        """Move up to ``room`` queued requests into ``batch``; False as for :meth:`_take`."""
         took = False
-        while len(batch) < self.max_batch_size:
+        while room > 0:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
@@ -241,6 +264,7 @@ class HFEngine(Engine):
                 self._queue.put(None)
                 return False
             batch.append(item)
+            room -= 1
             took = True
         return took
 
@@ -277,42 +301,54 @@ class HFEngine(Engine):
         wave = (_CompactWave if self.compact_reason is None else _TransformersWave)(self, reqs, self._shared_len(reqs))
         self.stats["shared_prefill_tokens"] += wave.shared
         logits = wave.first_logits()
-        active = list(range(len(reqs)))  # indices into reqs of the rows still in the batch
-        while True:
-            self.stats["steps"] += 1
-            tokens = self._sample([reqs[i] for i in active], logits)
-            keep: list[int] = []
-            for row, i in enumerate(active):
-                r = reqs[i]
-                tok, lp = tokens[row]
-                r.token_ids.append(tok)
-                r.logprobs.append(lp)
-                r.versions.append(version)
-                self.stats["tokens"] += 1
-                if self.on_token is not None:
-                    self.on_token(tok)
-                reason = self._finished(r)
-                if reason is None:
-                    keep.append(row)
-                else:
-                    r.resolve(
-                        True,
-                        Generation(
-                            token_ids=r.token_ids,
-                            logprobs=r.logprobs,
-                            version=min(r.versions),
-                            finish_reason=reason,
-                            versions=r.versions,
-                        )
-                    )
-            if not keep:
-                return
-            last = torch.tensor([reqs[active[row]].token_ids[-1] for row in keep], device=self.device)
-            if len(keep) < len(active):
-                wave.select(torch.tensor(keep, dtype=torch.long, device=self.device))
-                active = [active[row] for row in keep]
-            version = self._between_steps()
-            logits = wave.next_logits(last)
+        active = list(reqs)  # the rows in the batch, in the wave's row order
+        try:
+            while True:
+                self.stats["steps"] += 1
+                tokens = self._sample(active, logits)
+                keep: list[int] = []
+                for row, r in enumerate(active):
+                    tok, lp = tokens[row]
+                    r.token_ids.append(tok)
+                    r.logprobs.append(lp)
+                    r.versions.append(version)
+                    self.stats["tokens"] += 1
+                    if self.on_token is not None:
+                        self.on_token(tok)
+                    reason = self._finished(r)
+                    if reason is None:
+                        keep.append(row)
+                    else:
+                        r.resolve(True, Generation(token_ids=r.token_ids, logprobs=r.logprobs, version=min(r.versions),
+                                                   finish_reason=reason, versions=r.versions))
+                # a running compact batch takes queued requests into the places finished rows left
+                joining = self._join(self.max_batch_size - len(keep)) if wave.joinable else []
+                if not keep and not joining:
+                    return
+                if len(keep) < len(active):
+                    order = wave.select(keep)
+                    active = [active[row] for row in order]
+                version = self._between_steps()
+                parts = []
+                if active:
+                    parts.append(wave.next_logits(torch.tensor([r.token_ids[-1] for r in active], device=self.device)))
+                if joining:
+                    self.stats["rows"] += len(joining)
+                    self.stats["joined"] += len(joining)
+                    parts.append(wave.admit(joining, self._shared_len(joining)))
+                    active += joining
+                logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        except BaseException as e:
+            for r in active:  # joined rows are not in the list the caller fails (each is told once)
+                r.resolve(False, e)
+            raise
+
+    def _join(self, room: int) -> list[_Request]:
+        """Up to ``room`` requests already queued (no wait): they join the running batch."""
+        joining: list[_Request] = []
+        if room > 0:
+            self._take_up_to(joining, room)
+        return joining
 
     @staticmethod
     def _shared_len(reqs: list[_Request]) -> int:
@@ -334,35 +370,32 @@ class HFEngine(Engine):
         return n
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> list[tuple[int, float]]:
-        """Draw one token per row from its tempered distribution; return (token, log-prob) pairs."""
+        """Draw one token per row from its tempered distribution; return (token, log-prob) pairs.
+
+        An untruncated row draws by inverse CDF: one uniform from the row's own generator (seeded
+        requests) or the engine's, then one vectorised search of the rows' cumulative probabilities
+        (``torch.multinomial`` costs ~4x more on a 49k vocabulary, and a call per row ~100x more on
+        a small model). Each uniform is drawn on its generator's device (a CUDA generator cannot
+        fill a CPU tensor)."""
         temps = torch.tensor([r.options.temperature for r in reqs], dtype=torch.float32, device=logits.device)
-        logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)
+        scaled = logits.float() / temps[:, None]
+        lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
         out: list[tuple[int, float] | None] = [None] * len(reqs)
-        plain = [i for i, r in enumerate(reqs) if r.generator is None and _untruncated(r.options)]
+        plain = [i for i, r in enumerate(reqs) if _untruncated(r.options)]
         if plain:
-            rows = logp[plain]
-            draws = torch.multinomial(rows.exp(), 1, generator=self._gen).squeeze(1)
-            picked = rows.gather(1, draws[:, None]).squeeze(1)
-            for i, tok, lp in zip(plain, draws.tolist(), picked.tolist(), strict=True):  # one copy, not one per row
-                out[i] = (tok, lp)
-        seeded = [i for i, r in enumerate(reqs) if r.generator is not None and _untruncated(r.options)]
-        if seeded:
-            # One uniform per row from the row's own generator, then one vectorised inverse-CDF draw
-            # for all of them (a multinomial call per row costs ~100x more on a small model). Each
-            # uniform is drawn on its generator's device (a CUDA generator cannot fill a CPU tensor).
-            rows = logp[seeded]
+            rows, row_lse = (scaled, lse) if len(plain) == len(reqs) else (scaled[plain], lse[plain])
             u = torch.cat([torch.rand(1, generator=g, device=g.device)
-                           for g in (reqs[i].generator for i in seeded)]).to(rows.device)
-            cdf = rows.exp().cumsum(dim=-1)
+                           for g in (reqs[i].generator or self._gen for i in plain)]).to(rows.device)
+            cdf = torch.exp(rows - row_lse).cumsum(dim=-1)
             draws = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=rows.shape[1] - 1)
-            picked = rows.gather(1, draws).squeeze(1)
-            for i, tok, lp in zip(seeded, draws.squeeze(1).tolist(), picked.tolist(), strict=True):
+            picked = rows.gather(1, draws).squeeze(1) - row_lse.squeeze(1)
+            for i, tok, lp in zip(plain, draws.squeeze(1).tolist(), picked.tolist(), strict=True):  # one copy, not one per row
                 if math.isfinite(lp):  # else (float rounding at the very top) drawn below
                     out[i] = (tok, lp)
         for i, r in enumerate(reqs):
             if out[i] is not None:
                 continue
-            row = _truncate(logp[i], r.options)
+            row = _truncate(scaled[i] - lse[i], r.options)
             tok = int(torch.multinomial(row.exp(), 1, generator=r.generator or self._gen))
             out[i] = (tok, float(row[tok]))
         return out  # type: ignore[return-value]
@@ -385,6 +418,8 @@ class _TransformersWave:
     """A wave through transformers' forward: left-padded prompts after the shared opening (run
     once as a one-row forward whose cache is repeated for the rows; the padding sits between it
     and each row's rest, masked out, with the positions running on from it) and its DynamicCache."""
+
+    joinable = False  # its left-padded cache has no place for a newcomer's prompt
 
     def __init__(self, engine: HFEngine, reqs: list[_Request], shared: int) -> None:
         from transformers import DynamicCache
@@ -414,10 +449,13 @@ class _TransformersWave:
         self.next_pos = self.positions[:, -1:] + 1
         return out.logits[:, -1, :]
 
-    def select(self, rows: torch.Tensor) -> None:
+    def select(self, keep: list[int]) -> list[int]:
+        """Keep rows ``keep`` (ascending), in that order; returns it (the new row order)."""
+        rows = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
         self.cache.batch_select_indices(rows)
         self.mask = self.mask.index_select(0, rows)
         self.next_pos = self.next_pos.index_select(0, rows)
+        return keep
 
     def next_logits(self, last: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
@@ -428,29 +466,61 @@ class _TransformersWave:
 
 
 class _CompactWave:
-    """A wave through :mod:`fr_agents.models.compact`: right-padded prompts (the shared opening
-    run once inside the prefill) and a preallocated cache where each sampled token takes the slot
-    after its row's last one."""
+    """A running batch through :mod:`fr_agents.models.compact` that requests join and leave.
+
+    Its :class:`CompactCache` has a row for each of the engine's ``max_batch_size`` places; the live
+    rows are always the first ones. A finished row's place is taken by a live row from the end
+    (:meth:`select` copies that one row's cache), and queued requests join between two decode
+    steps (:meth:`admit`: their prompts are prefilled right into the next free rows, the shared
+    opening once), so the batch stays full while episodes come and go instead of draining to its
+    slowest row. Each row's tokens sit in its own slots; a newcomer longer than the slots adds some."""
+
+    joinable = True
 
     def __init__(self, engine: HFEngine, reqs: list[_Request], shared: int) -> None:
-        self.model, dev = engine.model, engine.device
-        lengths = [len(r.prompt_ids) for r in reqs]
-        self.ids = torch.full((len(reqs), max(lengths)), engine.pad_id, dtype=torch.long, device=dev)
-        for i, r in enumerate(reqs):
-            self.ids[i, : lengths[i]] = torch.tensor(r.prompt_ids, dtype=torch.long, device=dev)
-        self.lengths = torch.tensor(lengths, dtype=torch.long, device=dev)
+        self.engine, self.model, self.device = engine, engine.model, engine.device
+        self.cache = CompactCache(self.model, engine.max_batch_size, self._slots(reqs), self.device)
+        self.live = 0
         self.shared = shared
-        slots = max(lengths) + max(r.options.max_tokens for r in reqs)  # a wave starts every reply
-        self.cache = CompactCache(self.model, len(reqs), slots, dev)
+        self.first = reqs
+
+    @staticmethod
+    def _slots(reqs: list[_Request]) -> int:
+        return max(len(r.prompt_ids) + r.options.max_tokens for r in reqs)
 
     def first_logits(self) -> torch.Tensor:
-        return compact_prefill(self.model, self.ids, self.lengths, self.shared, self.cache)
+        return self.admit(self.first, self.shared)
 
-    def select(self, rows: torch.Tensor) -> None:
-        self.cache.select(rows)
+    def admit(self, reqs: list[_Request], shared: int) -> torch.Tensor:
+        """Prefill ``reqs`` into the next free rows; their first logits ``[len(reqs), V]``."""
+        self.cache.grow(self._slots(reqs))
+        lengths = [len(r.prompt_ids) for r in reqs]
+        ids = torch.full((len(reqs), max(lengths)), self.engine.pad_id, dtype=torch.long, device=self.device)
+        for i, r in enumerate(reqs):
+            ids[i, : lengths[i]] = torch.tensor(r.prompt_ids, dtype=torch.long, device=self.device)
+        rows = self.cache.rows(self.live, self.live + len(reqs))
+        logits = compact_prefill(self.model, ids, torch.tensor(lengths, dtype=torch.long, device=self.device),
+                                 shared, rows, self.engine.fused())
+        self.live += len(reqs)
+        return logits
+
+    def select(self, keep: list[int]) -> list[int]:
+        """Keep rows ``keep`` (ascending) as the first ``len(keep)`` rows: each finished place among
+        them takes a kept row from beyond them. Returns the old row of each new row."""
+        m = len(keep)
+        kept = set(keep)
+        holes = [i for i in range(m) if i not in kept]
+        movers = [i for i in keep if i >= m]
+        order = list(range(m))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        if holes:
+            self.cache.move(torch.tensor(movers, device=self.device), torch.tensor(holes, device=self.device))
+        self.live = m
+        return order
 
     def next_logits(self, last: torch.Tensor) -> torch.Tensor:
-        return compact_decode(self.model, last, self.cache)
+        return compact_decode(self.model, last, self.cache.rows(0, self.live), self.engine.fused())
 
 
 def _untruncated(o: SamplingOptions) -> bool:

@@ -104,7 +104,7 @@ def test_compact_logits_one_layer_model_and_prefix_bounds() -> None:
 
 
 def test_compact_reason_names_what_it_does_not_handle() -> None:
-    """Only float32 Qwen2/Llama with SiLU, default rotary embeddings and no sliding window qualify."""
+    """Only float32 (or bfloat16) Qwen2/Llama with SiLU, default rotary embeddings and no sliding window qualify."""
     assert "float32" in compact_reason(qwen2().to(torch.float64))
     assert "rotary" in compact_reason(
         llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}))
@@ -159,6 +159,58 @@ def test_engine_waves_through_the_compact_forward_sample_what_transformers_does(
     assert "float32" in HFEngine(build().to(torch.float64)).compact_reason
 
 
+@pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
+def test_requests_queued_while_a_compact_batch_decodes_join_it_and_sample_what_transformers_does(build) -> None:
+    """A compact batch of 3 places takes the 6 requests queued behind its first 3 into the places
+    finished rows leave (one running batch, rows moved as others finish, a newcomer longer than the
+    cache's slots), and every request gets the tokens and log-probs (float rounding) of the
+    transformers waves that run them 3 at a time."""
+    from fr_agents.policy.hf import HFEngine
+
+    model = build(seed=2)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(10, VOCAB, (1 + (i * 3) % 7,), generator=g).tolist() for i in range(9)]
+    prompts[-1] = prompts[-1] + list(range(10, 40))  # longer than any slot the first rows needed
+    stop = [7, 8, 9]
+    compact = HFEngine(model, max_batch_size=3, batch_wait_s=0.05)
+    plain = HFEngine(model, max_batch_size=3, batch_wait_s=0.05, compact=False)
+    got = _generate(compact, prompts, 8, stop)
+    want = _generate(plain, prompts, 8, stop)
+    assert compact.stats["waves"] == 1 and compact.stats["joined"] == 6 and compact.stats["rows"] == 9
+    assert plain.stats["waves"] == 3 and plain.stats["joined"] == 0
+    assert len({len(x.token_ids) for x in want}) > 1  # rows left at different steps
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
+def test_a_bfloat16_copy_runs_the_compact_generation_forward_with_bfloat16_rounding(build) -> None:
+    """A bfloat16 copy of the policy (``rollout.dtype``) qualifies for the compact prefill and
+    decode, and their logits are as close to float32's as transformers' own bfloat16 forward's are
+    (bfloat16 rounding, not a wrong formula: those differ from float32 by ~1-8% of the logits' scale)."""
+    from fr_agents.models.compact import CompactCache, compact_decode, compact_prefill, fused_weights
+
+    model = build(seed=3)
+    half = build(seed=3).to(torch.bfloat16)
+    assert compact_reason(half) is None
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(10, VOCAB, (4, 6), generator=g)
+    lengths = torch.tensor([6, 3, 5, 4])
+    nxt = torch.randint(10, VOCAB, (4,), generator=g)
+    ours, theirs = [], []
+    with torch.no_grad():
+        cache = CompactCache(half, 4, 8, ids.device)
+        first = compact_prefill(half, ids, lengths, 0, cache, fused_weights(half)).float()
+        second = compact_decode(half, nxt, cache, fused_weights(half)).float()
+        for r in range(4):
+            x = torch.cat([ids[r, : int(lengths[r])], nxt[r : r + 1]])[None]
+            want = model(input_ids=x).logits[0, -2:]
+            ours.append(float((torch.stack([first[r], second[r]]) - want).abs().max()))
+            theirs.append(float((half(input_ids=x).logits[0, -2:].float() - want).abs().max()))
+    assert max(ours) <= 1.5 * max(theirs), (ours, theirs)
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_model_compact_forward_reaches_the_rollout_engine_and_both_evaluations(on: bool, tmp_path) -> None:
     """model.compact_forward is read by every HF engine a run builds: the rollout's, the held-out
@@ -188,8 +240,14 @@ def test_the_dry_run_plan_names_the_forward_a_run_takes(tmp_path) -> None:
     from fr_agents.config import config_from_dict
     from trainer.preflight import dry_run_report, forward_plan
 
-    assert "fr_agents.models.compact in the learner's flat steps and the hf engine's waves" in forward_plan(
-        config_from_dict({}))
+    assert forward_plan(config_from_dict({})) == (
+        "forward: fr_agents.models.compact (model.compact_forward) in the learner's flat steps (float32) and the hf "
+        "engine's running batches (float32)")
+    assert forward_plan(config_from_dict({"rollout": {"dtype": "bfloat16"}})).endswith(
+        "the learner's flat steps (float32) and the hf engine's running batches (bfloat16)")
+    assert forward_plan(config_from_dict({"rollout": {"dtype": "float16"}})) == (
+        "forward: fr_agents.models.compact (model.compact_forward) in the learner's flat steps (float32); transformers' "
+        "in the hf engine's running batches (rollout.dtype is float16; the compact forward needs float32 or bfloat16)")
     assert "(model.compact_forward is false)" in forward_plan(config_from_dict({"model": {"compact_forward": False}}))
     assert "model.dtype is float64" in forward_plan(config_from_dict({"model": {"dtype": "float64"}}))
     qwen_dir, rope_dir = tmp_path / "qwen", tmp_path / "rope"
