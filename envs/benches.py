@@ -38,6 +38,7 @@ import envs  # noqa: F401  (registers the built-in env ids)
 from envs.tasks.alfworld import game_id, task_type
 from fr_agents.config import ConfigError, TrainConfig, load_config
 from fr_agents.eval.bench import Bench, BenchItem
+from fr_agents.rollout import example_turns
 
 MATH_ENV = "fr_agents/MathVerifier-v0"
 MATH_DEFAULTS: dict[str, Any] = {"max_turns": 1, "max_new_tokens": 1024, "max_context": 4096}
@@ -74,6 +75,7 @@ def bench_from_config(cfg: TrainConfig, name: str | None = None) -> Bench:
         max_new_tokens=cfg.rollout.max_new_tokens,
         max_context=cfg.rollout.max_context,
         system_prompt=cfg.env.system_prompt,
+        examples=example_turns(cfg.env.examples),
         description=f"{cfg.tasks.source} {cfg.tasks.test_split} split (seed {cfg.tasks.seed}) on {cfg.env.id}",
     )
 

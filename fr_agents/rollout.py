@@ -204,6 +204,7 @@ class RolloutOptions:
     max_context: int = defaults.MAX_CONTEXT
     max_turns: int = defaults.MAX_TURNS
     system_prompt: str | None = None
+    examples: tuple[tuple[str, str], ...] = ()  # (role, content) turns between the system message and the first observation
     observation_role: str = "user"
     turn_reward: Literal["sum", "last"] = "sum"
     branch_factor: int = 1
@@ -493,19 +494,31 @@ def _encode_exact(tokenizer: Any, text: str, turn: int) -> list[int]:
     return list(ids)
 
 
-def prompt_messages(observation: str, system_prompt: str | None = None) -> list[dict[str, str]]:
-    """The chat messages of an episode's first turn: the system prompt (if any), then the
+def prompt_messages(
+    observation: str, system_prompt: str | None = None, examples: Sequence[tuple[str, str]] = ()
+) -> list[dict[str, str]]:
+    """The chat messages of an episode's first turn: the system prompt (if any), the example
+    turns (``(role, content)`` pairs: a worked example shown in the chat template), then the
     observation as the user's message."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages += [{"role": role, "content": content} for role, content in examples]
     return [*messages, {"role": "user", "content": observation}]
 
 
-def encode_prompt(tokenizer: Any, observation: str, system_prompt: str | None = None) -> tuple[str, list[int]]:
+def example_turns(examples: Sequence[dict[str, str]]) -> tuple[tuple[str, str], ...]:
+    """``env.examples`` (``{role, content}`` mappings) as the ``(role, content)`` pairs
+    :class:`RolloutOptions` holds."""
+    return tuple((str(t["role"]), str(t["content"])) for t in examples)
+
+
+def encode_prompt(
+    tokenizer: Any, observation: str, system_prompt: str | None = None, examples: Sequence[tuple[str, str]] = ()
+) -> tuple[str, list[int]]:
     """The prompt of an episode, as text and token ids: the chat template of
     :func:`prompt_messages` with the generation prompt, encoded with the round-trip check (a
     tokenizer that does not decode the ids back to the text raises :class:`TokenDriftError`).
     The one prompt encoder: rollout, training, evaluation and warm-start demos all use it."""
-    text = _render(tokenizer, prompt_messages(observation, system_prompt))
+    text = _render(tokenizer, prompt_messages(observation, system_prompt, examples))
     return text, _encode_exact(tokenizer, text, 0)
 
 
@@ -574,8 +587,8 @@ class _Runner:
         obs, info = await _in_thread(make_and_reset)
         env = self.env
         obs = _check_obs(env, obs, "reset()")
-        messages = prompt_messages(obs, self.opt.system_prompt)
-        text, ids = encode_prompt(self.tok, obs, self.opt.system_prompt)
+        messages = prompt_messages(obs, self.opt.system_prompt, self.opt.examples)
+        text, ids = encode_prompt(self.tok, obs, self.opt.system_prompt, self.opt.examples)
         if len(ids) >= self.opt.max_context:
             raise ValueError(
                 f"max_context: the prompt alone is {len(ids)} tokens, max_context is {self.opt.max_context}"

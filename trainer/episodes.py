@@ -169,7 +169,7 @@ class EpisodeRunner:
         if engine is None and with_engine:
             engine = make_engine(cfg, model_dir, tokenizer, model=model)
         self.engine = engine
-        from fr_agents.rollout import RolloutOptions, default_stop_ids
+        from fr_agents.rollout import RolloutOptions, default_stop_ids, example_turns
 
         r = cfg.rollout
         self.stop_ids: list[int] = list(default_stop_ids(tokenizer))
@@ -183,6 +183,7 @@ class EpisodeRunner:
             max_context=r.max_context,
             max_turns=max(1, cfg.env.max_turns),
             system_prompt=cfg.env.system_prompt,
+            examples=example_turns(cfg.env.examples),
             turn_reward=r.turn_reward,
             branch_factor=r.branch_factor,
             branch_at=tuple(int(t) for t in r.branch_at),
@@ -201,7 +202,7 @@ class EpisodeRunner:
         (:func:`fr_agents.rollout.encode_prompt`: chat template, round-trip check)."""
         from fr_agents.rollout import encode_prompt
 
-        return encode_prompt(self.tokenizer, obs, self.cfg.env.system_prompt)[1]
+        return encode_prompt(self.tokenizer, obs, self.cfg.env.system_prompt, self.options.examples)[1]
 
     def encode_task(self, task: dict[str, Any]) -> list[int]:
         env = self.make_env()

@@ -28,6 +28,7 @@ All give the same loss and gradients.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from fr_agents.config import ALGOS, BASELINES, PACKED_MODES, OptimConfig, TrainConfig
+from fr_agents.config import ALGOS, AUTOCAST_DTYPES, BASELINES, PACKED_MODES, OptimConfig, TrainConfig
 from fr_agents.models.compact import compact_logits, compact_reason
 from fr_agents.tree.attention import (
     TREE_MIN_SAVING,
@@ -252,6 +253,7 @@ class Learner:
         version: int = 0,
         before_micro_batch: Callable[[], None] | None = None,
         compact_forward: bool = True,
+        autocast: str = "",
     ) -> None:
         if algo not in ALGOS:
             raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
@@ -291,6 +293,9 @@ class Learner:
         self.baseline = baseline
         self.version = version
         self.before_micro_batch = before_micro_batch
+        if autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"autocast: expected one of {AUTOCAST_DTYPES}, got {autocast!r}")
+        self.autocast = autocast
         self.compact_reason = compact_reason(model) if compact_forward else "model.compact_forward is false"
         if self.compact_reason is None:
             logger.info("learner: flat steps run the compact forward (fr_agents.models.compact)")
@@ -332,6 +337,7 @@ class Learner:
             baseline=o.baseline,
             before_micro_batch=before_micro_batch,
             compact_forward=cfg.model.compact_forward,
+            autocast=cfg.trainer.autocast,
         )
         if opt.scheduler != "constant" or opt.warmup_steps:
             learner.scheduler = make_scheduler(learner.optimizer, opt, cfg.trainer.steps)
@@ -549,6 +555,13 @@ class Learner:
         chunks.append(current)
         return [torch.tensor(c, dtype=torch.long) for c in chunks]
 
+    def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """The forward's products in ``autocast``'s dtype (``trainer.autocast``); parameters, their
+        gradients and the optimizer stay in theirs, and the backward runs outside (as torch asks)."""
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=getattr(torch, self.autocast))
+
     def _scale(self, logits: Tensor) -> Tensor:
         """Logits at the sampling temperature, in the objective's precision (no division at 1)."""
         logits = logits.to(compute_dtype(logits))
@@ -620,7 +633,8 @@ class Learner:
         ids = flat.token_ids[rows, :width].to(device)
         attn = am[:, :width].to(device)
         action_mask = flat.action_mask[rows, :width].to(device)
-        first, logits = policy_logits(self.model, ids, attn, action_mask, compact=self.compact_reason is None)
+        with self._autocast(device):
+            first, logits = policy_logits(self.model, ids, attn, action_mask, compact=self.compact_reason is None)
         scaled = self._scale(logits)  # predicts columns first..width-1
         lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device)
         lp = torch.cat([lp[:, :first], token_logprobs(scaled, ids[:, first:])], dim=1)
@@ -688,7 +702,8 @@ class Learner:
         column[keep] = torch.arange(keep.numel())
         kept = column[prev % width] >= 0  # [b, T]: tokens whose log-prob is computed
         prev = ((prev // width) * keep.numel() + column[prev % width].clamp(min=0)).to(device)
-        out, used_tree = self._packed_forward(batch, roots, part, layout, keep.to(device), dtype, device)
+        with self._autocast(device):
+            out, used_tree = self._packed_forward(batch, roots, part, layout, keep.to(device), dtype, device)
         logits = out.logits.reshape(-1, out.logits.shape[-1])
         scaled = self._scale(logits)  # [R*K, V]
         lp = token_logprobs(scaled, flat.token_ids[rows].to(device), prev)  # [b, T]

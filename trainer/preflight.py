@@ -370,6 +370,12 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
             else f"cpu pinning: none ({why_not_pinned(cfg)})"
         )
     lines.append(forward_plan(cfg))
+    if cfg.trainer.autocast:
+        lines.append(f"autocast: the learner's forward runs its products in {cfg.trainer.autocast} (trainer.autocast); "
+                     f"parameters, gradients and the optimizer stay {cfg.model.dtype}")
+    if cfg.env.examples:
+        lines.append(f"prompt: {len(cfg.env.examples)} example turn(s) before each first observation (env.examples), "
+                     "in training and in the evaluations")
     lines.append(
         f"staleness: batch k is sampled with policy version k-{cfg.rollout.max_policy_lag} "
         f"(max_policy_lag={cfg.rollout.max_policy_lag}); weights synced to the engine after every step"

@@ -52,6 +52,7 @@ class Bench:
         env_kwargs: keyword arguments for ``gymnasium.make``.
         max_turns / max_new_tokens / max_context / system_prompt: rollout defaults suited to the
             bench (the command line may override them).
+        examples: ``(role, content)`` chat turns before each problem (a preset's ``env.examples``).
         primary: the headline metric of the report: ``"mean@k"`` (avg@k, mean reward) or
             ``"pass@k"`` (unbiased estimator over successes).
         description: one line for ``--list`` and the report.
@@ -67,6 +68,7 @@ class Bench:
     max_new_tokens: int = 512
     max_context: int = 4096
     system_prompt: str | None = None
+    examples: tuple[tuple[str, str], ...] = ()
     primary: str = "mean@k"
     description: str = ""
     item_kwargs: tuple[str, ...] = ()

@@ -262,6 +262,7 @@ def rollout_options(bench: Bench, settings: EvalSettings) -> Any:
         max_context=settings.max_context or bench.max_context,
         max_turns=settings.max_turns or bench.max_turns,
         system_prompt=settings.system_prompt if settings.system_prompt is not None else bench.system_prompt,
+        examples=bench.examples,
         branch_factor=1,
     )
 
@@ -279,6 +280,7 @@ def fingerprint(bench: Bench, settings: EvalSettings) -> dict[str, Any]:
         "max_turns": opts.max_turns,
         "max_context": opts.max_context,
         "system_prompt": opts.system_prompt,
+        **({"examples": [list(t) for t in opts.examples]} if opts.examples else {}),
     }
 
 

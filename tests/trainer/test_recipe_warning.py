@@ -39,6 +39,7 @@ def test_dry_run_of_math_tiny_with_smollm2_warns_naming_the_keys_and_the_fitting
     # the presets tuned for a pretrained model on the same env, each with its model and device
     assert "Presets tuned for a pretrained model on fr_agents/MathVerifier-v0: " in line
     assert "math-qwen2.5-math-1.5b (model Qwen/Qwen2.5-Math-1.5B, cuda)" in line
+    assert "math-smollm2 (model smollm2-135m, cpu)" in line  # the one a CPU user can run as it is
     assert "model.tuned_for=pretrained to declare it" in line
 
 
