@@ -12,9 +12,8 @@ import torch
 
 from fr_agents.config import ConfigError, config_from_dict, load_config
 from fr_agents.tree.batch import build_flat
-from trainer.learner import Learner
-
 from tests.trainer.test_learner import make_trajectories, tiny_model
+from trainer.learner import Learner
 
 EXAMPLES = [{"role": "user", "content": "What is 23 + 19?"},
             {"role": "assistant", "content": "23 + 19 = 42. The answer is \\boxed{42}."}]
@@ -72,7 +71,7 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_follows_the_float32_
         learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), delta=0.5, autocast=autocast)
         seen = []
         learner.optimizer.register_step_pre_hook(
-            lambda opt, *_: seen.append(torch.cat([p.grad.flatten() for p in opt.param_groups[0]["params"]])))
+            lambda opt, *_, seen=seen: seen.append(torch.cat([p.grad.flatten() for p in opt.param_groups[0]["params"]])))
         stats[autocast] = learner.step(build_flat(trajs))
         grads[autocast] = seen[0]
         assert all(p.dtype == torch.float32 for p in model.parameters())
