@@ -357,44 +357,44 @@ def test_the_direct_tokenizer_path_gives_the_wrappers_ids_and_text(tiny, name):
     """Encoding through the fast tokenizer's backend gives exactly the ids and the decoded text of
     transformers' own ``encode`` / ``decode`` (the rollout's one prompt encoder relies on it)."""
     from fr_agents.models.resolve import load_tokenizer
-    from fr_agents.rollout import _decode, _direct, _encode_exact
+    from fr_agents.rollout.encoding import decode, direct_backend, encode_exact
 
     tok = tiny[2] if name == "tiny" else load_tokenizer(name)
-    assert _direct(tok) is not None  # both of the project's tokenizers take the direct path
+    assert direct_backend(tok) is not None  # both of the project's tokenizers take the direct path
     for text in _texts():
         want = tok.encode(text, add_special_tokens=False)
         back = tok.decode(want, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if back != text:  # not round-trippable: both paths refuse it the same way
             with pytest.raises(TokenDriftError):
-                _encode_exact(tok, text, 0)
+                encode_exact(tok, text, 0)
             continue
-        assert _encode_exact(tok, text, 0) == want
-        assert _decode(tok, want) == back
+        assert encode_exact(tok, text, 0) == want
+        assert decode(tok, want) == back
 
 
 def test_a_tokenizer_left_truncating_or_overridden_goes_through_the_wrapper(tiny):
     """The direct path is refused where the wrapper would do something else: a backend left with
     truncation or padding configured, and a tokenizer class that overrides ``encode``."""
-    from fr_agents.rollout import _direct, _encode_exact
+    from fr_agents.rollout.encoding import direct_backend, encode_exact
 
     tok = AutoTokenizer.from_pretrained(tiny[0])
     text = "What is 12 + 7? " * 4
     full = tok.encode(text, add_special_tokens=False)
     tok.backend_tokenizer.enable_truncation(max_length=3)
-    assert _direct(tok) is None
-    assert _encode_exact(tok, text, 0) == full  # the wrapper resets truncation per call: all ids
+    assert direct_backend(tok) is None
+    assert encode_exact(tok, text, 0) == full  # the wrapper resets truncation per call: all ids
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.enable_padding(length=64)
-    assert _direct(tok) is None
-    assert _encode_exact(tok, text, 0) == full
+    assert direct_backend(tok) is None
+    assert encode_exact(tok, text, 0) == full
     tok.backend_tokenizer.no_padding()
-    assert _direct(tok) is not None
+    assert direct_backend(tok) is not None
 
     class Shouting(type(tok)):
         def encode(self, text, *a, **kw):
             return super().encode(text.upper(), *a, **kw)
 
     loud = Shouting.from_pretrained(tiny[0])
-    assert _direct(loud) is None
+    assert direct_backend(loud) is None
     with pytest.raises(TokenDriftError):  # its own encode ran: the upper-cased ids do not decode back
-        _encode_exact(loud, "what is 1 + 2?", 0)
+        encode_exact(loud, "what is 1 + 2?", 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fr_agents.rollout import _TreeWriter
+from fr_agents.rollout.writer import TreeWriter
 from fr_agents.tree import DuplicateLeafError, TrajectoryTree
 
 
@@ -58,7 +58,7 @@ def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_i
     path = tmp_path / "store.sqlite"
     tree = TrajectoryTree.open(path)
     done = _episode(tree, [1], [2])
-    writer = _TreeWriter()
+    writer = TreeWriter()
     gate, holding = threading.Event(), threading.Event()
     blocker = writer.submit(tree, lambda: holding.set() or gate.wait())
     assert holding.wait(30)  # the writer is held: the writes below queue up and form one run
@@ -79,7 +79,7 @@ def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_i
 
 def test_durable_writes_of_one_run_share_one_fsync_before_their_callers_resume(tmp_path: Path) -> None:
     tree = TrajectoryTree.open(tmp_path / "store.sqlite")
-    writer = _TreeWriter()
+    writer = TreeWriter()
     gate, holding = threading.Event(), threading.Event()
     fsyncs_at_resolve: list[int] = []
     blocker = writer.submit(tree, lambda: holding.set() or gate.wait())
@@ -102,7 +102,7 @@ def test_durable_writes_of_one_run_share_one_fsync_before_their_callers_resume(t
 def test_a_durable_write_that_raises_is_still_followed_by_the_fsync(tmp_path: Path) -> None:
     tree = TrajectoryTree.open(tmp_path / "store.sqlite")
     done = _episode(tree, [1], [2])
-    writer = _TreeWriter()
+    writer = TreeWriter()
     before = tree._db.fsyncs
     with pytest.raises(DuplicateLeafError):  # the leaf it names is stored: the caller may count on it
         writer.submit(tree, lambda: tree.finish(done, 0.0), durable=True).result(timeout=30)
@@ -112,7 +112,7 @@ def test_a_durable_write_that_raises_is_still_followed_by_the_fsync(tmp_path: Pa
 
 def test_a_write_whose_caller_cancelled_its_future_does_not_stop_the_writer(tmp_path: Path) -> None:
     tree = TrajectoryTree.open(tmp_path / "store.sqlite")
-    writer = _TreeWriter()
+    writer = TreeWriter()
     gate, holding = threading.Event(), threading.Event()
     blocker = writer.submit(tree, lambda: holding.set() or gate.wait())
     assert holding.wait(30)

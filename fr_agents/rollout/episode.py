@@ -1,4 +1,4 @@
-"""The token-truthful multi-turn episode runner.
+"""One episode, as a state machine over its branches: reset, sample, step, append, fork, finish.
 
 One episode, token by token::
 
@@ -12,12 +12,15 @@ Token truth. The sampled ids are never re-tokenised: the trainer sees exactly wh
 sampled, with the engine's behaviour log-probs and per-token policy versions. The chat template
 is only asked for the *text that follows* what is already held. If the re-rendered conversation
 does not start with the held text (a template that rewrites earlier turns, e.g. strips whitespace
-or reasoning from past assistant messages), that is :class:`TokenDriftError` naming the turn,
-never a silent fix. The suffix must round-trip through the tokenizer exactly, too.
+or reasoning from past assistant messages), that is :class:`~fr_agents.rollout.encoding.TokenDriftError`
+naming the turn, never a silent fix. The suffix must round-trip through the tokenizer exactly, too
+(:mod:`fr_agents.rollout.encoding`).
 
 Storage. Every segment is appended to the :class:`~fr_agents.tree.TrajectoryTree` as soon as it
 exists (the prompt as root, each generation split into runs of equal policy version, each
-observation as non-policy tokens), so an unfinished episode's prefix is already stored.
+observation as non-policy tokens), so an unfinished episode's prefix is already stored. The writes
+go through the tree-writer thread (:mod:`fr_agents.rollout.writer`); a finish is on disk before
+:func:`run_episode` returns.
 
 Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token sequence;
 ``max_turns`` caps the replies. A branch cut by one of these budgets ends ``truncated`` with a
@@ -28,7 +31,8 @@ like RepoCoding-v0 running its tests, scores only the branches that are cut).
 Branching. At each turn boundary named in ``branch_at`` (0 = before the first action) the episode
 forks into ``branch_factor`` continuations sharing the prefix in the tree. The env is forked with
 its ``fork()`` method when it has one; otherwise a fresh env is made, reset with the same seed and
-task, and the action prefix is replayed, checking that every observation matches.
+task, and the action prefix is replayed, checking that every observation matches. A continuation
+is a copy of its branch's state (:meth:`_Branch.fork`) with its own env and engine view.
 
 Adaptive branching. With ``branch_policy="entropy"`` the turns of ``branch_at`` are candidates: a
 path forks there only when its last action was uncertain, i.e. the mean surprisal of its sampled
@@ -50,240 +54,45 @@ truth), with ``info["aborted_by"]`` (the failure's reason) and ``info["abort_mes
 reward is claimed for it; a trainer leaves such leaves out and runs the episode again (see
 ``trainer/episodes.py``). The same holds for a cut branch whose ``partial_score()`` fails, and for a
 fork that cannot get its env. A failure in ``reset`` (nothing sampled yet) propagates.
-
-Scripted actors (``--agent expert``). ``actor=fn`` replaces the engine: ``fn(env)`` returns each
-reply (:func:`expert_actor` asks the env's own expert). Its tokens are encoded text, not samples:
-they are stored with ``policy_mask=False`` (no behaviour log-prob, version -1), so the trainer's
-objective never counts them as sampled. To keep the store usable as SFT demos, each leaf's ``info``
-names the ``agent`` and lists ``demo_spans``: ``[start, end)`` token offsets (on the root-to-leaf
-path) of every scripted reply, end-of-turn token included, i.e. where a supervised loss belongs.
-
-Concurrency. Episodes are coroutines; :func:`run_episodes` runs many against one engine (which
-batches their requests). Env calls run in a thread pool so a slow env does not stall the others.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import copy
 import logging
-import queue
 import random
-import threading
-import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
-from fr_agents import defaults, hops
+from fr_agents import hops
 from fr_agents.errors import InfrastructureFailure
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
+from fr_agents.rollout.encoding import (
+    TokenDriftError,
+    decode,
+    encode_exact,
+    encode_prompt,
+    prompt_messages,
+    render,
+)
+from fr_agents.rollout.options import Actor, EpisodeResult, EventFn, LeafResult, RolloutOptions
+from fr_agents.rollout.stops import default_stop_ids
+from fr_agents.rollout.writer import tree_write, tree_write_durable
 
 log = logging.getLogger(__name__)
 
 _ENV_POOL = hops.HopPool(max_workers=64, name="fr-env")
 
 
-_Write = tuple[Any, Callable[[], Any], Callable[[hops.Outcome], None], bool]  # (tree, write, tell, durable)
-
-
-class _TreeWriter:
-    """The tree's writer thread, with group commit.
-
-    Tree writes (SQLite) run on one thread so that they never stall the event loop, and in the
-    order they were queued, so each episode's writes stay in order. The thread takes every write
-    queued at that moment (up to ``max_group``) and runs a run of writes to the same tree inside
-    one transaction (``TrajectoryTree.group``): each write is its own savepoint (a write that
-    raises is undone alone and its caller gets the error), and the run commits once. Callers
-    are told after that commit, so a write is in the database when its caller resumes. One commit
-    per write would write pages to the WAL three times per episode.
-
-    A write submitted ``durable=True`` (a finished trajectory) resolves only after the run it
-    committed with is also fsynced (``tree.sync()``): one fsync per run, however many durable
-    writes it holds, and no second thread hop per episode to ask for it.
-    """
-
-    def __init__(self, max_group: int = 256) -> None:
-        self.max_group = max_group
-        self._queue: queue.SimpleQueue[_Write] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-
-    def put(self, tree: Any, fn: Callable[[], Any], tell: Callable[[hops.Outcome], None], *, durable: bool = False) -> None:
-        """Queue ``fn()`` (a write to ``tree``); ``tell(outcome)`` runs on the writer thread once the
-        write is committed (``durable``: and fsynced)."""
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="fr-tree", daemon=True)
-                self._thread.start()
-        self._queue.put((tree, fn, tell, durable))
-
-    def submit(self, tree: Any, fn: Callable[[], Any], *, durable: bool = False) -> concurrent.futures.Future:
-        """:meth:`put` for threads: the returned future resolves once the write is committed."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.put(tree, fn, hops.teller(fut), durable=durable)
-        return fut
-
-    async def write(self, tree: Any, fn: Callable[[], Any], *, durable: bool = False) -> Any:
-        """:meth:`put` for the event loop: the result of ``fn()`` once it is committed."""
-        fut, tell = hops.awaiter()
-        self.put(tree, fn, tell, durable=durable)
-        return await fut
-
-    def _run(self) -> None:
-        while True:
-            items = [self._queue.get()]
-            while len(items) < self.max_group:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            start = 0
-            while start < len(items):  # runs of consecutive writes to the same tree
-                end = start + 1
-                while end < len(items) and items[end][0] is items[start][0]:
-                    end += 1
-                self._commit(items[start:end])
-                start = end
-
-    @staticmethod
-    def _commit(run: list[_Write]) -> None:
-        tree = run[0][0]
-        group = getattr(tree, "group", None)
-        outcomes: list[hops.Outcome] = []
-        try:
-            with group() if callable(group) else contextlib.nullcontext():
-                for _, fn, _, _ in run:
-                    outcomes.append(hops.run(fn))  # this write's own error goes to its caller
-        except BaseException as e:  # noqa: BLE001 - the commit failed: none of the run is stored
-            outcomes = [(False, e)] * len(run)
-        else:
-            sync = getattr(tree, "sync", None)
-            if callable(sync) and any(w[3] for w in run):
-                failed = hops.run(sync)
-                if not failed[0]:  # not durable: the durable writes fail with it
-                    outcomes = [failed if w[3] else o for w, o in zip(run, outcomes, strict=True)]
-        for (_, _, tell, _), outcome in zip(run, outcomes, strict=True):
-            try:
-                tell(outcome)
-            except Exception:  # noqa: BLE001 - one caller's failure must not stop the writer or the others
-                log.exception("tree writer: handing a caller its outcome failed")
-
-
-_TREE_WRITER = _TreeWriter()
-
-
-class TokenDriftError(RuntimeError):
-    """The chat template re-renders an earlier turn differently from the tokens already held."""
-
-    def __init__(self, turn: int, detail: str) -> None:
-        super().__init__(f"token drift at turn {turn}: {detail}")
-        self.turn = turn
-
-
 class ObservationTypeError(TypeError):
     """An env returned an observation that is not a ``str``."""
 
 
-class NoExpertError(ValueError):
-    """``--agent expert`` on an env without ``expert_action()``."""
-
-
 class ForkMismatchError(RuntimeError):
     """Replaying the action prefix on a fresh env did not reproduce the recorded observations."""
-
-
-@dataclass(frozen=True)
-class RolloutOptions:
-    """How episodes are run. ``branch_at`` lists turn boundaries (0 = before the first action)."""
-
-    temperature: float = defaults.TEMPERATURE
-    max_new_tokens: int = defaults.MAX_NEW_TOKENS
-    max_context: int = defaults.MAX_CONTEXT
-    max_turns: int = defaults.MAX_TURNS
-    system_prompt: str | None = None
-    examples: tuple[tuple[str, str], ...] = ()  # (role, content) turns between the system message and the first observation
-    observation_role: str = "user"
-    turn_reward: Literal["sum", "last"] = "sum"
-    branch_factor: int = 1
-    branch_at: tuple[int, ...] = ()
-    stop_token_ids: tuple[int, ...] | None = None  # None: derived from the tokenizer
-    stop_strings: tuple[str, ...] = ()
-    top_p: float = 1.0
-    top_k: int = 0
-    importance_correction: bool = True
-    tree_budget_tokens: int = 0  # policy tokens per episode tree (0: no budget)
-    branch_policy: Literal["fixed", "entropy"] = "fixed"
-    branch_entropy: float = 0.0  # entropy policy: fork when the last action's mean surprisal >= this
-
-    def __post_init__(self) -> None:
-        if self.branch_policy not in ("fixed", "entropy"):
-            raise ValueError(f"branch_policy must be 'fixed' or 'entropy', got {self.branch_policy!r}")
-        if not float(self.branch_entropy) >= 0:
-            raise ValueError(f"branch_entropy must be >= 0, got {self.branch_entropy}")
-        if int(self.tree_budget_tokens) < 0:
-            raise ValueError(f"tree_budget_tokens must be >= 0, got {self.tree_budget_tokens}")
-        for name in ("max_new_tokens", "max_context", "max_turns", "branch_factor"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.turn_reward not in ("sum", "last"):
-            raise ValueError(f"turn_reward must be 'sum' or 'last', got {self.turn_reward!r}")
-        if any(int(t) < 0 for t in self.branch_at):
-            raise ValueError(f"branch_at must hold turn indices >= 0, got {list(self.branch_at)}")
-        if self.observation_role not in ("user", "tool"):
-            raise ValueError(f"observation_role must be 'user' or 'tool', got {self.observation_role!r}")
-        # Validate the sampling fields once, here, with the same rules as the engines.
-        SamplingOptions(
-            temperature=self.temperature,
-            max_tokens=self.max_new_tokens,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            importance_correction=self.importance_correction,
-        )
-
-
-@dataclass
-class LeafResult:
-    """One finished trajectory (one root-to-leaf path)."""
-
-    leaf_id: int
-    reward: float
-    status: str
-    partial_score: float | None
-    turns: int
-    policy_tokens: int
-    rewards: list[float]
-    info: dict[str, Any] = field(default_factory=dict)
-    # policy tokens the engine sampled for this branch itself: its tokens since it forked (the
-    # first branch also holds the shared part before the fork). Summed over an episode's leaves it
-    # is what the engine sampled, identical siblings included (the tree stores those once).
-    sampled_tokens: int = 0
-
-
-@dataclass
-class EpisodeResult:
-    """An episode: its root and its leaves (one leaf, or more when it branched)."""
-
-    root_id: int
-    seed: int
-    leaves: list[LeafResult]
-
-    @property
-    def reward(self) -> float:
-        """Mean reward over the leaves."""
-        return sum(leaf.reward for leaf in self.leaves) / len(self.leaves)
-
-    @property
-    def policy_tokens(self) -> int:
-        """Policy tokens sampled for this episode (shared prefixes counted once per leaf path)."""
-        return sum(leaf.policy_tokens for leaf in self.leaves)
-
-    @property
-    def sampled_tokens(self) -> int:
-        """Policy tokens the engine sampled for this episode: each generated token once."""
-        return sum(leaf.sampled_tokens for leaf in self.leaves)
 
 
 @dataclass
@@ -304,84 +113,21 @@ class _Branch:
     sampled: int = 0  # policy tokens this branch sampled itself (since it forked)
     branched: set[int] = field(default_factory=set)
     turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
-    demo_spans: list[list[int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
-    engine: Any = None  # this branch's engine view (None: the runner's engine)
+    demo_spans: list[tuple[int, int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
+    engine: Any = None  # this branch's engine view (None: the episode's engine)
     budget: float = float("inf")  # this branch's share of the tree's policy-token budget
     surprisal: float = 0.0  # mean -log p of the last sampled action (0 for scripted replies)
 
-
-EventFn = Callable[[str, dict[str, Any]], None]
-Actor = Callable[[Any], str]
-"""A scripted actor: given the (wrapped) env, the text of its next reply."""
-
-
-def expert_actor(env: Any) -> str:
-    """The env's own expert's next reply (the actor of ``--agent expert``).
-
-    ``env.unwrapped.expert_reply()`` when the env has it (the reply in the env's action format,
-    e.g. ALFWorld's ``<action>cmd</action>``), else ``env.unwrapped.expert_action()`` verbatim.
-    """
-    inner = getattr(env, "unwrapped", env)
-    if callable(getattr(inner, "expert_reply", None)):
-        return str(inner.expert_reply())
-    if callable(getattr(inner, "expert_action", None)):
-        return str(inner.expert_action())
-    raise NoExpertError(
-        f"env {_env_name(env)} has no expert: --agent expert needs env.unwrapped.expert_action() "
-        "(fr_agents/ALFWorld-v0 has one)"
-    )
+    def fork(self, env: Any) -> _Branch:
+        """A continuation of this branch with ``env``: the same state, with its own copy of every
+        list, dict and set (so the two grow apart), and nothing sampled yet (the shared part was
+        sampled once, by this branch)."""
+        own = {f.name: copy.copy(v) for f in fields(self) if isinstance(v := getattr(self, f.name), list | dict | set)}
+        return replace(self, **{**own, "env": env, "sampled": 0})
 
 
-def has_expert(env: Any) -> bool:
-    """Whether :func:`expert_actor` can drive ``env``."""
-    return callable(getattr(getattr(env, "unwrapped", env), "expert_action", None))
-
-
-def require_expert(make_env: Callable[[], Any], env_id: str) -> None:
-    """Raise :class:`~fr_agents.config.ConfigError` naming ``env_id`` when its env has no expert."""
-    from fr_agents.config import ConfigError
-
-    env = make_env()
-    try:
-        if not has_expert(env):
-            raise ConfigError(
-                f"--agent expert: env {env_id} has no expert (its env.unwrapped has no expert_action(); "
-                "fr_agents/ALFWorld-v0 has one)"
-            )
-    finally:
-        env.close()
-
-
-def default_stop_ids(tokenizer: Any) -> tuple[int, ...]:
-    """End-of-turn ids of a chat tokenizer: its eos plus the usual ChatML/Llama turn ends.
-
-    Computed once per tokenizer object (reading the vocabulary costs about a millisecond, which
-    every episode would otherwise pay)."""
-    try:
-        return _STOP_IDS[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    stops = _find_stop_ids(tokenizer)
-    with contextlib.suppress(TypeError):  # a tokenizer that cannot be weakly referenced is not cached
-        _STOP_IDS[tokenizer] = stops
-    return stops
-
-
-_STOP_IDS: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
-
-
-def _find_stop_ids(tokenizer: Any) -> tuple[int, ...]:
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    vocab = tokenizer.get_vocab()
-    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
-        if tok in vocab:
-            ids.add(int(vocab[tok]))
-    return tuple(sorted(ids))
-
-
-def _env_name(env: Any) -> str:
+def env_name(env: Any) -> str:
+    """The env's registered id (its base env's spec), else its class name: how messages name it."""
     base = getattr(env, "unwrapped", env)
     # the base env's own spec: a wrapper's ``spec`` property deep-copies it on every read
     spec = getattr(base, "spec", None) or getattr(env, "spec", None)
@@ -391,7 +137,7 @@ def _env_name(env: Any) -> str:
 def _check_obs(env: Any, obs: Any, where: str) -> str:
     if not isinstance(obs, str):
         raise ObservationTypeError(
-            f"env {_env_name(env)} returned a {type(obs).__name__} observation from {where}; "
+            f"env {env_name(env)} returned a {type(obs).__name__} observation from {where}; "
             "fr-agents drives text envs whose observations are str (see fr_agents.spaces.AnyText)"
         )
     return obs
@@ -418,119 +164,10 @@ async def _in_thread(fn: Callable[..., Any], *a: Any) -> Any:
     return await _ENV_POOL.call(fn, *a)
 
 
-async def _tree(fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
-    """Run the tree write ``fn(*a, **kw)`` (a bound method of the tree) on the tree's writer thread."""
-    return await _TREE_WRITER.write(getattr(fn, "__self__", None), lambda: fn(*a, **kw))
 
-
-async def _tree_durable(fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
-    """As :func:`_tree`, returning only once the write is also on disk (the writer's group fsync)."""
-    return await _TREE_WRITER.write(getattr(fn, "__self__", None), lambda: fn(*a, **kw), durable=True)
-
-
-def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-_DIRECT_CLASSES: dict[type, bool] = {}
-
-
-def _direct(tokenizer: Any) -> Any | None:
-    """The Rust ``tokenizers.Tokenizer`` behind ``tokenizer`` when calling it directly gives exactly
-    what ``tokenizer.encode(text, add_special_tokens=False)`` and ``tokenizer.decode(ids,
-    skip_special_tokens=False, clean_up_tokenization_spaces=False)`` give; ``None`` otherwise.
-
-    A transformers fast tokenizer does its work in that backend; the Python around it (argument
-    checks, padding and truncation set-up, a ``BatchEncoding`` per call) costs most of the time an
-    episode's prompt takes to encode and check on math-tiny's rollout. The direct call is taken only
-    where the wrapper adds nothing: the tokenizer's class keeps transformers' own ``encode`` /
-    ``decode`` (a class that overrides them is always asked itself), and the backend holds no
-    truncation or padding and splits special tokens as the wrapper would ask it to (the wrapper
-    resets those per call; a backend left configured otherwise goes through the wrapper)."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None:
-        return None
-    cls = type(tokenizer)
-    plain = _DIRECT_CLASSES.get(cls)
-    if plain is None:
-        try:
-            from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-            from transformers.tokenization_utils_tokenizers import TokenizersBackend
-        except ImportError:  # another transformers layout: always ask the tokenizer
-            plain = False
-        else:
-            plain = (
-                isinstance(tokenizer, TokenizersBackend)
-                and all(
-                    getattr(cls, name) is getattr(PreTrainedTokenizerBase, name)
-                    for name in ("encode", "decode", "_get_padding_truncation_strategies")
-                )
-                and all(
-                    getattr(cls, name) is getattr(TokenizersBackend, name)
-                    for name in ("_encode_plus", "_decode", "set_truncation_and_padding")
-                )
-            )
-        _DIRECT_CLASSES[cls] = plain
-    if not plain or backend.truncation is not None or backend.padding is not None:
-        return None
-    if backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
-        return None
-    return backend
-
-
-def _encode_exact(tokenizer: Any, text: str, turn: int) -> list[int]:
-    direct = _direct(tokenizer)
-    if direct is not None:
-        ids = direct.encode(text, add_special_tokens=False).ids
-        back = direct.decode(ids, skip_special_tokens=False)
-    else:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    if back != text:
-        raise TokenDriftError(
-            turn,
-            f"the tokenizer does not round-trip the appended text {text[:80]!r} (decodes to {back[:80]!r})",
-        )
-    return list(ids)
-
-
-def prompt_messages(
-    observation: str, system_prompt: str | None = None, examples: Sequence[tuple[str, str]] = ()
-) -> list[dict[str, str]]:
-    """The chat messages of an episode's first turn: the system prompt (if any), the example
-    turns (``(role, content)`` pairs: a worked example shown in the chat template), then the
-    observation as the user's message."""
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages += [{"role": role, "content": content} for role, content in examples]
-    return [*messages, {"role": "user", "content": observation}]
-
-
-def example_turns(examples: Sequence[dict[str, str]]) -> tuple[tuple[str, str], ...]:
-    """``env.examples`` (``{role, content}`` mappings) as the ``(role, content)`` pairs
-    :class:`RolloutOptions` holds."""
-    return tuple((str(t["role"]), str(t["content"])) for t in examples)
-
-
-def encode_prompt(
-    tokenizer: Any, observation: str, system_prompt: str | None = None, examples: Sequence[tuple[str, str]] = ()
-) -> tuple[str, list[int]]:
-    """The prompt of an episode, as text and token ids: the chat template of
-    :func:`prompt_messages` with the generation prompt, encoded with the round-trip check (a
-    tokenizer that does not decode the ids back to the text raises :class:`TokenDriftError`).
-    The one prompt encoder: rollout, training, evaluation and warm-start demos all use it."""
-    text = _render(tokenizer, prompt_messages(observation, system_prompt, examples))
-    return text, _encode_exact(tokenizer, text, 0)
-
-
-def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    direct = _direct(tokenizer)
-    if direct is not None:
-        return direct.decode(list(ids), skip_special_tokens=False)
-    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
-class _Runner:
-    """Runs one episode (all its branches) against one engine and one tree."""
+class _Episode:
+    """One episode in progress (all its branches), against one engine and one tree: the state
+    machine behind :func:`run_episode`."""
 
     def __init__(
         self,
@@ -594,13 +231,13 @@ class _Runner:
                 f"max_context: the prompt alone is {len(ids)} tokens, max_context is {self.opt.max_context}"
             )
         meta = {
-            "env": _env_name(env),
+            "env": env_name(env),
             "seed": self.seed,
             "task": _json_safe((self.reset_options or {}).get("task")),
         }
         if self.agent:
             meta["agent"] = self.agent
-        root = await _tree(self.tree.add_root, ids, meta=meta)
+        root = await tree_write(self.tree.add_root, ids, meta=meta)
         self.emit("prompt", text=text, observation=obs)
         branch = _Branch(env, messages, list(ids), text, root, info=dict(info or {}), observations=[obs])
         if self.opt.tree_budget_tokens:
@@ -673,7 +310,7 @@ class _Runner:
         ids = gen.token_ids
         if gen.finish_reason == "stop" and ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
-        return _decode(self.tok, ids)
+        return decode(self.tok, ids)
 
     async def store_generation(self, b: _Branch, gen: Generation) -> None:
         """Append the sampled tokens (split into runs of equal version) and extend the held text."""
@@ -681,7 +318,7 @@ class _Runner:
         start = 0
         for i in range(1, len(versions) + 1):
             if i == len(versions) or versions[i] != versions[start]:
-                b.node = await _tree(
+                b.node = await tree_write(
                     self.tree.append,
                     b.node,
                     gen.token_ids[start:i],
@@ -694,7 +331,7 @@ class _Runner:
         b.turn_starts.append(len(b.held_text))
         stop_tail = gen.finish_reason == "stop" and ids and ids[-1] in self.stop_ids
         body = ids[:-1] if stop_tail else ids
-        b.held_text += _decode(self.tok, body) + (_decode(self.tok, ids[-1:]) if stop_tail else "")
+        b.held_text += decode(self.tok, body) + (decode(self.tok, ids[-1:]) if stop_tail else "")
         b.held_ids.extend(ids)
         b.policy_tokens += len(ids)
         b.sampled += len(ids)
@@ -705,14 +342,14 @@ class _Runner:
         """Store the actor's reply as non-policy tokens (text + end-of-turn); None when it does not fit."""
         text = await _in_thread(self.actor, b.env)
         eot = self.end_of_turn(b, text)
-        ids = _encode_exact(self.tok, text, b.turn) + eot
+        ids = encode_exact(self.tok, text, b.turn) + eot
         if len(ids) > budget:
             return None
         start = len(b.held_ids)
-        b.node = await _tree(self.tree.append, b.node, ids, None, False, -1)
-        b.demo_spans.append([start, start + len(ids)])
+        b.node = await tree_write(self.tree.append, b.node, ids, None, False, -1)
+        b.demo_spans.append((start, start + len(ids)))
         b.turn_starts.append(len(b.held_text))
-        b.held_text += text + _decode(self.tok, eot)
+        b.held_text += text + decode(self.tok, eot)
         b.held_ids.extend(ids)
         return Generation(token_ids=list(ids), logprobs=[], version=-1, finish_reason="stop")
 
@@ -725,7 +362,7 @@ class _Runner:
         if rendered.startswith(head):
             tail = rendered[len(head) :]
             for sid in self.stop_ids:
-                if tail.startswith(_decode(self.tok, [sid])):
+                if tail.startswith(decode(self.tok, [sid])):
                     return [sid]
         return list(self.stop_ids[:1])
 
@@ -736,7 +373,7 @@ class _Runner:
             {"role": "assistant", "content": action},
             {"role": self.opt.observation_role, "content": obs},
         ]
-        text = _render(self.tok, messages)
+        text = render(self.tok, messages)
         if not text.startswith(b.held_text):
             at = next(
                 (i for i, (x, y) in enumerate(zip(text, b.held_text, strict=False)) if x != y),
@@ -750,10 +387,10 @@ class _Runner:
                 f"character {at}: held {b.held_text[at : at + 40]!r}, template {text[at : at + 40]!r})",
             )
         suffix = text[len(b.held_text) :]
-        ids = _encode_exact(self.tok, suffix, b.turn)
+        ids = encode_exact(self.tok, suffix, b.turn)
         if len(b.held_ids) + len(ids) >= self.opt.max_context:
             return False
-        b.node = await _tree(self.tree.append, b.node, ids, None, False, -1)
+        b.node = await tree_write(self.tree.append, b.node, ids, None, False, -1)
         b.held_ids.extend(ids)
         b.held_text = text
         b.messages = messages
@@ -790,7 +427,7 @@ class _Runner:
             info["demo_spans"] = [list(s) for s in b.demo_spans]
         try:
             # durable before the episode counts as done: the writer fsyncs the run it commits with
-            leaf = await _tree_durable(
+            leaf = await tree_write_durable(
                 self.tree.finish, b.node, reward, partial_score=partial, status=status, info=info, durable=False
             )
         except DuplicateLeafError as e:  # an identical path was already stored: it is that leaf
@@ -836,19 +473,7 @@ class _Runner:
                 if b.turn == 0 and not b.actions:  # nothing sampled yet: as a failed reset
                     raise
                 return [await self.finish(b, "aborted", failure=e)]
-            clone = copy.copy(b)
-            clone.env = env
-            clone.sampled = 0  # the shared part was sampled once, by b
-            clone.messages = list(b.messages)
-            clone.held_ids = list(b.held_ids)
-            clone.rewards = list(b.rewards)
-            clone.actions = list(b.actions)
-            clone.observations = list(b.observations)
-            clone.info = dict(b.info)
-            clone.branched = set(b.branched)
-            clone.turn_starts = list(b.turn_starts)
-            clone.demo_spans = [list(s) for s in b.demo_spans]
-            clones.append(clone)
+            clones.append(b.fork(env))
         if callable(per_branch):
             for i, c in enumerate(clones):
                 c.engine = per_branch(i)
@@ -879,29 +504,18 @@ class _Runner:
         obs, _ = env.reset(seed=self.seed, options=self.reset_options)
         if obs != b.observations[0]:
             raise ForkMismatchError(
-                f"env {_env_name(env)}: replay with seed {self.seed} gave a different first observation; "
+                f"env {env_name(env)}: replay with seed {self.seed} gave a different first observation; "
                 "implement fork() or make reset deterministic in its seed"
             )
         for t, action in enumerate(b.actions):
             obs, *_ = env.step(action)
             if obs != b.observations[t + 1]:
                 raise ForkMismatchError(
-                    f"env {_env_name(env)}: replaying turn {t} gave a different observation; "
+                    f"env {env_name(env)}: replaying turn {t} gave a different observation; "
                     "implement fork() or make the env deterministic in its seed"
                 )
         return env
 
-
-def reset_args(task: dict[str, Any], seed: int | None) -> tuple[int | None, dict[str, Any] | None]:
-    """How to reset for ``task``: ``(seed, options["task"])``.
-
-    A task whose metadata holds ``reset_seed`` (the ``env-reset`` source) is the env's own choice:
-    ``reset(seed=reset_seed)`` with no task option. Any other task is handed over whole, with ``seed``.
-    """
-    meta = task.get("metadata") or {}
-    if "reset_seed" in meta:
-        return int(meta["reset_seed"]), None
-    return seed, dict(task)
 
 
 async def run_episode(
@@ -936,7 +550,7 @@ async def run_episode(
 
         spec = env.spec
         make_env = lambda: gymnasium.make(spec)  # noqa: E731
-    runner = _Runner(
+    episode = _Episode(
         make_env,
         engine,
         tokenizer,
@@ -948,63 +562,10 @@ async def run_episode(
         actor,
     )
     try:
-        return await runner.start(env)
+        return await episode.start(env)
     except BaseException:
         try:
-            runner.close_env(runner.env if runner.env is not None else env)
+            episode.close_env(episode.env if episode.env is not None else env)
         except Exception as e:  # noqa: BLE001 - the episode's own error is the one to raise
             log.warning("closing the env of a failed episode failed: %r", e)
         raise
-
-
-async def run_episodes(
-    make_env: Callable[[], Any],
-    engine: Engine | None,
-    tokenizer: Any,
-    tree: Any,
-    n: int,
-    options: RolloutOptions | None = None,
-    *,
-    concurrency: int = 64,
-    seeds: Sequence[int] | None = None,
-    tasks: Sequence[Any] | None = None,
-    on_done: Callable[[EpisodeResult], None] | None = None,
-    actor: Actor | None = None,
-) -> list[EpisodeResult]:
-    """Run ``n`` episodes, at most ``concurrency`` at once, against one engine; results in order.
-
-    ``seeds[i]`` / ``tasks[i]`` (when given) seed and choose the task of episode ``i``;
-    ``on_done`` is called as each episode finishes (progress bars); ``actor`` as in :func:`run_episode`.
-    """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    for name, seq in (("seeds", seeds), ("tasks", tasks)):
-        if seq is not None and len(seq) < n:
-            raise ValueError(f"{name} has {len(seq)} entries for {n} episodes")
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(i: int) -> EpisodeResult:
-        async with gate:
-            res = await run_episode(
-                None,
-                engine,
-                tokenizer,
-                tree,
-                options,
-                seed=seeds[i] if seeds is not None else None,
-                task=tasks[i] if tasks is not None else None,
-                make_env=make_env,
-                actor=actor,
-            )
-            if on_done is not None:
-                on_done(res)
-            return res
-
-    return list(await asyncio.gather(*(one(i) for i in range(n))))
-
-
-def run_episodes_sync(*args: Any, **kwargs: Any) -> list[EpisodeResult]:
-    """:func:`run_episodes` from synchronous code (starts and closes its own event loop)."""
-    return asyncio.run(run_episodes(*args, **kwargs))

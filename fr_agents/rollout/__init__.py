@@ -1,0 +1,65 @@
+"""The rollout: token-truthful multi-turn episodes of a text env, stored in a trajectory tree.
+
+One episode, token by token::
+
+    prompt   = chat_template([system?, examples..., user(first observation)], add_generation_prompt=True)
+    repeat:  tokens = engine.generate(held)           # kept exactly as sampled (policy tokens)
+             obs, r, done = env.step(decode(tokens))
+             suffix = template(conversation + [assistant, user(obs)])[len(held text):]
+             held += tokens + encode(suffix)          # observation tokens (not policy)
+
+The trainer sees exactly what the engine sampled, with its behaviour log-probs and per-token policy
+versions; every segment is in the tree as soon as it exists, and an episode may fork into branches
+that share their prefix there.
+
+The modules, one concern each (each module's docstring says more):
+
+* :mod:`.options`  — :class:`RolloutOptions` (how episodes run) and the results,
+  :class:`EpisodeResult` / :class:`LeafResult`;
+* :mod:`.episode`  — :func:`run_episode`: one episode as a state machine over its branches (limits,
+  branching, tree token budget, infrastructure failures);
+* :mod:`.batch`    — :func:`run_episodes` (many at once, one engine), :func:`reset_args`;
+* :mod:`.encoding` — :func:`encode_prompt`, the one prompt encoder, and the round-trip check
+  (:class:`TokenDriftError`), through the fast tokenizer's backend where that is exact;
+* :mod:`.stops`    — :func:`default_stop_ids`: the tokens that end a turn;
+* :mod:`.experts`  — :func:`expert_actor`: scripted replies from the env's own expert;
+* :mod:`.writer`   — the tree-writer thread: the episodes' store writes, group-committed.
+
+Names. An *episode* is one reset of an env and everything sampled from it, all branches included
+(:func:`run_episode` runs one; its state machine is ``episode._Episode``, one ``_Branch`` per
+conversation). A *branch* is one (possibly forked) conversation; a *leaf* is where a branch
+finished in the tree. The word *runner* is kept for the trainer's
+:class:`trainer.episodes.EpisodeRunner`, which runs the scheduled episodes of a training run
+through :func:`run_episode` (retries, ledger); :mod:`fr_agents.eval.runner` runs a bench's samples
+the same way. Neither lives here.
+"""
+
+from fr_agents.rollout.batch import reset_args, run_episodes, run_episodes_sync
+from fr_agents.rollout.encoding import TokenDriftError, encode_prompt, example_turns, prompt_messages
+from fr_agents.rollout.episode import ForkMismatchError, ObservationTypeError, run_episode
+from fr_agents.rollout.experts import NoExpertError, expert_actor, has_expert, require_expert
+from fr_agents.rollout.options import Actor, EpisodeResult, EventFn, LeafResult, RolloutOptions
+from fr_agents.rollout.stops import default_stop_ids
+
+__all__ = [
+    "Actor",
+    "EpisodeResult",
+    "EventFn",
+    "ForkMismatchError",
+    "LeafResult",
+    "NoExpertError",
+    "ObservationTypeError",
+    "RolloutOptions",
+    "TokenDriftError",
+    "default_stop_ids",
+    "encode_prompt",
+    "example_turns",
+    "expert_actor",
+    "has_expert",
+    "prompt_messages",
+    "require_expert",
+    "reset_args",
+    "run_episode",
+    "run_episodes",
+    "run_episodes_sync",
+]
