@@ -7,7 +7,7 @@ Before RL, after the warm start, every ``trainer.eval_every`` steps and after RL
 :meth:`HeldOutEval.run`. It plays ``trainer.eval_episodes`` problems of the bench that
 ``trainer.eval_bench_provider`` returns for the config (default: the config's own held-out split,
 ``tasks.test_split``, on its own env) with one greedy reply per turn, through
-:func:`fr_agents.eval.periodic.evaluate_live` — the same episode runner, env class and chat template
+:func:`fr_agents.eval.periodic.evaluate_live` — the same rollout (``run_episode``), env class and chat template
 as training and as ``fr-agents eval`` — so single-turn, multi-turn, tool and sandbox envs are all
 measured the same way. It reports the success rate (``info['won']``, else reward > 0), the mean
 reward, and the mean turns and tool calls per episode; the samples land in

@@ -5,7 +5,7 @@
   :class:`~fr_agents.policy.hf.HFEngine`.
 * ``vllm``: the same checkpoint in a local vLLM engine (needs vllm; see ``fr-agents doctor``).
 * ``openai``: an OpenAI-compatible completions server at ``base_url`` serving the model named
-  ``checkpoint``. The tokenizer (for the chat template: the runner is token-in/token-out) comes
+  ``checkpoint``. The tokenizer (for the chat template: the rollout is token-in/token-out) comes
   from ``tokenizer`` or, when that is empty, from ``checkpoint`` itself.
 """
 

@@ -7,7 +7,7 @@
     result.metrics   # {"mean@k": 0.41, "pass@1": 0.41, "pass@2": 0.55, "pass@4": 0.66, ...}
 
 Each sample is one episode of ``bench.env_id`` driven by :func:`fr_agents.rollout.run_episode`
-(the same token-truthful runner, chat template and env class as training), so a number here means
+(the same token-truthful rollout, chat template and env class as training), so a number here means
 what the training reward means. Results are appended to
 ``OUT/samples/<label>/<bench>.jsonl`` as each episode ends (reward, success, turns, tool calls, the
 replies, and the env's last ``info``, e.g. HumanEval's failure reason); ``extra["per_episode"]`` of

@@ -28,10 +28,10 @@ The modules, one concern each (each module's docstring says more):
 Names. An *episode* is one reset of an env and everything sampled from it, all branches included
 (:func:`run_episode` runs one; its state machine is ``episode._Episode``, one ``_Branch`` per
 conversation). A *branch* is one (possibly forked) conversation; a *leaf* is where a branch
-finished in the tree. The word *runner* is kept for the trainer's
-:class:`trainer.episodes.EpisodeRunner`, which runs the scheduled episodes of a training run
-through :func:`run_episode` (retries, ledger); :mod:`fr_agents.eval.runner` runs a bench's samples
-the same way. Neither lives here.
+finished in the tree. A *runner* drives episodes from outside, through :func:`run_episode`:
+the trainer's :class:`trainer.episodes.EpisodeRunner` (a training run's scheduled episodes, with
+retries and the ledger) and :mod:`fr_agents.eval.runner` (a bench's samples). Neither lives here,
+and nothing here is called a runner.
 """
 
 from fr_agents.rollout.batch import reset_args, run_episodes, run_episodes_sync
