@@ -1,16 +1,9 @@
 """The rollout: token-truthful multi-turn episodes of a text env, stored in a trajectory tree.
 
-One episode, token by token::
-
-    prompt   = chat_template([system?, examples..., user(first observation)], add_generation_prompt=True)
-    repeat:  tokens = engine.generate(held)           # kept exactly as sampled (policy tokens)
-             obs, r, done = env.step(decode(tokens))
-             suffix = template(conversation + [assistant, user(obs)])[len(held text):]
-             held += tokens + encode(suffix)          # observation tokens (not policy)
-
-The trainer sees exactly what the engine sampled, with its behaviour log-probs and per-token policy
-versions; every segment is in the tree as soon as it exists, and an episode may fork into branches
-that share their prefix there.
+An episode alternates the engine's reply (kept exactly as sampled, with its behaviour log-probs and
+per-token policy versions) and the env's observation (templated onto the held tokens); every
+segment is in the tree as soon as it exists, and an episode may fork into branches that share
+their prefix there (:mod:`.episode` shows it token by token).
 
 The modules, one concern each (each module's docstring says more):
 

@@ -2,7 +2,7 @@
 
 One episode, token by token::
 
-    prompt   = chat_template([system?, user(first observation)], add_generation_prompt=True)
+    prompt   = chat_template([system?, examples..., user(first observation)], add_generation_prompt=True)
     repeat:  tokens = engine.generate(held)           # kept exactly as sampled (policy tokens)
              obs, r, done = env.step(decode(tokens))
              suffix = template(conversation + [assistant, user(obs)])[len(held text):]
@@ -54,6 +54,9 @@ truth), with ``info["aborted_by"]`` (the failure's reason) and ``info["abort_mes
 reward is claimed for it; a trainer leaves such leaves out and runs the episode again (see
 ``trainer/episodes.py``). The same holds for a cut branch whose ``partial_score()`` fails, and for a
 fork that cannot get its env. A failure in ``reset`` (nothing sampled yet) propagates.
+
+A scripted ``actor`` may reply instead of the engine (:mod:`fr_agents.rollout.experts`); many episodes
+run at once with :func:`fr_agents.rollout.batch.run_episodes`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 ``--agent expert`` (and the warm start's demos) run episodes with ``actor=expert_actor``: each
 reply is what the env's expert would do, encoded text rather than a sample. The episode stores
 those tokens as non-policy tokens (no behaviour log-prob, version -1), and each leaf's ``info``
-names the ``agent`` and lists its ``demo_spans``, so the store doubles as supervised demos.
+names the ``agent`` and lists its ``demo_spans``: the ``[start, end)`` token offsets (on the
+root-to-leaf path) of every scripted reply, end-of-turn token included, i.e. where a supervised
+loss belongs. So the store doubles as a set of demos.
+
 An env has an expert when its ``env.unwrapped`` has ``expert_action()`` (and, for replies in the
 env's own action format, ``expert_reply()``).
 """

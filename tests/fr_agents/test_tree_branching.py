@@ -126,3 +126,33 @@ def test_an_episode_counts_the_tokens_the_engine_sampled_identical_siblings_incl
         assert stored == first < sampled
     else:
         assert len(set(leaves)) == 3 and stored == sampled
+
+
+def test_a_fork_copies_its_branchs_state_and_shares_no_container() -> None:
+    """``_Branch.fork``: the continuation starts from the same state with its own env, its own copy
+    of every list, dict and set (growing one leaves the other as it was) and nothing sampled yet."""
+    from dataclasses import fields
+
+    from fr_agents.rollout.episode import _Branch
+
+    parent = _Branch("env-a", [{"role": "user", "content": "hi"}], [1, 2, 3], "hi", node=7, turn=2,
+                     rewards=[0.5], actions=["a"], observations=["o0", "o1"], info={"won": False},
+                     policy_tokens=9, sampled=4, branched={0}, turn_starts=[3], demo_spans=[(0, 2)],
+                     engine="engine-view", budget=12.0, surprisal=0.3)
+    child = parent.fork("env-b")
+    assert child.env == "env-b" and parent.env == "env-a"
+    assert child.sampled == 0 and parent.sampled == 4
+    for f in fields(_Branch):
+        if f.name in ("env", "sampled"):
+            continue
+        mine, theirs = getattr(parent, f.name), getattr(child, f.name)
+        assert theirs == mine, f.name
+        if isinstance(mine, list | dict | set):
+            assert theirs is not mine, f"{f.name} is shared with the parent"
+    child.held_ids.append(4)
+    child.rewards.append(1.0)
+    child.info["won"] = True
+    child.branched.add(2)
+    child.demo_spans.append((3, 4))
+    assert parent.held_ids == [1, 2, 3] and parent.rewards == [0.5] and parent.info == {"won": False}
+    assert parent.branched == {0} and parent.demo_spans == [(0, 2)]
