@@ -9,8 +9,9 @@ while ``env.kwargs.name=value`` sets one entry of it.
 Every field carries one line of help (``fr-agents train --dry-run`` prints it beside each value)
 and every key is checked: an unknown key, a value of the wrong type, a value outside a field's
 ``choices`` or one that breaks a field's rule raises :class:`ConfigError` naming the dotted key.
-Each rule has one home: the ``rule`` functions below are also what the objective and the
-learner call on their own arguments.
+Each rule has one home: the objective's section, its choices and its rules live in the torch-free
+:mod:`fr_agents.objective_config`, which the loss imports too, so the objective and the learner
+refuse a bad value in the config's own words.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import difflib
 import math
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,19 @@ from typing import Any
 import yaml
 
 from fr_agents import defaults
+from fr_agents.objective_config import (  # noqa: F401  (the objective's choices and rules, re-exported)
+    AGGREGATIONS,
+    ALGOS,
+    BASELINES,
+    MIN_PROB_SCOPES,
+    ObjectiveConfig,
+    rule_aggregation,
+    rule_delta,
+    rule_fraction,
+)
+from fr_agents.objective_config import at_least as _at_least
+from fr_agents.objective_config import option as _opt
+from fr_agents.objective_config import positive as _positive
 
 
 def presets_dir() -> Path:
@@ -50,42 +64,11 @@ class ConfigError(ValueError):
 
 # --------------------------------------------------------------------------- rules (one home each)
 
-AGGREGATIONS = ("sample_mean", "token_mean")
-ALGOS = ("flashreinforce", "grpo")
-#: the flashreinforce advantage: against the batch mean, or also against the leaf's branching node
-BASELINES = ("batch", "tree")
 PACKED_MODES = ("auto", "always", "never")
 AUTOCAST_DTYPES = ("", "bfloat16")
 WARM_START_SCHEDULES = ("constant", "cosine")
 #: what a preset's recipe is tuned for (model.tuned_for): undeclared, the in-code tiny model, a pretrained model
 MODEL_KINDS = ("", "tiny", "pretrained")
-#: where objective.negative_min_prob cuts a row pushed down: its unlikely tokens, or from the first one on
-MIN_PROB_SCOPES = ("token", "suffix")
-
-
-def rule_delta(value: Any) -> None:
-    """The sequence trust region's radius: a number >= 0 (``inf`` disables the gate)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ValueError(f"expected a number, got {value!r}")
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"must be >= 0 (inf disables the trust region), got {value}")
-
-
-def rule_fraction(value: Any) -> None:
-    """A share in [0, 1]."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"must lie in [0, 1], got {value!r}")
-
-
-def rule_aggregation(value: Any) -> None:
-    """How token losses are averaged."""
-    if value not in AGGREGATIONS:
-        raise ValueError(f"expected one of {', '.join(AGGREGATIONS)}, got {value!r}")
-
-
-def _positive(value: Any) -> None:
-    if not value > 0:
-        raise ValueError(f"must be > 0, got {value}")
 
 
 def rule_examples(value: Any) -> None:
@@ -98,26 +81,9 @@ def rule_examples(value: Any) -> None:
             raise ValueError(f"turn {i}: expected {{role: user|assistant, content: text}}, got {turn!r}")
 
 
-def _at_least(n: int) -> Any:
-    def rule(value: Any) -> None:
-        if value < n:
-            raise ValueError(f"must be >= {n}, got {value}")
-
-    return rule
-
-
 def _finite_at_least_0(value: Any) -> None:
     if not (0 <= value < math.inf):
         raise ValueError(f"must be a finite number >= 0, got {value}")
-
-
-def _opt(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[Any, ...] = (), rule: Any = None,
-         factory: Any = dataclasses.MISSING) -> Any:
-    """A config field with its one line of ``help`` (and optional ``choices`` / value ``rule``)."""
-    meta = {"help": help, "choices": choices, "rule": rule}
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -221,33 +187,6 @@ class RolloutConfig:
     reward: str = _opt("env", help="reward of a leaf: env (the env's reward) or partial (info.partial_score when cut short)",
                        choices=("env", "partial"))
     turn_reward: str = _opt("sum", help="a multi-turn episode's reward: sum of its turns or last turn only", choices=("sum", "last"))
-
-
-@dataclass
-class ObjectiveConfig:
-    """The policy-gradient objective and its ablation switches."""
-
-    algo: str = _opt("flashreinforce", help="flashreinforce (batch-mean baseline, one rollout per prompt) or grpo",
-                     choices=ALGOS)
-    delta: float = _opt(3e-3, help="sequence trust region: rows whose mean |log ratio| exceeds it are dropped (inf: off)",
-                        rule=rule_delta)
-    importance_sampling: bool = _opt(True, help="weight tokens by the policy / behaviour probability ratio")
-    aggregation: str = _opt("sample_mean", help="loss average: sample_mean (per row, then rows) or token_mean",
-                            rule=rule_aggregation)
-    negative_token_fraction: float = _opt(1.0, help="share of a failed row's tokens (highest entropy first) that get the negative signal",
-                                          rule=rule_fraction)
-    negative_min_prob: float = _opt(0.0, help="in rows with a negative advantage, tokens sampled with a probability below this "
-                                    "get no gradient (pushing an already unlikely token further down can give one token a "
-                                    "gradient thousands of times the rest); 0: off, the paper's loss", rule=rule_fraction)
-    negative_min_prob_scope: str = _opt("token", help="where objective.negative_min_prob cuts a row pushed down: token (only "
-                                        "its unlikely tokens) or suffix (from its first unlikely token to the row's end: the "
-                                        "tokens after an unlikely deviation are its consequences; see trainer/objective.py)",
-                                        choices=MIN_PROB_SCOPES)
-    baseline: str = _opt("batch", help="flashreinforce advantage: batch (R - batch mean) or tree (also against the mean of "
-                         "the leaves sharing the leaf's branching node, TreeRL-style; see trainer/objective.py)",
-                         choices=BASELINES)
-    grpo_group_size: int = _opt(4, help="samples per prompt when objective.algo=grpo", rule=_at_least(1))
-    grpo_clip: float = _opt(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=_positive)
 
 
 @dataclass

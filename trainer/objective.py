@@ -60,7 +60,8 @@ Merging saves the duplicates' compute; it does not down-weight the continuations
 samples most often, as dropping the duplicates would.
 
 Micro-batching: the learner splits a batch into row chunks. It computes the advantages on the full
-batch once (:func:`centered_advantages` / :func:`group_normalized_advantages`) and passes them in,
+batch once (:func:`batch_advantages`) and passes them to :func:`objective_loss` (the loss its
+:class:`~fr_agents.objective_config.ObjectiveConfig` names),
 together with ``num_rows`` (the full ``B``, or ``W`` with weights) and ``num_tokens`` (the full
 batch's policy-token count, weighted with weights, for token-mean aggregation), so the sum of the
 chunk losses equals the full-batch loss.
@@ -74,7 +75,14 @@ from typing import Any
 
 import torch
 
-from fr_agents.config import MIN_PROB_SCOPES, rule_aggregation, rule_delta, rule_fraction
+from fr_agents.objective_config import (
+    ObjectiveConfig,
+    validate_aggregation,
+    validate_delta,
+    validate_fraction,
+    validate_min_prob,
+    validate_min_prob_scope,
+)
 
 Tensor = torch.Tensor
 
@@ -134,35 +142,6 @@ def _validate_rows(
         if bool((action_mask & (vals > 0)).any()):
             raise ValueError(f"{name}: a policy token has a positive log-prob (> 0)")
     return b, t
-
-
-def _named(name: str, rule: Any, value: Any) -> None:
-    """Apply a config rule (:mod:`fr_agents.config`, the rule's one home) to an argument."""
-    try:
-        rule(value)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
-
-
-def validate_delta(delta: float) -> None:
-    _named("delta", rule_delta, delta)
-
-
-def validate_fraction(q: float) -> None:
-    _named("negative_token_fraction", rule_fraction, q)
-
-
-def validate_min_prob(m: float) -> None:
-    _named("negative_min_prob", rule_fraction, m)
-
-
-def validate_min_prob_scope(scope: str) -> None:
-    if scope not in MIN_PROB_SCOPES:
-        raise ValueError(f"negative_min_prob_scope: expected one of {MIN_PROB_SCOPES}, got {scope!r}")
-
-
-def validate_aggregation(aggregation: str) -> None:
-    _named("aggregation", rule_aggregation, aggregation)
 
 
 def _validate_advantages(advantages: Any, b: int, device: torch.device) -> None:
@@ -518,3 +497,61 @@ def grpo_loss(
             "policy_tokens": mask.sum(dim=1),
         }
     return loss, stats
+
+
+# --------------------------------------------------------------------------- the configured objective
+
+
+def batch_advantages(
+    cfg: ObjectiveConfig,
+    rewards: Tensor,
+    *,
+    weights: Tensor | None = None,
+    branch_rows: Sequence[Sequence[int]] | None = None,
+    root_ids: Sequence[int] | None = None,
+) -> Tensor:
+    """The full batch's advantages under ``cfg`` (computed once per step, before any micro-batch).
+
+    FlashREINFORCE: against the batch mean, or the tree baseline (``cfg.baseline == "tree"``, which
+    needs each row's ``branch_rows``). GRPO: group-normalised, the groups being ``root_ids`` (one
+    prompt id per row) when given for every row, else ``cfg.grpo_group_size`` consecutive rows.
+    """
+    r = rewards.to(torch.float64)
+    if cfg.algo == "flashreinforce":
+        if not bool(torch.isfinite(r).all()):
+            raise ValueError("rewards: every reward must be finite")
+        if cfg.baseline == "tree":
+            groups = list(branch_rows or [])
+            if len(groups) != r.shape[0]:
+                raise ValueError("branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)")
+            return tree_advantages(r, groups, weights)
+        return centered_advantages(r, weights)
+    roots = list(root_ids or [])
+    if len(roots) == r.shape[0]:
+        return group_normalized_advantages(r, roots, weights=weights)
+    if r.shape[0] % cfg.grpo_group_size:
+        raise ValueError(
+            f"root_ids: missing, and grpo_group_size={cfg.grpo_group_size} does not divide the batch of {r.shape[0]} rows"
+        )
+    return group_normalized_advantages(r, torch.arange(r.shape[0], device=r.device) // cfg.grpo_group_size,
+                                       weights=weights)
+
+
+def objective_loss(
+    cfg: ObjectiveConfig, log_probs: Tensor, behavior_log_probs: Tensor, rewards: Tensor, action_mask: Tensor, *,
+    advantages: Tensor, num_rows: float, num_tokens: float, entropies: Tensor | None = None,
+    failures: Tensor | None = None, weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss ``cfg`` names, on one micro-batch of rows: :func:`flashreinforce_loss` with the
+    config's switches, or :func:`grpo_loss` (``cfg.algo == "grpo"``). ``advantages``, ``num_rows``
+    and ``num_tokens`` are the full batch's (module docstring, micro-batching)."""
+    if cfg.algo == "grpo":
+        return grpo_loss(log_probs, behavior_log_probs, rewards, action_mask, clip_eps=cfg.grpo_clip,
+                         advantages=advantages, num_tokens=num_tokens, weights=weights)
+    return flashreinforce_loss(
+        log_probs, behavior_log_probs, rewards, action_mask, delta=cfg.delta,
+        negative_token_fraction=cfg.negative_token_fraction, negative_min_prob=cfg.negative_min_prob,
+        negative_min_prob_scope=cfg.negative_min_prob_scope, importance_sampling=cfg.importance_sampling,
+        aggregation=cfg.aggregation, entropies=entropies, failures=failures, advantages=advantages,
+        num_rows=num_rows, num_tokens=num_tokens, weights=weights,
+    )
