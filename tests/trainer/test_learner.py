@@ -402,7 +402,8 @@ def test_policy_logits_equal_the_plain_forward_with_a_shared_prefix() -> None:
     """The learner's forward (a prefix every row shares run once, the head only on columns that can
     hold a policy token) gives the plain forward's log-probs and gradients (float32: the shared
     prefix is taken there; float64 is the reference precision and never shares it)."""
-    from trainer.learner import _shared_prefix, policy_logits
+    from fr_agents.models.forward import policy_logits
+    from fr_agents.models.forward import shared_prefix as _shared_prefix
 
     torch.manual_seed(3)
     rows = []
