@@ -29,7 +29,10 @@ same questions the same way::
     >>> leaf_episodes(conn, 42)
     [{'episode': 3, 'batch': 1}]
     >>> batch_rows(conn, 1)
-    [(3, 42, 1.0, 7, 0)]
+    [LedgerRow(episode=3, leaf=42, reward=1.0, tokens=7, version=0)]
+
+A row of batch ``k`` is a :class:`LedgerRow` (fields by name; still a tuple, so
+``(3, 42, 1.0, 7, 0)`` compares equal to it); an aborted leaf is an :class:`AbortRow`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import contextlib
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -113,6 +117,27 @@ CREATE TABLE IF NOT EXISTS episode_aborts (
 );
 CREATE INDEX IF NOT EXISTS episode_aborts_batch ON episode_aborts(batch);
 """
+
+
+class LedgerRow(NamedTuple):
+    """One leaf to train on of a batch, as ``episode_leaves`` holds it."""
+
+    episode: int  # the scheduled episode that grew the leaf
+    leaf: int  # its leaf id in the trajectory tree
+    reward: float  # the env's reward
+    tokens: int  # policy tokens on the leaf's path (a fork's shared part counted once per leaf)
+    version: int  # the weight version the episode started on
+
+
+class AbortRow(NamedTuple):
+    """One aborted leaf of a batch (never trained on), as ``episode_aborts`` holds it."""
+
+    episode: int
+    attempt: int  # 0: the episode's first run; each retry adds one
+    leaf: int | None  # None: the attempt failed before it sampled anything
+    reason: str  # InfrastructureFailure.reason
+
+
 LEGACY_LEDGER_TABLE = "episodes"  # one row per episode: runs written before branching existed
 
 
@@ -154,11 +179,11 @@ def done_episodes(conn: sqlite3.Connection, episodes: Iterable[int]) -> set[int]
     return {int(e) for (e,) in rows}
 
 
-def aborted_rows(conn: sqlite3.Connection, batch: int) -> list[tuple[int, int, int | None, str]]:
+def aborted_rows(conn: sqlite3.Connection, batch: int) -> list[AbortRow]:
     """``(episode, attempt, leaf or None, reason)`` of every aborted leaf of batch ``batch``
     (never trained on), by episode, then in the order the attempts made them."""
     return [
-        (int(e), int(a), None if lf is None else int(lf), str(r))
+        AbortRow(int(e), int(a), None if lf is None else int(lf), str(r))
         for e, a, lf, r in conn.execute(
             "SELECT episode, attempt, leaf, reason FROM episode_aborts WHERE batch = ? ORDER BY episode, n",
             (batch,),
@@ -166,11 +191,11 @@ def aborted_rows(conn: sqlite3.Connection, batch: int) -> list[tuple[int, int, i
     ]
 
 
-def batch_rows(conn: sqlite3.Connection, batch: int) -> list[tuple[int, int, float, int, int]]:
+def batch_rows(conn: sqlite3.Connection, batch: int) -> list[LedgerRow]:
     """``(episode, leaf, reward, tokens, version)`` of batch ``batch``: one row per leaf, by
     episode then branch."""
     return [
-        (int(e), int(lf), float(r), int(t), int(v))
+        LedgerRow(int(e), int(lf), float(r), int(t), int(v))
         for e, lf, r, t, v in conn.execute(
             "SELECT episode, leaf, reward, tokens, version FROM episode_leaves WHERE batch = ? ORDER BY episode, branch",
             (batch,),

@@ -24,15 +24,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from fr_agents.config import TrainConfig
-from fr_agents.tree.batch import build_flat, build_packed
+from fr_agents.run_layout import LedgerRow
+from fr_agents.tree.batch import TrainBatch, build_flat, build_packed, flat_view
 from fr_agents.tree.prune import keep_per_tree
 
-LedgerRow = tuple[int, int, float, int, int]  # (episode, leaf, reward, policy tokens, version)
+if TYPE_CHECKING:
+    from fr_agents.tree.store import TrajectoryTree
+    from trainer.ledger import EpisodeLedger
+    from trainer.schedule import EpisodeSchedule
 
 
 @dataclass
@@ -57,8 +61,8 @@ class BatchTrees:
 
 
 def export_batch(
-    k: int, cfg: TrainConfig, schedule: Any, ledger: Any, tree: Any
-) -> tuple[Any, list[int], list[LedgerRow], BatchTrees]:
+    k: int, cfg: TrainConfig, schedule: EpisodeSchedule, ledger: EpisodeLedger, tree: TrajectoryTree
+) -> tuple[TrainBatch | None, list[int], list[LedgerRow], BatchTrees]:
     """Batch ``k`` as the learner takes it: ``(batch, leaf ids, kept ledger rows, pruning)``.
 
     ``batch`` is None when no scheduled episode has a leaf to train on (every attempt of each
@@ -73,32 +77,32 @@ def export_batch(
     rows = ledger.batch_rows(k)
     aborts = ledger.aborted_rows(k)
     expected = [s.episode for s in schedule.episodes(k)]
-    got = list(dict.fromkeys(r[0] for r in rows))
-    lost = sorted({a[0] for a in aborts} - set(got))  # every attempt aborted
+    got = list(dict.fromkeys(r.episode for r in rows))
+    lost = sorted({a.episode for a in aborts} - set(got))  # every attempt aborted
     if got != [e for e in expected if e not in set(lost)] or not set(lost) <= set(expected):
         raise RuntimeError(f"batch {k}: the ledger holds episodes {got[:5]}…, expected {expected[:5]}…")
     reasons: dict[str, int] = {}
     for a in aborts:
-        reasons[a[3]] = reasons.get(a[3], 0) + 1
+        reasons[a.reason] = reasons.get(a.reason, 0) + 1
     if not rows:
         return None, [], [], BatchTrees(aborted=len(aborts), aborted_episodes=len(lost), abort_reasons=reasons)
     reward_mode = cfg.rollout.reward
-    by_leaf = {t.leaf_id: t for t in tree.trajectories(sorted({r[1] for r in rows}))}
+    by_leaf = {t.leaf_id: t for t in tree.trajectories(sorted({r.leaf for r in rows}))}
     per_episode: dict[int, list[LedgerRow]] = {}
     for r in rows:
-        per_episode.setdefault(r[0], []).append(r)
-    trees = [[(r[1], by_leaf[r[1]].learner_reward(reward_mode)) for r in eps] for eps in per_episode.values()]
+        per_episode.setdefault(r.episode, []).append(r)
+    trees = [[(r.leaf, by_leaf[r.leaf].learner_reward(reward_mode)) for r in eps] for eps in per_episode.values()]
     kept_ids, counts, merged, capped = keep_per_tree(trees, cfg.trainer.max_per_root)
     kept_rows: list[LedgerRow] = []
     weights: list[float] = []
     for eps, keep, count in zip(per_episode.values(), kept_ids, counts, strict=True):
         first = {}
         for r in eps:
-            first.setdefault(r[1], r)
+            first.setdefault(r.leaf, r)
         kept_rows.extend(first[leaf] for leaf in keep)
         weights.extend(float(c) for c in count)
-    leaves = [r[1] for r in kept_rows]
-    dropped = sorted({r[1] for r in rows} - set(leaves))
+    leaves = [r.leaf for r in kept_rows]
+    dropped = sorted({r.leaf for r in rows} - set(leaves))
     if dropped:
         tree.mark_pruned(dropped)
     trajs = [by_leaf[leaf] for leaf in leaves]
@@ -111,10 +115,10 @@ def export_batch(
     return build_flat(trajs, reward_mode, weights), leaves, kept_rows, info
 
 
-def save_bad_batch(run_dir: Path, k: int, batch: Any, leaves: list[int], err: Exception) -> Path:
+def save_bad_batch(run_dir: Path, k: int, batch: TrainBatch, leaves: list[int], err: Exception) -> Path:
     """Keep a batch that gave a non-finite loss as ``RUN_DIR/nan_batch_step<k>.pt`` (for a post-mortem)."""
     path = Path(run_dir) / f"nan_batch_step{k}.pt"
-    flat = batch.flat if hasattr(batch, "flat") else batch
+    flat = flat_view(batch)
     torch.save(
         {
             "step": k,

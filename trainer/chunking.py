@@ -12,11 +12,11 @@ loss and gradient do not depend on the cut.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from fr_agents.config import PACKED_MODES
+from fr_agents.tree.batch import PackedBatch, TrainBatch
 
 Tensor = torch.Tensor
 
@@ -38,7 +38,7 @@ class Chunking:
         if self.packed not in PACKED_MODES:
             raise ValueError(f"packed: expected one of {PACKED_MODES}, got {self.packed!r}")
 
-    def takes_packed(self, batch: Any) -> bool:
+    def takes_packed(self, batch: PackedBatch) -> bool:
         """Whether a packed batch takes the per-root packed path: ``always``, or ``auto`` when its
         largest root fits the token budget (else its flat view is micro-batched)."""
         if self.packed == "always":
@@ -67,6 +67,6 @@ class Chunking:
         return [torch.tensor(c, dtype=torch.long) for c in chunks]
 
 
-def is_packed(batch: Any) -> bool:
+def is_packed(batch: TrainBatch) -> bool:
     """Whether ``batch`` is tree-packed (a flat view plus the index map back to rows)."""
-    return hasattr(batch, "flat") and hasattr(batch, "prev_index")
+    return isinstance(batch, PackedBatch)

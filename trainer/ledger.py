@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fr_agents import run_layout
-from fr_agents.run_layout import LEDGER_SCHEMA
+from fr_agents.run_layout import LEDGER_SCHEMA, AbortRow, LedgerRow
 
 
 class EpisodeLedger:
@@ -161,13 +161,13 @@ class EpisodeLedger:
         with self._lock:
             return run_layout.done_episodes(self._conn, episodes)
 
-    def aborted_rows(self, batch: int) -> list[tuple[int, int, int | None, str]]:
+    def aborted_rows(self, batch: int) -> list[AbortRow]:
         """``(episode, attempt, leaf or None, reason)`` of every aborted leaf of batch ``batch``
         (never trained on), by episode, then in the order the attempts made them."""
         with self._lock:
             return run_layout.aborted_rows(self._conn, batch)
 
-    def batch_rows(self, batch: int) -> list[tuple[int, int, float, int, int]]:
+    def batch_rows(self, batch: int) -> list[LedgerRow]:
         """``(episode, leaf, reward, tokens, version)`` of batch ``batch``: one row per leaf, by
         episode then branch."""
         with self._lock:

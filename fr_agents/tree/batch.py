@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar, Literal, TypeAlias
 
 import numpy as np
 import torch
@@ -53,9 +54,18 @@ def token_logprobs(logits: Tensor, targets: Tensor, rows: Tensor | None = None) 
     return logits[rows, targets] - lse[rows]
 
 
+BatchKind: TypeAlias = Literal["flat", "packed"]
+
+
 @dataclass
 class FlatBatch:
-    """Padded per-trajectory tensors (pad token 0, right padding)."""
+    """Padded per-trajectory tensors (pad token 0, right padding).
+
+    ``kind`` is ``"flat"``: the class attribute that tells the two batch forms apart (see
+    :data:`TrainBatch` and :func:`flat_view`).
+    """
+
+    kind: ClassVar[BatchKind] = "flat"
 
     token_ids: Tensor  # long [B, T]
     behavior_logprobs: Tensor  # float32 [B, T], 0 on non-policy and padding slots
@@ -102,7 +112,12 @@ class FlatBatch:
 
 @dataclass
 class PackedBatch:
-    """One packed row of N tokens plus the maps back to the per-leaf ``flat`` view."""
+    """One packed row of N tokens plus the maps back to the per-leaf ``flat`` view.
+
+    ``kind`` is ``"packed"`` (see :data:`TrainBatch`).
+    """
+
+    kind: ClassVar[BatchKind] = "packed"
 
     flat: FlatBatch
     input_ids: Tensor  # long [1, N]
@@ -237,6 +252,15 @@ class PackedBatch:
         valid = self.flat.attention_mask.to(dev).clone()
         valid[:, 0] = False
         return picked * valid
+
+
+TrainBatch: TypeAlias = FlatBatch | PackedBatch
+"""What a learner step takes: either form; tell them apart by ``batch.kind`` (or ``isinstance``)."""
+
+
+def flat_view(batch: TrainBatch) -> FlatBatch:
+    """The per-leaf rows of either form: a flat batch itself, a packed batch's ``flat``."""
+    return batch.flat if isinstance(batch, PackedBatch) else batch
 
 
 def learner_rewards(trajs: Sequence[Trajectory], reward: str) -> list[float]:
