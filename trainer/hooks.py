@@ -2,11 +2,11 @@
 
 A :class:`~trainer.loop.Trainer` takes a :class:`TrainerHooks` object, or a list of them, and calls
 them at fixed points; every hook does nothing by default, so a subclass overrides only what it
-needs. A list composes (:class:`HookList`), as gymnasium's wrappers and TRL's callbacks do: each
+needs. A hooks object extends a plain ``Trainer``: nothing subclasses the trainer itself. A list composes (:class:`HookList`), as gymnasium's wrappers and TRL's callbacks do: each
 hook runs in list order, ``engine`` wraps the engine the previous hook returned, ``around_step``
 nests (the first hook outermost), and ``run_ended`` runs in reverse order, every one of them even
 when one raises. The
-elastic runtime (:mod:`trainer.elastic.runtime`) is the example: it hands the episode runner an
+elastic runtime (:class:`~trainer.elastic.runtime.ElasticHooks`) is the example: it hands the episode runner an
 :class:`~trainer.elastic.pools.ElasticPool` instead of the plain engine (:meth:`engine`), counts
 finished episodes (:meth:`episode_done`), sizes each learner step to its train pool
 (:meth:`around_step`, :meth:`before_micro_batch`) and watches the learner wait
@@ -29,7 +29,15 @@ When each hook runs::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from fr_agents.policy.base import Engine
+    from trainer.episodes import EpisodeOutcome
+    from trainer.loop import Trainer
+    from trainer.ready_batches import Rollout
 
 ROLLOUT_HOOKS = ("engine", "episode_done")
 """The hooks that act inside the rollout, so they need it in the learner's process."""
@@ -38,15 +46,16 @@ ROLLOUT_HOOKS = ("engine", "episode_done")
 class TrainerHooks:
     """Every hook of a run, each a no-op (see the module docstring)."""
 
-    def engine(self, base: Any, tokenizer: Any) -> Any:
+    def engine(self, base: Engine, tokenizer: PreTrainedTokenizerBase) -> Engine:
         """The engine the episode runner samples with, given the one ``rollout.engine`` built."""
         return base
 
-    def run_started(self, trainer: Any) -> None:
-        """The run's parts are built (``trainer.runner``, ``trainer.learner``, ``trainer.board``...)."""
+    def run_started(self, trainer: Trainer) -> None:
+        """The run's parts are built (``trainer.learner_side``, ``trainer.rollout_side``; the parts
+        read most also as ``trainer.learner``, ``trainer.board``, ``trainer.runner``, ``trainer.model``)."""
 
-    def rollout_started(self, thread: Any) -> None:
-        """The rollout thread started (``thread.next_batch``: the batch it works on)."""
+    def rollout_started(self, thread: Rollout) -> None:
+        """The rollout (thread or process) started (``thread.next_batch``: the batch it works on)."""
 
     def waiting(self, waiting: bool) -> None:
         """The learner starts (True) or stops (False) waiting for its next batch."""
@@ -58,7 +67,7 @@ class TrainerHooks:
     def before_micro_batch(self) -> None:
         """Inside a learner step, before each micro-batch (the Learner calls it)."""
 
-    def episode_done(self, outcome: Any) -> None:
+    def episode_done(self, outcome: EpisodeOutcome) -> None:
         """The rollout thread finished and recorded one episode (its ``EpisodeOutcome``)."""
 
     def run_ended(self) -> None:
@@ -73,22 +82,34 @@ def acts_inside_rollout(hooks: TrainerHooks) -> list[str]:
             if getattr(type(h), name) is not getattr(TrainerHooks, name)]
 
 
+def refuse_rollout_hooks(hooks: TrainerHooks, backend: str) -> None:
+    """Raise ConfigError when ``hooks`` act inside the rollout and ``backend`` runs it in a child
+    process (``trainer.backend=process``)."""
+    from fr_agents.config import ConfigError
+
+    if backend == "process" and (inside := acts_inside_rollout(hooks)):
+        raise ConfigError(
+            f"trainer.backend: the hooks {'/'.join(inside)} act inside the rollout, "
+            "which trainer.backend=process runs in a child process; use trainer.backend=local"
+        )
+
+
 class HookList(TrainerHooks):
     """Several hooks as one (see the module docstring for the order)."""
 
     def __init__(self, hooks: Sequence[TrainerHooks]) -> None:
         self.hooks = list(hooks)
 
-    def engine(self, base: Any, tokenizer: Any) -> Any:
+    def engine(self, base: Engine, tokenizer: PreTrainedTokenizerBase) -> Engine:
         for h in self.hooks:
             base = h.engine(base, tokenizer)
         return base
 
-    def run_started(self, trainer: Any) -> None:
+    def run_started(self, trainer: Trainer) -> None:
         for h in self.hooks:
             h.run_started(trainer)
 
-    def rollout_started(self, thread: Any) -> None:
+    def rollout_started(self, thread: Rollout) -> None:
         for h in self.hooks:
             h.rollout_started(thread)
 
@@ -106,7 +127,7 @@ class HookList(TrainerHooks):
         for h in self.hooks:
             h.before_micro_batch()
 
-    def episode_done(self, outcome: Any) -> None:
+    def episode_done(self, outcome: EpisodeOutcome) -> None:
         for h in self.hooks:
             h.episode_done(outcome)
 

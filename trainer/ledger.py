@@ -128,10 +128,6 @@ class EpisodeLedger:
                 self._conn.execute("ROLLBACK")
                 raise
 
-    def record_outcome(self, spec: Any, outcome: Any) -> None:
-        """Record an :class:`~trainer.episodes.EpisodeOutcome` of scheduled episode ``spec``."""
-        self.record_outcomes([(spec, outcome)])
-
     def record_outcomes(self, finished: Iterable[tuple[Any, Any]]) -> None:
         """Record several ``(spec, outcome)`` pairs in one transaction (one commit instead of one per
         episode): all of them are acknowledged together, or none is and they are re-run on resume."""

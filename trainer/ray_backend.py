@@ -41,11 +41,15 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fr_agents.config import ConfigError, TrainConfig, leaves_per_tree
+from trainer.result import TrainResult
+
+if TYPE_CHECKING:
+    from trainer.loop import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ def _ray() -> Any:
     return ray
 
 
-def _trainer(cfg: TrainConfig, run_dir: str) -> Any:
+def _trainer(cfg: TrainConfig, run_dir: str) -> Trainer:
     logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
     from trainer.loop import Trainer
 
@@ -132,7 +136,7 @@ class LearnerCore:
         return self.state.step, self.state.rl_elapsed_s
 
     def num_tasks(self) -> int:
-        return len(self.trainer.rl_tasks)
+        return len(self.trainer.rollout_side.rl_tasks)
 
     def weights(self, version: int) -> dict[str, torch.Tensor]:
         """Version ``version``'s weights (CPU), while a batch may still sample with it."""
@@ -153,9 +157,7 @@ class LearnerCore:
         """The final evaluation and checkpoint; returns (checkpoint, RL seconds, evaluations)."""
         t = self.trainer
         rl_s = t.close_run(self.state, self.evals, ok, stop_reason)
-        t.runner.close()
-        t.ledger.close()
-        t.tree.close()
+        t.rollout_side.close()
         return (str(t.last_ckpt) if t.last_ckpt else None), rl_s, self.evals
 
 
@@ -167,37 +169,21 @@ class RolloutCore:
     def __init__(self, cfg: TrainConfig, run_dir: str) -> None:
         logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))
         from trainer.parts import build_rollout_side
+        from trainer.rollout_batch import BatchLoop
 
         torch.set_num_threads(1)
         self.side = build_rollout_side(cfg, run_dir)
-        self.version: int | None = None
+        self.batches = BatchLoop.of_side(self.side)  # the whole share at once
 
     def run(self, episodes: list[int], k: int, weights: dict[str, torch.Tensor], version: int) -> list[tuple[int, float, int]]:
         """Run this worker's share ``episodes`` of batch ``k`` with ``weights`` (version ``version``);
         returns ``(episode, reward, policy tokens)`` of those it ran (acknowledged ones are skipped)."""
-        t = self.side
-        if self.version != version:
-            t.runner.set_weights(weights, version)
-            self.version = version
-        mine = set(episodes)
-        specs = [s for s in t.schedule.episodes(k) if s.episode in mine]
-        done = t.ledger.done(s.episode for s in specs)  # recorded before a crash: kept, not rerun
-        specs = [s for s in specs if s.episode not in done]
-
-        async def go() -> list[tuple[int, float, int]]:
-            async def one(spec: Any) -> tuple[int, float, int]:
-                out = await t.runner.run(spec)
-                t.ledger.record_outcome(spec, out)
-                return spec.episode, out.reward, out.policy_tokens
-
-            return list(await asyncio.gather(*(one(s) for s in specs)))
-
-        return asyncio.run(go())
+        ran = asyncio.run(self.batches.run(k, weights, version, episodes=set(episodes)))
+        return [(spec.episode, out.reward, out.policy_tokens) for spec, out in ran]
 
 
-def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, num_cpus: int | None = None) -> Any:
+def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, num_cpus: int | None = None) -> TrainResult:
     """Train ``cfg`` with Ray actors; connects to ``RAY_ADDRESS`` (after ``ray start``) or starts a local Ray."""
-    from trainer.loop import TrainResult
     from trainer.preflight import warn_recipe
     from trainer.schedule import EpisodeSchedule
 

@@ -40,8 +40,18 @@ import queue
 import threading
 import traceback
 from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+    from fr_agents.config import TrainConfig
+    from trainer.weights import FlatWeights, WeightBoard
+
+    Weights: TypeAlias = FlatWeights | dict[str, torch.Tensor] | None  # a version as the board hands it on
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +75,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int, cpus: list[int] | None) -> None:
+def _child_main(
+    cfg: TrainConfig, run_dir: str, last_batch: int, conn: Connection, threads: int, cpus: list[int] | None
+) -> None:
     """The rollout process: build the rollout side, wait for the first batch, then run the
     rollout thread's loop here (pinned to ``cpus`` from the start, when given: every thread and
     process it starts inherits them)."""
@@ -79,13 +91,14 @@ def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int
 
     from trainer.os_tuning import freeze_gc
     from trainer.parts import build_rollout_side
+    from trainer.rollout_batch import BatchLoop
     from trainer.rollout_thread import RolloutThread
     from trainer.weights import WeightBoard
 
     torch.set_num_threads(max(1, threads))
     send_lock = threading.Lock()
 
-    def send(*msg: Any) -> None:
+    def send(*msg: object) -> None:
         with send_lock:
             conn.send(msg)
 
@@ -124,17 +137,8 @@ def _child_main(cfg: Any, run_dir: str, last_batch: int, conn: Any, threads: int
             else:
                 send("error", "".join(traceback.format_exception(rollout.error)))
 
-        rollout = RolloutThread(
-            schedule=side.schedule,
-            first_batch=first_batch,
-            last_batch=last_batch,
-            board=board,
-            ledger=side.ledger,
-            set_weights=side.runner.set_weights,
-            run_episode=side.runner.run,
-            concurrency=cfg.rollout.concurrency,
-            on_batch_done=done,
-        )
+        batches = BatchLoop.of_side(side, concurrency=max(1, cfg.rollout.concurrency), stopped=lambda: board.stopped)
+        rollout = RolloutThread(batches=batches, first_batch=first_batch, last_batch=last_batch, board=board, on_batch_done=done)
         with freeze_gc(cfg):
             rollout.run()  # this process's main thread runs the loop; errors are sent by done(-1)
     except BaseException as e:  # noqa: BLE001 - building the side failed: tell the learner
@@ -166,10 +170,10 @@ class RolloutProcess:
     def __init__(
         self,
         *,
-        cfg: Any,
+        cfg: TrainConfig,
         run_dir: str | Path,
         last_batch: int,
-        board: Any,
+        board: WeightBoard,
         on_batch_done: Callable[[int], None],
         threads: int,
         cpus: list[int] | None = None,
@@ -183,14 +187,14 @@ class RolloutProcess:
         self.threads = threads
         self.cpus = cpus
         self.error: BaseException | None = None
-        self._outbox: queue.SimpleQueue[tuple[str, int | None, Any]] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[str, int | None, Weights]] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
         self._exited = threading.Event()
         self._ready = threading.Event()
         self.info: dict[str, Any] = {}  # from the child once ready: its engine's class name and pid
         self._stopping = False
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
 
     def start(self) -> None:
         """Spawn the child; it builds its rollout side (imports, tokenizer, engine) at once, so
@@ -227,7 +231,7 @@ class RolloutProcess:
         self._forward("begin", first_batch, None)
         self.board.add_listener(self._forward)
 
-    def _forward(self, event: str, version: int | None, weights: Any) -> None:
+    def _forward(self, event: str, version: int | None, weights: Weights) -> None:
         """Queue a message for the child; the sender thread pickles and writes it, in order, so the
         learner's step does not wait for the pipe (a version's hand-off: ~3 ms of pickling and
         descriptor passing on the tiny model, beside the next step's torch work)."""

@@ -251,18 +251,18 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
         ],
     )
     t = Trainer(cfg, tmp_path, console=False)
-    t._build()
+    t.build()
     # the rollout side as the rollout process builds it (trainer.backend=process, the default);
     # the learner's process holds no engine of its own
     rollout = build_rollout_side(cfg, tmp_path / "rollout")
     try:
-        assert Path(t.model_dir) == tiny_dir("nano", 3)
+        assert Path(t.learner_side.model_dir) == tiny_dir("nano", 3)
         assert next(t.model.parameters()).dtype == torch.float64
         assert t.runner.engine is None
         assert isinstance(rollout.runner.engine, HFEngine)
         assert next(rollout.runner.engine.model.parameters()).dtype == torch.float64
         assert rollout.runner.engine.max_batch_size == 3
-        env = t.make_env()
+        env = t.rollout_side.make_env()
         assert env.unwrapped.format_reward == 0.25
         env.close()
         o = t.runner.options
@@ -270,16 +270,17 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
             0.7, 5, 100, 2, "last", 0.9,
         )
         assert o.system_prompt == "Answer with digits only." and not o.importance_correction
-        assert "Answer with digits only." in t.tokenizer.decode(t.runner.encode_observation("1+1="))
+        assert "Answer with digits only." in t.learner_side.tokenizer.decode(t.runner.encode_observation("1+1="))
         assert t.learner.temperature == 0.7
         # tasks: 1-digit problems, the splits swapped, the first 3 train tasks are demos
         from envs.tasks import get_task_source
 
         src = get_task_source("arithmetic", seed=4, digits=1)
-        assert [x["id"] for x in t.train_tasks] == [x["id"] for x in src.split("test")]
-        assert [x["id"] for x in t.test_tasks] == [x["id"] for x in src.split("train")]
-        assert t.demo_tasks == list(t.train_tasks[:3]) and t.rl_tasks == list(t.train_tasks[3:])
-        s = t.schedule
+        assert [x["id"] for x in t.rollout_side.train_tasks] == [x["id"] for x in src.split("test")]
+        assert [x["id"] for x in t.rollout_side.test_tasks] == [x["id"] for x in src.split("train")]
+        side = t.rollout_side
+        assert side.demo_tasks == list(side.train_tasks[:3]) and side.rl_tasks == list(side.train_tasks[3:])
+        s = t.rollout_side.schedule
         assert (s.batch_size, s.max_policy_lag, s.seed, s.task_seed) == (6, 3, 5, 4)
         assert s.sampling_version(5) == 2 and len(s.episodes(0)) == 6
         assert torch.get_num_threads() == 1

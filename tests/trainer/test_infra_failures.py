@@ -93,7 +93,7 @@ def test_a_sandbox_killed_mid_grade_is_retried_and_left_out_of_the_batch_and_its
     assert tree.stats()["aborted"] >= 1 and tree.stats()["available"] == 0  # trained or aborted, nothing left
 
     # the batch the learner got: the trained rows only; its baseline is their mean
-    schedule = trainer.schedule
+    schedule = trainer.rollout_side.schedule
     assert [s.episode for s in schedule.episodes(0)] == [0, 1, 2, 3]
     batch, leaves, kept, trees = export_batch(0, cfg, schedule, ledger, tree)
     assert [r[0] for r in kept] == [1, 2, 3] and lost.leaf_id not in leaves

@@ -106,7 +106,7 @@ def test_the_run_logs_the_warning_before_any_work(
     def build(self: Trainer) -> None:
         raise _Built
 
-    monkeypatch.setattr(Trainer, "_build", build)
+    monkeypatch.setattr(Trainer, "build", build)
     cfg = load_config("math-tiny", ["model.name=smollm2-135m", "warm_start.examples=0"])
     with caplog.at_level(logging.WARNING, logger="trainer.preflight"), pytest.raises(_Built):
         Trainer(cfg, tmp_path, console=False).open_run(resume=False)

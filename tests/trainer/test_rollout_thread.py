@@ -15,6 +15,7 @@ import torch
 
 from trainer.episodes import EpisodeOutcome, LeafOutcome
 from trainer.ledger import EpisodeLedger
+from trainer.rollout_batch import BatchLoop
 from trainer.rollout_thread import RolloutThread
 from trainer.schedule import EpisodeSchedule
 from trainer.weights import WeightBoard
@@ -53,10 +54,11 @@ def _thread(tmp_path, ledger, turns_of, *, batches=2, fail_at=None):
     def episode_done(out):
         heard.append((out.leaf_id, out.leaf_id - 1000 in ledger.leaves([out.leaf_id - 1000])))
 
+    loop = BatchLoop(schedule=schedule, ledger=ledger, set_weights=lambda w, v: None, run_episode=scripted_episode,
+                     concurrency=8, on_episode_done=episode_done, stopped=lambda: board.stopped)
     thread = RolloutThread(
-        schedule=schedule, first_batch=0, last_batch=batches, board=board, ledger=ledger,
-        set_weights=lambda w, v: None, run_episode=scripted_episode, concurrency=8,
-        on_batch_done=lambda k: done.append((k, rows(k) if k >= 0 else -1)), on_episode_done=episode_done,
+        batches=loop, first_batch=0, last_batch=batches, board=board,
+        on_batch_done=lambda k: done.append((k, rows(k) if k >= 0 else -1)),
     )
     return thread, heard, done
 
