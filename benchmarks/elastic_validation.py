@@ -8,7 +8,7 @@
    runner on the slot engines, no learner), from which the serial host time per episode that
    the simulator needs to reproduce it is fitted (it is far above the host's CPU time: GIL
    hand-offs, polling and batching waits are serial time that is not CPU).
-2. Run the real runtime (:class:`trainer.elastic.ElasticTrainer`: schedule, staleness bound,
+2. Run the real runtime (:class:`trainer.elastic.ElasticHooks` on a Trainer: schedule, staleness bound,
    ledger, tree, one HFEngine per slot, the Learner on the train pool) twice on the same small
    math workload: a static split and elastic pools driven by the ElasticController. Training step
    times per train-pool size are measured in these runs (they are a component cost, like decode).
@@ -120,28 +120,29 @@ def calibrate_parallelism(model, tok, batch: int, engines: int) -> float:
 
 def measure_rollout_alone(cfg, slots: int, rollout: int, batches: int = 3) -> float:
     """Wall seconds per batch of the real rollout alone: the runtime's episode runner on the
-    ``rollout`` slot engines of an :class:`~trainer.elastic.ElasticTrainer` (env, reward check,
+    ``rollout`` slot engines of :class:`~trainer.elastic.ElasticHooks` on a Trainer (env, reward check,
     tree writes, event loop), no learner running. A component cost, like the decode waves."""
     import asyncio
 
-    from trainer.elastic import ElasticTrainer
+    from trainer.elastic import ElasticHooks
+    from trainer.loop import Trainer
 
-    t = ElasticTrainer(cfg, tempfile.mkdtemp(prefix="fr-rollout-"), devices=slots, rollout=rollout, elastic=False)
-    t._build()
+    hooks = ElasticHooks(cfg, devices=slots, rollout=rollout, elastic=False)
+    t = Trainer(cfg, tempfile.mkdtemp(prefix="fr-rollout-"), console=False, hooks=hooks)
+    t.build()
+    side = t.rollout_side
     try:
         async def main() -> float:  # one event loop, as the RolloutThread has
-            await asyncio.gather(*(t.runner.run(spec) for spec in t.schedule.episodes(0)))  # warm up
+            await asyncio.gather(*(side.runner.run(spec) for spec in side.schedule.episodes(0)))  # warm up
             start = time.perf_counter()
             for k in range(1, batches + 1):
-                await asyncio.gather(*(t.runner.run(spec) for spec in t.schedule.episodes(k)))
+                await asyncio.gather(*(side.runner.run(spec) for spec in side.schedule.episodes(k)))
             return (time.perf_counter() - start) / batches
 
         return asyncio.run(main())
     finally:
-        t._stop.set()
-        t.runner.close()
-        t.tree.close()
-        t.ledger.close()
+        hooks.run_ended()
+        side.close()
 
 
 def fit_host_episode_s(w, slots: int, rollout: int, batch_wall_s: float) -> float:
@@ -165,14 +166,12 @@ def fit_host_episode_s(w, slots: int, rollout: int, batch_wall_s: float) -> floa
 
 
 def run(cfg, slots: int, rollout: int, elastic: bool, tick_s: float):
-    from trainer.elastic import ElasticTrainer
+    from trainer.elastic import ElasticHooks
     from trainer.elastic.controller import ControllerConfig
+    from trainer.loop import Trainer
 
-    t = ElasticTrainer(
-        cfg, tempfile.mkdtemp(prefix="fr-elastic-"), devices=slots, rollout=rollout, elastic=elastic,
-        controller=ControllerConfig(), tick_s=tick_s,
-    )
-    return t, t.run()
+    t = ElasticHooks(cfg, devices=slots, rollout=rollout, elastic=elastic, controller=ControllerConfig(), tick_s=tick_s)
+    return t, Trainer(cfg, tempfile.mkdtemp(prefix="fr-elastic-"), console=False, hooks=[t]).run()
 
 
 def main() -> None:
@@ -224,7 +223,7 @@ def main() -> None:
             thr = a.steps * a.batch / res.rl_s
             measured[name].append(thr)
             runs[name].append(t)
-            led = EpisodeLedger(t.run_dir / "episodes.sqlite")
+            led = EpisodeLedger(res.run_dir / "episodes.sqlite")
             t.episode_tokens = [r[3] for k in range(res.steps) for r in led.batch_rows(k)]
             led.close()
             print(f"measured {name:<8} {thr:.2f} traj/s  ({res.steps} steps in {res.rl_s:.1f}s; moves {t.pool.stats.moves_to_train}->train "
@@ -269,7 +268,7 @@ def main() -> None:
         weight_sync_s=load, realloc_s=load, colocated_switch_s=load, tick_s=a.tick,
     )
     print(f"workload fed to the simulator: mean {mean_tok:.1f} policy tokens/episode, train step {t1:.2f}s on 1 slot, alpha {alpha:.2f}")
-    # the runtime gives the learner at most (cores - serving slots) threads (ElasticTrainer.learner_threads):
+    # the runtime gives the learner at most (cores - serving slots) threads (ElasticHooks.learner_threads):
     # with one serving slot at least, a second train slot adds a thread only with >= 3 cores
     host_alpha = alpha if cores - 1 >= 2 else 0.0
     host = dataclasses.replace(
@@ -305,7 +304,7 @@ def main() -> None:
 
 
 def _pool_cpu(marks: list[dict[str, float]]) -> dict[str, float]:
-    """Sum the CPU-second splits of several runs (each from ElasticTrainer.cpu_seconds)."""
+    """Sum the CPU-second splits of several runs (each from ElasticHooks.cpu_seconds)."""
     out: dict[str, float] = {}
     for m in marks:
         for k, v in m.items():

@@ -7,7 +7,9 @@ Order of business, so that a mistake costs seconds, not a warm start:
 2. ``--dry-run``: print the resolved config, the checks and the placement plan and return; the exit
    code is the real run's verdict (0: it would start, 2: a check fails, as a real run's config error);
 3. preflight: the model, the env id (registered and importable), the task source, the device;
-4. create the run directory (or reopen it with ``--resume``) and run :func:`trainer.loop.run_training`.
+4. create the run directory (or reopen it with ``--resume``) and run :class:`trainer.loop.Trainer`
+   (with :class:`~trainer.elastic.runtime.ElasticHooks` under ``trainer.elastic=true``), or the
+   Ray backend (:func:`trainer.ray_backend.run_training_ray`).
 """
 
 from __future__ import annotations
@@ -90,16 +92,16 @@ def main_train(
         from trainer.ray_backend import run_training_ray
 
         result = run_training_ray(cfg, out, resume=bool(resume))
-    elif cfg.trainer.elastic:
-        from trainer.elastic import ElasticTrainer
-
-        t = cfg.trainer
-        result = ElasticTrainer(
-            cfg, out, devices=t.devices, rollout=t.rollout_devices or t.devices - 1, console=True
-        ).run(resume=bool(resume))
     else:
-        from trainer.loop import run_training
+        from trainer.hooks import TrainerHooks
+        from trainer.loop import Trainer
 
-        result = run_training(cfg, out, resume=bool(resume))
+        hooks: list[TrainerHooks] = []
+        if cfg.trainer.elastic:  # the elastic runtime: hooks on the plain trainer
+            from trainer.elastic import ElasticHooks
+
+            t = cfg.trainer
+            hooks.append(ElasticHooks(cfg, devices=t.devices, rollout=t.rollout_devices or t.devices - 1))
+        result = Trainer(cfg, out, console=True, hooks=hooks).run(resume=bool(resume))
     print(result.summary())
     return 0 if result.ok else 1

@@ -1,4 +1,4 @@
-"""ElasticTrainer: the embedded loop on elastic CPU-slot pools, and the trainer.elastic switch.
+"""ElasticHooks: the embedded loop on elastic CPU-slot pools, and the trainer.elastic switch.
 
 Real parts: math-tiny with the in-code nano model, one HFEngine per slot, the ledger and the tree.
 The controller is scripted (one move each way at fixed times) so the moves happen in every run;
@@ -14,9 +14,10 @@ import torch
 
 from fr_agents.config import ConfigError, load_config
 from fr_agents.tree import TrajectoryTree
-from trainer.elastic import ElasticTrainer
+from trainer.elastic import ElasticHooks
 from trainer.elastic.controller import Move, Telemetry
 from trainer.ledger import EpisodeLedger
+from trainer.loop import Trainer
 
 BASE = [
     "trainer.backend=local",  # the elastic runtime's hooks act inside the rollout
@@ -39,7 +40,7 @@ BASE = [
 class Scripted:
     """A controller that lends a rollout slot to training after the first step, then takes it back."""
 
-    def __init__(self, trainer: ElasticTrainer) -> None:
+    def __init__(self, trainer: ElasticHooks) -> None:
         self.trainer = trainer
         self.done: list[str] = []
 
@@ -60,10 +61,10 @@ def test_elastic_trainer_moves_slots_mid_run_and_consumes_every_episode(tmp_path
     torch.set_num_threads(1)
     steps = 5
     cfg = load_config("math-tiny", [*BASE, f"trainer.steps={steps}"])
-    tr = ElasticTrainer(cfg, tmp_path, devices=3, rollout=2, tick_s=0.02)
+    tr = ElasticHooks(cfg, devices=3, rollout=2, tick_s=0.02)
     script = Scripted(tr)
     tr.controller = script  # type: ignore[assignment]
-    res = tr.run()
+    res = Trainer(cfg, tmp_path, console=False, hooks=[tr]).run()
     assert res.ok and res.steps == steps
     assert script.done == ["train", "rollout"]
     st = tr.pool.stats
@@ -105,7 +106,7 @@ def test_a_step_grows_onto_a_slot_lent_while_it_runs(tmp_path: Path) -> None:
     """A slot that joins the train pool during a step is used from the step's next micro-batch on."""
     torch.set_num_threads(1)
     cfg = load_config("math-tiny", [*BASE, "trainer.steps=3", "trainer.micro_batch_tokens=64"])
-    tr = ElasticTrainer(cfg, tmp_path, devices=3, rollout=2, elastic=False, tick_s=0.02)
+    tr = ElasticHooks(cfg, devices=3, rollout=2, elastic=False, tick_s=0.02)
     grow = tr._grow_step
     calls: list[int] = []
     lent: list[bool] = []
@@ -117,7 +118,7 @@ def test_a_step_grows_onto_a_slot_lent_while_it_runs(tmp_path: Path) -> None:
         grow()
 
     tr._grow_step = hook  # type: ignore[method-assign]
-    res = tr.run()
+    res = Trainer(cfg, tmp_path, console=False, hooks=[tr]).run()
     assert res.ok and res.steps == 3 and lent == [True]
     assert calls.count(1) > 1  # the step had more micro-batches after the lend
     assert tr.grown_steps == 1

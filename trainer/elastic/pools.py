@@ -25,7 +25,7 @@ import asyncio
 import enum
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ class Device:
     name: str
     engine: Engine | None
     state: DeviceState
-    live: set[Any] = field(default_factory=set)
+    live: set[Hashable] = field(default_factory=set)
     inflight: int = 0
     drained: threading.Event = field(default_factory=threading.Event)
 
@@ -102,11 +102,11 @@ class ElasticPool(Engine):
         self.on_moved = on_moved
         self.stats = PoolStats()
         self._lock = threading.RLock()
-        self._where: dict[Any, str] = {}  # episode -> device
-        self._pinned: set[Any] = set()  # episodes finishing in place on a draining device
-        self._resuming: set[Any] = set()  # live episodes moved off a draining device, waiting for a slot
-        self._calls: dict[Any, int] = {}
-        self._tokens: dict[Any, int] = {}
+        self._where: dict[Hashable, str] = {}  # episode -> device
+        self._pinned: set[Hashable] = set()  # episodes finishing in place on a draining device
+        self._resuming: set[Hashable] = set()  # live episodes moved off a draining device, waiting for a slot
+        self._calls: dict[Hashable, int] = {}
+        self._tokens: dict[Hashable, int] = {}
         self._waiting = 0
         self._weights: tuple[dict[str, Any], int] | None = None
         self.version = 0
@@ -195,7 +195,7 @@ class ElasticPool(Engine):
 
     # ------------------------------------------------------------------ routing
 
-    def _admit(self, key: Any, *, resuming: bool = False) -> str | None:
+    def _admit(self, key: Hashable, *, resuming: bool = False) -> str | None:
         if self._resuming and not resuming:
             return None  # moved episodes get the free slots first
         admitting = [d for d in self.devices.values() if d.state is DeviceState.ROLLOUT and len(d.live) < self.max_live]
@@ -206,7 +206,7 @@ class ElasticPool(Engine):
         self._where[key] = d.name
         return d.name
 
-    def _episode_done(self, key: Any) -> None:
+    def _episode_done(self, key: Hashable) -> None:
         with self._lock:
             name = self._where.pop(key, None)
             self._pinned.discard(key)
@@ -238,7 +238,7 @@ class ElasticPool(Engine):
             self._tokens[key] = self._tokens.get(key, 0) + len(gen.token_ids)
         return gen
 
-    async def _route(self, key: Any, prompt_ids: Sequence[int], options: SamplingOptions) -> str:
+    async def _route(self, key: Hashable, prompt_ids: Sequence[int], options: SamplingOptions) -> str:
         waited = False
         try:
             while True:
@@ -267,7 +267,7 @@ class ElasticPool(Engine):
                 with self._lock:
                     self._waiting -= 1
 
-    def _migrate_or_pin(self, key: Any, name: str, prefix: int, options: SamplingOptions) -> str | None:
+    def _migrate_or_pin(self, key: Hashable, name: str, prefix: int, options: SamplingOptions) -> str | None:
         """A live episode of draining ``name`` asks for its next turn: move it, or keep it here."""
         calls = self._calls.get(key, 0)
         per_turn = self._tokens.get(key, 0) / calls if calls else options.max_tokens

@@ -1,7 +1,13 @@
 """The embedded training loop on elastic device pools (CPU slots here, GPUs alike).
 
-:class:`ElasticTrainer` is :class:`trainer.loop.Trainer` extended through its hooks
-(:mod:`trainer.hooks`): the engine hook hands the episode runner an
+:class:`ElasticHooks` is a hooks object (:mod:`trainer.hooks`) handed to a plain
+:class:`trainer.loop.Trainer`, alone or in a list with others::
+
+    elastic = ElasticHooks(cfg, devices=3, rollout=2)
+    result = Trainer(cfg, run_dir, hooks=[elastic, ...]).run()
+    elastic.pool_trace, elastic.step_seconds, elastic.cpu_seconds   # what it did
+
+The engine hook hands the episode runner an
 :class:`~trainer.elastic.pools.ElasticPool` of ``devices`` slots, each with its own engine (its own
 model copy and batching thread). The learner runs on the train pool: each step uses
 ``torch.set_num_threads(train slots)`` (on CPU one slot = one core's worth of threads), and a
@@ -16,7 +22,7 @@ Schedule, staleness bound, ledger, checkpoints: unchanged from the embedded loop
 ``fr-agents train PRESET trainer.elastic=true [trainer.devices=3 trainer.rollout_devices=2]``
 runs it (local backend, hf engine). A slot is a core's worth: the learner gets one torch thread
 per train slot, but never more than the cores the serving slots leave free
-(:meth:`ElasticTrainer.learner_threads`) -- oversubscribed OpenMP threads made steps ~8x slower
+(:meth:`ElasticHooks.learner_threads`) -- oversubscribed OpenMP threads made steps ~8x slower
 here. ``cpu_seconds`` splits the run's CPU time into engines, learner steps, the learner thread's
 other work and the host (the rest), which ``benchmarks/elastic_validation.py`` feeds to the
 simulator.
@@ -30,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,7 +44,14 @@ from fr_agents.config import TrainConfig
 from trainer.elastic.controller import ControllerConfig, ElasticController, Telemetry, TelemetryWindow
 from trainer.elastic.pools import DeviceState, ElasticPool
 from trainer.hooks import TrainerHooks
-from trainer.loop import Trainer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from fr_agents.policy.hf import HFEngine
+    from trainer.episodes import EpisodeOutcome
+    from trainer.loop import Trainer
+    from trainer.ready_batches import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +72,15 @@ def thread_cpu_seconds(native_ids: Iterable[int]) -> dict[int, float]:
     return out
 
 
-class ElasticTrainer(Trainer, TrainerHooks):
+class ElasticHooks(TrainerHooks):
     """See the module docstring; ``pool_trace`` records ``(t, rollout, train)`` after every change.
 
-    The embedded :class:`~trainer.loop.Trainer`, extended through its hooks
-    (:class:`~trainer.hooks.TrainerHooks`, which this class implements and hands to itself):
-    the engine hook swaps in the pool, the step hooks size the learner to the train pool."""
+    The engine hook swaps in the pool, the step hooks size the learner to the train pool, and a
+    controller thread (started with the run) moves slots between the two."""
 
     def __init__(
         self,
         cfg: TrainConfig,
-        run_dir: str | Path,
         *,
         devices: int,
         rollout: int,
@@ -77,11 +88,10 @@ class ElasticTrainer(Trainer, TrainerHooks):
         controller: ControllerConfig | None = None,
         tick_s: float = 0.5,
         per_device_live: int | None = None,
-        console: bool = False,
     ) -> None:
-        super().__init__(cfg, run_dir, console=console, hooks=self)
         if not 1 <= rollout < devices:
             raise ValueError(f"rollout: must lie in [1, {devices - 1}], got {rollout}")
+        self.cfg = cfg
         self.n_devices, self.n_rollout, self.elastic = devices, rollout, elastic
         self.controller = ElasticController(controller) if elastic else None
         self.tick_s = tick_s
@@ -92,7 +102,8 @@ class ElasticTrainer(Trainer, TrainerHooks):
         self.step_lock = threading.Lock()
         self.finished = 0
         self.consumed = 0
-        self.rollout_thread: Any = None
+        self.trainer: Trainer | None = None  # the run, once started
+        self.rollout_thread: Rollout | None = None
         self.step_seconds: list[tuple[int, float]] = []  # (train slots at the start, seconds)
         self.grown_steps = 0  # steps whose train pool grew while they ran
         self.step_slots: list[int] = []  # train slots of the running step, each time it grew
@@ -104,12 +115,12 @@ class ElasticTrainer(Trainer, TrainerHooks):
 
     # ------------------------------------------------------------------ hooks (trainer.hooks)
 
-    def engine(self, base: Any, tokenizer: Any) -> Any:
+    def engine(self, base: HFEngine, tokenizer: PreTrainedTokenizerBase) -> ElasticPool:
         """The runner samples with an :class:`ElasticPool` of ``devices`` slot engines: ``base``
         and ``devices - 1`` copies of its model, the first ``rollout`` slots serving."""
         from fr_agents.policy.hf import HFEngine
 
-        engines: dict[str, Any] = {"cpu0": base}
+        engines: dict[str, HFEngine] = {"cpu0": base}
         for i in range(1, self.n_devices):
             engines[f"cpu{i}"] = HFEngine(
                 copy.deepcopy(base.model), tokenizer,  # base's model is already in rollout.dtype max_batch_size=base.max_batch_size, seed=self.cfg.trainer.seed + i,
@@ -125,21 +136,22 @@ class ElasticTrainer(Trainer, TrainerHooks):
         )
         return self.pool
 
-    def run_started(self, trainer: Any) -> None:
+    def run_started(self, trainer: Trainer) -> None:
         """The parts exist: start the CPU clocks and the controller thread."""
+        self.trainer = trainer
         self.t0 = time.perf_counter()
         self._cpu0 = (time.process_time(), thread_cpu_seconds(self._engine_threads()), time.thread_time())
         self._record()
         self._controller = threading.Thread(target=self._control_loop, name="elastic-controller", daemon=True)
         self._controller.start()
 
-    def rollout_started(self, thread: Any) -> None:
+    def rollout_started(self, thread: Rollout) -> None:
         self.rollout_thread = thread
 
     def waiting(self, waiting: bool) -> None:
         self.learner_waiting = waiting
 
-    def episode_done(self, outcome: Any) -> None:
+    def episode_done(self, outcome: EpisodeOutcome) -> None:
         self.finished += 1
 
     def around_step(self, step: Callable[[], dict[str, float]]) -> dict[str, float]:
@@ -220,9 +232,9 @@ class ElasticTrainer(Trainer, TrainerHooks):
     # ------------------------------------------------------------------ telemetry + control
 
     def telemetry(self) -> Telemetry:
-        p = self.pool
-        rt = self.rollout_thread
-        ahead = (rt.next_batch - 1 - self.learner.version) if rt is not None else 0
+        p, rt, tr = self.pool, self.rollout_thread, self.trainer
+        assert tr is not None, "telemetry of a run that has not started"
+        ahead = (rt.next_batch - 1 - tr.learner.version) if rt is not None else 0
         return Telemetry(
             time_s=time.perf_counter() - self.t0,
             rollout_devices=len(p.in_state(DeviceState.ROLLOUT)),
@@ -233,7 +245,7 @@ class ElasticTrainer(Trainer, TrainerHooks):
             batch_size=self.cfg.trainer.batch_size,
             learner_idle_frac=self.window.learner_idle,
             long_tail_frac=self.window.long_tail,
-            staleness=ahead / self.lag if self.lag else 1.0,
+            staleness=ahead / tr.lag if tr.lag else 1.0,
             last_step_s=self.step_seconds[-1][1] if self.step_seconds else 0.0,
             finish_rate=self.window.finish_rate,
         )
@@ -244,7 +256,7 @@ class ElasticTrainer(Trainer, TrainerHooks):
             now, done = time.perf_counter(), self.finished
             self.window.observe(now - last, self.learner_waiting, self.pool.idle_capacity_frac(), self.pool.queue_depth, done - seen)
             last, seen = now, done
-            if self.controller is None or getattr(self, "board", None) is None or self.board.stopped:
+            if self.controller is None or self.trainer is None or self.trainer.board.stopped:
                 continue
             if now - getattr(self, "_last_tick", 0.0) < self.tick_s:
                 continue
