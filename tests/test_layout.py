@@ -356,3 +356,118 @@ def test_no_session_diary_in_tracked_files() -> None:
             if _SESSION_N.search(line):
                 bad.append(f"{name}:{no}: {line.strip()[:80]}")
     assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------- a lean Trainer, hooks that compose (issue 49 items 4 and 5)
+TRAINER_MAX_LINES = 300
+BACKENDS = ("trainer/rollout_thread.py", "trainer/rollout_process.py", "trainer/ray_backend.py")
+# (benchmark, receiver.method) pairs that look like a private call on a trainer object but are not one
+PRIVATE_CALL_ALLOWED: set[tuple[str, str]] = set()
+
+
+def _class(tree: ast.AST, name: str) -> ast.ClassDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def test_the_trainer_is_short() -> None:
+    """trainer/loop.py, and so the Trainer, under 300 lines: the step's metrics row, the RL clock,
+    the consumed marks, the held-out evaluations, the batch loop and the wait for a batch live in
+    modules of their own (at ee1dffa: 493 lines)."""
+    path = ROOT / "trainer" / "loop.py"
+    assert _lines(path) < TRAINER_MAX_LINES, f"trainer/loop.py: {_lines(path)} lines"
+    klass = _class(ast.parse(path.read_text(encoding="utf-8")), "Trainer")
+    assert klass.end_lineno - klass.lineno + 1 < TRAINER_MAX_LINES
+
+
+def test_the_trainer_copies_no_part_of_its_sides() -> None:
+    """The two sides stay whole (``trainer.learner_side``, ``trainer.rollout_side``) and are read
+    through: the Trainer assigns none of their fields to itself (at ee1dffa ``_build`` copied 16)."""
+    import dataclasses
+
+    from trainer.parts import LearnerSide, RolloutSide
+
+    parts = {f.name for side in (LearnerSide, RolloutSide) for f in dataclasses.fields(side)}
+    klass = _class(ast.parse((ROOT / "trainer" / "loop.py").read_text(encoding="utf-8")), "Trainer")
+    copied = sorted(
+        f"line {t.lineno}: self.{t.attr}"
+        for node in ast.walk(klass) if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for t in ast.walk(target)
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr in parts
+    )
+    assert not copied, "parts of a side copied onto the Trainer:\n" + "\n".join(copied)
+
+
+def test_nothing_in_trainer_subclasses_the_trainer() -> None:
+    """Extensions are hooks handed to a plain Trainer (the elastic runtime is ``ElasticHooks``),
+    not subclasses of it, so that they compose (``Trainer(hooks=[a, b])``)."""
+    bad = []
+    for path in sorted((ROOT / "trainer").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases]
+                if "Trainer" in bases:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} class {node.name}({', '.join(bases)})")
+    assert not bad, "\n".join(bad)
+
+
+def _trainer_objects(tree: ast.AST) -> set[str]:
+    """Names in a script bound to what a ``trainer`` module gives: the imported names themselves
+    and variables assigned from a call of one (``t = Trainer(...)``, ``hooks = ElasticHooks(...)``)."""
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                and n.module.split(".")[0] == "trainer" for a in n.names}
+    imported |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                 for a in n.names if a.name.split(".")[0] == "trainer"}
+    bound = set(imported)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) \
+                and n.value.func.id in imported:
+            bound |= {t.id for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    return bound
+
+
+def _root(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute | ast.Call | ast.Subscript):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def test_no_benchmark_calls_a_private_method_of_a_trainer_object() -> None:
+    """A benchmark drives the trainer through its public methods (``trainer.build()``, at ee1dffa
+    ``t._build()``): no call ``x._name(...)`` or ``x._name.y(...)`` on an object from a ``trainer``
+    module."""
+    bad = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        ours = _trainer_objects(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            chain, f = [], node.func
+            while isinstance(f, ast.Attribute):
+                chain.append(f.attr)
+                f = f.value
+            private = [a for a in chain if a.startswith("_") and not a.startswith("__")]
+            root = _root(node.func)
+            if private and root in ours and (path.name, f"{root}.{private[-1]}") not in PRIVATE_CALL_ALLOWED:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {root}.{'.'.join(reversed(chain))}()")
+    assert not bad, "benchmarks calling private methods of trainer objects:\n" + "\n".join(bad)
+
+
+def test_the_backends_share_one_batch_loop() -> None:
+    """The thread, the process and the Ray backends run a batch's episodes with the one
+    ``trainer.rollout_batch.BatchLoop``: each names it, none gathers episodes itself, and only the
+    batch loop records finished episodes in the ledger (at ee1dffa Ray repeated the thread's loop)."""
+    for name in BACKENDS:
+        tree = ast.parse((ROOT / name).read_text(encoding="utf-8"))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert "BatchLoop" in names, f"{name} does not run BatchLoop"
+        gathers = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "gather"]
+        assert not gathers, f"{name} gathers episodes itself at lines {gathers}"
+    recorders = sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "trainer").rglob("*.py")
+        if p.name not in ("ledger.py", "rollout_batch.py")
+        and any(isinstance(n, ast.Attribute) and n.attr in ("record_outcome", "record_outcomes")
+                for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))
+    )
+    assert not recorders, f"episodes recorded outside trainer/rollout_batch.py: {recorders}"
