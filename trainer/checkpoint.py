@@ -25,7 +25,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,11 @@ from fr_agents.run_layout import (
     checkpoint_root,
     latest_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from fr_agents.tree import TrajectoryTree
+    from trainer.parts import LearnerSide
+    from trainer.types import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +91,9 @@ def save_checkpoint(
     run_dir: str | Path,
     *,
     model: torch.nn.Module,
-    tokenizer: Any,
+    tokenizer: Tokenizer | None,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     state: TrainerState,
     rollout_weights: dict[int, dict[str, torch.Tensor]] | None = None,
     keep: int = 2,
@@ -165,7 +170,7 @@ def load_checkpoint(
     *,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     restore_rngs: bool = True,
 ) -> TrainerState:
     """Load weights, optimizer, scheduler and RNG from checkpoint ``path``; return its state."""
@@ -184,7 +189,16 @@ def load_checkpoint(
 # =========================================================================== a run's checkpoints
 
 
-def checkpoint_run(run_dir: str | Path, side: Any, state: TrainerState, *, tree: Any, lag: int, lag_histogram: dict[str, int], keep: int) -> Path:
+def checkpoint_run(
+    run_dir: str | Path,
+    side: LearnerSide,
+    state: TrainerState,
+    *,
+    tree: TrajectoryTree,
+    lag: int,
+    lag_histogram: dict[str, int],
+    keep: int,
+) -> Path:
     """Save the learner side ``side`` (:class:`trainer.parts.LearnerSide`) at ``state``: its
     version, the store cursor of ``tree``, the lag histogram, and the weight versions the next
     ``lag`` batches still sample with (from ``side.board``)."""
@@ -208,7 +222,7 @@ def checkpoint_run(run_dir: str | Path, side: Any, state: TrainerState, *, tree:
     )
 
 
-def resume_run(run_dir: str | Path, side: Any, *, tree: Any) -> tuple[TrainerState, Path]:
+def resume_run(run_dir: str | Path, side: LearnerSide, *, tree: TrajectoryTree) -> tuple[TrainerState, Path]:
     """Restore ``run_dir``'s latest checkpoint into the learner side ``side``: weights, optimizer,
     scheduler, RNGs, the learner's version, the weight board; rewind ``tree`` to the saved cursor
     and cut the metrics back to the saved step. Returns the state and the checkpoint's path."""

@@ -26,7 +26,7 @@ import copy
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +36,11 @@ from fr_agents.policy.base import SamplingOptions
 from fr_agents.policy.seeded import SeededEngine
 from fr_agents.rollout import reset_args
 from trainer.schedule import EpisodeSpec, derive_seed
+
+if TYPE_CHECKING:
+    from fr_agents.policy.base import Engine
+    from fr_agents.tree import TrajectoryTree
+    from trainer.types import EnvFactory, PolicyModel, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ class LeafOutcome:
     reason: str | None = None  # status aborted: what failed (InfrastructureFailure.reason)
 
 
-def aborted_attempt(attempt: int, failure: Any) -> LeafOutcome:
+def aborted_attempt(attempt: int, failure: BaseException) -> LeafOutcome:
     """An attempt that failed before it sampled anything (its env's ``reset``): no leaf (id -1)."""
     return LeafOutcome(-1, 0.0, 0, 0, "aborted", None, 0, attempt, getattr(failure, "reason", type(failure).__name__))
 
@@ -90,7 +95,9 @@ class EpisodeOutcome:
         return self.leaves[0].turns if self.leaves else 0
 
 
-def make_engine(cfg: TrainConfig, model_dir: Path | str, tokenizer: Any, *, model: Any = None) -> Any:
+def make_engine(
+    cfg: TrainConfig, model_dir: Path | str, tokenizer: Tokenizer, *, model: PolicyModel | None = None
+) -> Engine:
     """The rollout engine ``rollout.engine`` names, holding its own copy of the policy.
 
     * ``hf``: :class:`~fr_agents.policy.hf.HFEngine` on a copy of ``model`` (or a fresh load of
@@ -152,13 +159,13 @@ class EpisodeRunner:
         self,
         cfg: TrainConfig,
         model_dir: Path | str,
-        tokenizer: Any,
-        tree: Any,
-        make_env: Any,
-        tasks: list[dict[str, Any]],
+        tokenizer: Tokenizer,
+        tree: TrajectoryTree,
+        make_env: EnvFactory,
+        tasks: list[dict[str, Any]],  # Task dicts (envs.tasks.base.Task)
         *,
-        engine: Any = None,
-        model: Any = None,
+        engine: Engine | None = None,
+        model: PolicyModel | None = None,
         with_engine: bool = True,
     ) -> None:
         self.cfg = cfg

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fr_agents.config import TrainConfig
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.periodic import evaluate_live
 from fr_agents.eval.runner import EvalSettings
 from fr_agents.run_layout import EVALS_DIR
+
+if TYPE_CHECKING:
+    from trainer.types import PolicyModel, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class HeldOutEval:
             dtype=cfg.engine_dtype,
         )
 
-    def run(self, name: str, step: int, model: Any, tokenizer: Any) -> dict[str, float]:
+    def run(self, name: str, step: int, model: PolicyModel, tokenizer: Tokenizer) -> dict[str, float]:
         """Evaluate ``model`` now: ``{success, reward, turns, tool_calls, episodes, seconds}``, plus
         ``by_group`` (per task type: tasks, success, mean reward, turns) when the bench's problems
         have groups (ALFWorld)."""

@@ -15,7 +15,11 @@ plateau stop.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fr_agents.tree.batch import FlatBatch
+    from trainer.checkpoint import TrainerState
 
 COLLAPSE_BASELINE_BATCHES = 5
 COLLAPSE_WINDOW = 10
@@ -31,7 +35,7 @@ class Guards:
         self.recent: collections.deque[float] = collections.deque(maxlen=COLLAPSE_WINDOW)
         self.first_rewards: list[float] = []
 
-    def lags(self, flat: Any, k: int) -> list[int]:
+    def lags(self, flat: FlatBatch, k: int) -> list[int]:
         """Per-trajectory lag at step ``k``; raises RuntimeError past ``max_policy_lag``."""
         v = flat.versions.masked_fill(~flat.action_mask, 1 << 40)
         oldest = v.min(dim=1).values.tolist()
@@ -41,7 +45,7 @@ class Guards:
             raise RuntimeError(f"step {k}: a trajectory lags {max(lags)} versions > max_policy_lag={self.lag}")
         return lags
 
-    def collapsed(self, reward: float, state: Any) -> bool:
+    def collapsed(self, reward: float, state: TrainerState) -> bool:
         """Record batch ``reward`` (setting ``state.baseline_reward`` after the first batches);
         True when the recent rewards fell below half the baseline."""
         self.recent.append(reward)
@@ -78,7 +82,7 @@ class Plateau:
         self.best = -float("inf")
         self.best_step = 0
 
-    def reached(self, reward: float, state: Any) -> bool:
+    def reached(self, reward: float, state: TrainerState) -> bool:
         """Record the batch ``reward`` of step ``state.step``; True when the plateau is reached
         (never when ``patience`` is 0)."""
         if self.patience <= 0:

@@ -34,13 +34,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from fr_agents.config import OptimConfig, TrainConfig
 from fr_agents.models.forward import FlatChunk, ForwardConfig, PackedChunk, PolicyForward
 from fr_agents.objective_config import ObjectiveConfig
+from fr_agents.tree.batch import FlatBatch, TrainBatch
 from trainer.chunking import Chunking, is_packed
 from trainer.objective import batch_advantages, denominators, objective_loss, validate_weights
 from trainer.spike_clip import SpikeClip
@@ -58,7 +59,7 @@ class NonFiniteLossError(FloatingPointError):
     batch (``.batch``) for inspection and stop. ``.stats`` holds what was computed so far.
     """
 
-    def __init__(self, message: str, batch: Any = None, stats: dict[str, float] | None = None):
+    def __init__(self, message: str, batch: TrainBatch | None = None, stats: dict[str, float] | None = None):
         super().__init__(message)
         self.batch = batch
         self.stats = stats or {}
@@ -90,7 +91,10 @@ def _fusable(params: list[Tensor]) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
-def _take(config: Any, switches: dict[str, Any]) -> Any:
+_Config = TypeVar("_Config")  # one of the learner's four config dataclasses
+
+
+def _take(config: _Config, switches: dict[str, object]) -> _Config:
     """A copy of ``config`` with the ``switches`` it declares (removed from ``switches``)."""
     mine = {f.name for f in dataclasses.fields(config)} & switches.keys()
     return dataclasses.replace(config, **{name: switches.pop(name) for name in mine})
@@ -127,10 +131,10 @@ class Learner:
         optim: OptimConfig | None = None,
         chunking: Chunking | None = None,
         forward: ForwardConfig | None = None,
-        scheduler: Any = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         version: int = 0,
         before_micro_batch: Callable[[], None] | None = None,
-        **switches: Any,
+        **switches: object,
     ) -> None:
         self.objective = _take(ObjectiveConfig() if objective is None else objective, switches)
         self.optim = _take(OptimConfig() if optim is None else optim, switches)
@@ -213,7 +217,7 @@ class Learner:
 
     # ----------------------------------------------------------------------- the step
 
-    def step(self, batch: Any) -> dict[str, float]:
+    def step(self, batch: TrainBatch) -> dict[str, float]:
         """Recompute log-probs, accumulate the loss gradient, clip, take one optimizer step.
 
         Raises:
@@ -318,7 +322,7 @@ class Learner:
     # ----------------------------------------------------------------------- helpers
 
     @staticmethod
-    def _validate_flat(flat: Any) -> None:
+    def _validate_flat(flat: FlatBatch) -> None:
         ids = flat.token_ids
         if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
             raise ValueError("token_ids: expected a LongTensor [B, T]")
@@ -338,7 +342,7 @@ class Learner:
             raise ValueError(f"rewards: expected shape [{shape[0]}]")
 
     @staticmethod
-    def _weights(flat: Any, device: torch.device) -> Tensor | None:
+    def _weights(flat: FlatBatch, device: torch.device) -> Tensor | None:
         """The batch's row weights (sampled leaves per row, float64 on ``device``), or None."""
         weights = getattr(flat, "weights", None)
         if weights is None:
@@ -357,7 +361,7 @@ class Learner:
         if not bool(torch.isfinite(log_probs.detach()[action_mask]).all()):
             raise NonFiniteLossError(f"the model gives non-finite log-probs at version {self.version}")
 
-    def _failures(self, flat: Any, rows: Tensor | None, device: torch.device) -> Tensor | None:
+    def _failures(self, flat: FlatBatch, rows: Tensor | None, device: torch.device) -> Tensor | None:
         if not self.objective.needs_entropies:
             return None
         failures = getattr(flat, "failures", None)
@@ -366,7 +370,7 @@ class Learner:
         return (failures if rows is None else failures[rows]).to(device)
 
     def _run_chunk(
-        self, chunk: FlatChunk | PackedChunk, flat: Any, advantages: Tensor, weights: Tensor | None, num_rows: float,
+        self, chunk: FlatChunk | PackedChunk, flat: FlatBatch, advantages: Tensor, weights: Tensor | None, num_rows: float,
         num_tokens: float, device: torch.device,
     ) -> dict[str, Any]:
         """Forward + backward of one chunk: its log-probs, then the objective on its rows."""

@@ -29,10 +29,14 @@ import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fr_agents import run_layout
 from fr_agents.run_layout import LEDGER_SCHEMA, AbortRow, LedgerRow
+
+if TYPE_CHECKING:
+    from trainer.episodes import EpisodeOutcome
+    from trainer.schedule import EpisodeSpec
 
 
 class EpisodeLedger:
@@ -128,7 +132,7 @@ class EpisodeLedger:
                 self._conn.execute("ROLLBACK")
                 raise
 
-    def record_outcomes(self, finished: Iterable[tuple[Any, Any]]) -> None:
+    def record_outcomes(self, finished: Iterable[tuple[EpisodeSpec, EpisodeOutcome]]) -> None:
         """Record several ``(spec, outcome)`` pairs in one transaction (one commit instead of one per
         episode): all of them are acknowledged together, or none is and they are re-run on resume."""
         episodes = [

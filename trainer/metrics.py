@@ -46,7 +46,7 @@ def truncate_metrics(run_dir: str | Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
-def _fmt(x: Any) -> str:
+def _fmt(x: object) -> str:
     if isinstance(x, float):
         return f"{x:.3f}" if math.isfinite(x) else str(x)
     return str(x)
@@ -105,7 +105,7 @@ class MetricsSink:
         self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
         self._curves = None  # the file changed under us: read it again on the next redraw
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: str, **fields: object) -> None:
         """A non-step row (warm start, evaluation, stop reason)."""
         row = {"kind": kind, **fields}
         self._file.write(json.dumps(row, default=float) + "\n")

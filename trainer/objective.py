@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -99,7 +98,7 @@ def compute_dtype(log_probs: Tensor) -> torch.dtype:
     return torch.float64 if log_probs.dtype == torch.float64 else torch.float32
 
 
-def _check_tensor(name: str, t: Any, *, shape: tuple[int, ...], device: torch.device, kind: str) -> None:
+def _check_tensor(name: str, t: object, *, shape: tuple[int, ...], device: torch.device, kind: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != shape:
@@ -113,7 +112,7 @@ def _check_tensor(name: str, t: Any, *, shape: tuple[int, ...], device: torch.de
 
 
 def _validate_rows(
-    log_probs: Any, behavior_log_probs: Any, rewards: Any, action_mask: Any
+    log_probs: Tensor, behavior_log_probs: Tensor, rewards: Tensor, action_mask: Tensor
 ) -> tuple[int, int]:
     """Shared checks of the four row inputs. Returns ``(B, T)``."""
     if not isinstance(log_probs, torch.Tensor):
@@ -144,13 +143,13 @@ def _validate_rows(
     return b, t
 
 
-def _validate_advantages(advantages: Any, b: int, device: torch.device) -> None:
+def _validate_advantages(advantages: Tensor, b: int, device: torch.device) -> None:
     _check_tensor("advantages", advantages, shape=(b,), device=device, kind="float")
     if not bool(torch.isfinite(advantages).all()):
         raise ValueError("advantages: every advantage must be finite")
 
 
-def validate_weights(weights: Any, b: int, device: torch.device) -> None:
+def validate_weights(weights: Tensor, b: int, device: torch.device) -> None:
     """Row weights (the sampled leaves each row stands for): float ``[b]`` on ``device``, finite, > 0."""
     _check_tensor("weights", weights, shape=(b,), device=device, kind="float")
     if not bool((torch.isfinite(weights) & (weights > 0)).all()):
@@ -175,7 +174,7 @@ def _weighted_mean(values: Tensor, weights: Tensor | None) -> Tensor:
     return (w * values).sum() / w.sum()
 
 
-def _positive_int(name: str, value: Any) -> None:
+def _positive_int(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name}: expected a positive number, got {value!r}")
 

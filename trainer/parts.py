@@ -21,15 +21,28 @@ and which are RL prompts is :mod:`trainer.task_balance`; the run directory's fil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fr_agents.config import TrainConfig, leaves_per_tree
 from fr_agents.run_layout import LEDGER_FILE, STORE_FILE
 from trainer.os_tuning import keep_freed_memory, learner_threads
 from trainer.task_balance import demo_and_rl_tasks
+
+if TYPE_CHECKING:
+    from fr_agents.eval.periodic import PeriodicEval
+    from fr_agents.policy.base import Engine
+    from fr_agents.tree import TrajectoryTree
+    from trainer.episodes import EpisodeRunner
+    from trainer.evaluate import HeldOutEval
+    from trainer.learner import Learner
+    from trainer.ledger import EpisodeLedger
+    from trainer.metrics import MetricsSink
+    from trainer.schedule import EpisodeSchedule
+    from trainer.types import EnvFactory, PolicyModel, Task, Tokenizer
+    from trainer.weights import WeightBoard
 
 
 def model_dir(cfg: TrainConfig) -> Path | str:
@@ -44,7 +57,7 @@ def model_dir(cfg: TrainConfig) -> Path | str:
     return resolve_model(name)
 
 
-def env_factory(cfg: TrainConfig) -> Any:
+def env_factory(cfg: TrainConfig) -> EnvFactory:
     """``() -> env`` for ``env.id`` with ``env.kwargs``."""
     import gymnasium
 
@@ -57,16 +70,16 @@ class RolloutSide:
     """The parts a rollout process runs episodes with (see the module docstring)."""
 
     model_dir: Path | str
-    tokenizer: Any
-    make_env: Any
-    train_tasks: Any
-    test_tasks: Any
-    demo_tasks: list[Any]
-    rl_tasks: list[Any]
-    tree: Any
-    ledger: Any
-    schedule: Any
-    runner: Any
+    tokenizer: Tokenizer
+    make_env: EnvFactory
+    train_tasks: Sequence[Task]
+    test_tasks: Sequence[Task]
+    demo_tasks: list[Task]
+    rl_tasks: list[Task]
+    tree: TrajectoryTree
+    ledger: EpisodeLedger
+    schedule: EpisodeSchedule
+    runner: EpisodeRunner
 
     def close(self) -> None:
         self.runner.close()
@@ -78,10 +91,10 @@ def build_rollout_side(
     cfg: TrainConfig,
     run_dir: str | Path,
     *,
-    tokenizer: Any = None,
-    engine_model: Any = None,
+    tokenizer: Tokenizer | None = None,
+    engine_model: PolicyModel | None = None,
     with_engine: bool = True,
-    engine: Callable[[Any, Any], Any] | None = None,
+    engine: Callable[[Engine, Tokenizer], Engine] | None = None,
 ) -> RolloutSide:
     """Build the rollout side of ``cfg`` in ``run_dir``.
 
@@ -137,13 +150,13 @@ class LearnerSide:
     """The parts that learn: one policy model and everything that changes it or reports on it."""
 
     model_dir: Path | str
-    model: Any
-    tokenizer: Any
-    learner: Any
-    board: Any
-    metrics: Any
-    held_out: Any  # HeldOutEval or None (trainer.eval_episodes == 0)
-    periodic: Any  # PeriodicEval or None
+    model: PolicyModel
+    tokenizer: Tokenizer
+    learner: Learner
+    board: WeightBoard
+    metrics: MetricsSink
+    held_out: HeldOutEval | None  # None: trainer.eval_episodes == 0
+    periodic: PeriodicEval | None  # None: no avg@k evaluations
 
 
 def build_learner_side(

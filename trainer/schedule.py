@@ -24,14 +24,13 @@ run resumes to exactly the batches and parameters an uninterrupted run would hav
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from fr_agents.seeding import stable_seed
 
 
-def derive_seed(*parts: Any) -> int:
+def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED): the one
     hash of :func:`fr_agents.seeding.stable_seed`, ``/``-joined, as the schedule has always drawn."""
     return stable_seed(*parts, sep="/", bits=63)

@@ -8,15 +8,18 @@ step's metrics row (docs/DESIGN.md "Metrics"), so the figures do not depend on h
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from fr_agents.tree.batch import FlatBatch
 
 Tensor = torch.Tensor
 
 
 def merge_stats(
-    chunks: list[dict[str, Any]], flat: Any, rewards: Tensor, advantages: Tensor, algo: str, version: int
+    chunks: list[dict[str, Any]], flat: FlatBatch, rewards: Tensor, advantages: Tensor, algo: str, version: int
 ) -> dict[str, float]:
     """Reassemble the chunks' per-row stats in batch order and reduce them to the step's floats.
 

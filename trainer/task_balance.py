@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from fr_agents.config import TrainConfig
 
+if TYPE_CHECKING:
+    from trainer.types import Task
 
-def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Any) -> tuple[list[Any], list[Any]]:
+
+def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Sequence[Task]) -> tuple[list[Task], list[Task]]:
     """The warm-start demos are ``warm_start.examples`` train tasks; RL prompts come from the others,
     in train order, so RL never sees a label and the pool stays unlabelled from its point of view.
 
@@ -44,7 +48,7 @@ def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Any) -> tuple[list[Any], li
     return demos, rl
 
 
-def stratified_indices(keys: list[Any], n: int) -> list[int]:
+def stratified_indices(keys: Sequence[Hashable], n: int) -> list[int]:
     """``n`` indices into ``keys``, as many for each distinct key as for any other, each key's taken
     in order; a key with too few items gives all it has and the first items not yet taken fill the
     rest. The result is sorted (train order), so it is deterministic for a given split.
@@ -70,7 +74,7 @@ def stratified_indices(keys: list[Any], n: int) -> list[int]:
     return sorted(picked)
 
 
-def balanced_indices(keys: list[Any], among: list[int]) -> list[int]:
+def balanced_indices(keys: Sequence[Hashable], among: list[int]) -> list[int]:
     """The indices of ``among`` kept so that every key has as many as the rarest key has: each key's
     first ones, in order; the result is sorted.
 
@@ -84,8 +88,8 @@ def balanced_indices(keys: list[Any], among: list[int]) -> list[int]:
     return sorted(i for idx in by_key.values() for i in idx[:m])
 
 
-def _by_key(keys: list[Any], among: Any) -> dict[Any, list[int]]:
-    out: dict[Any, list[int]] = {}
+def _by_key(keys: Sequence[Hashable], among: Iterable[int]) -> dict[Hashable, list[int]]:
+    out: dict[Hashable, list[int]] = {}
     for i in among:
         out.setdefault(keys[i], []).append(i)
     return out

@@ -28,11 +28,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fr_agents.run_layout import DEMO_STORE
+
+if TYPE_CHECKING:
+    from fr_agents.config import TrainConfig
+    from trainer.checkpoint import TrainerState
+    from trainer.episodes import EpisodeRunner
+    from trainer.metrics import MetricsSink
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ def _collate(demos: Sequence[Demo], pad_id: int) -> tuple[torch.Tensor, ...]:
 
 
 def warm_start(
-    model: Any,
+    model: torch.nn.Module,
     demos: Sequence[Demo],
     *,
     epochs: int,
@@ -169,7 +175,7 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done)))
 
 
-def expert_demos(cfg: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], store: str | Path) -> list[SpanDemo]:
+def expert_demos(cfg: TrainConfig, runner: EpisodeRunner, demo_tasks: Sequence[dict[str, Any]], store: str | Path) -> list[SpanDemo]:
     """Play ``demo_tasks`` with the env's scripted expert through the real env (``runner.make_env``,
     the rollout's options and chat template) into the store at ``store``; one :class:`SpanDemo` per
     episode the expert won, its loss spans the leaf's ``demo_spans``.
@@ -207,8 +213,15 @@ def expert_demos(cfg: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], st
     return demos
 
 
-def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[str, Any]], metrics: Any, state: Any,
-                   run_dir: str | Path | None = None) -> None:
+def run_warm_start(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    runner: EpisodeRunner,
+    demo_tasks: Sequence[dict[str, Any]],
+    metrics: MetricsSink,
+    state: TrainerState,
+    run_dir: str | Path | None = None,
+) -> None:
     """The run's warm start (``warm_start.*``): SFT on demos of ``demo_tasks`` (``warm_start.demos``:
     gold answers after the prompts as the rollout encodes them, or whole episodes of the env's
     expert stored in ``run_dir/demos.sqlite``), recorded in ``state.warm_start`` and as a
@@ -241,7 +254,7 @@ def run_warm_start(cfg: Any, model: Any, runner: Any, demo_tasks: Sequence[dict[
                   demos=ws.demos, collect_seconds=collect_s, threads=threads)
 
 
-def warm_start_score(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
+def warm_start_score(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """The warm start of ``cfg`` alone, then its greedy held-out figures: what ``fr-agents train``
     does before RL, without the evaluation of the untrained model, the rollout engine or RL.
 

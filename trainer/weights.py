@@ -68,7 +68,9 @@ class WeightBoard:
         self._listeners: list[Callable[..., None]] = []
         self.stopped = False
 
-    def publish(self, version: int, weights: Any, *, copy: bool = True) -> None:
+    def publish(
+        self, version: int, weights: torch.nn.Module | dict[str, torch.Tensor] | FlatWeights, *, copy: bool = True
+    ) -> None:
         """Hold ``version``: a model's or a state dict's CPU copy (one :class:`FlatWeights`), or with
         ``copy=False`` the given CPU tensors (a state dict or a :class:`FlatWeights`) themselves, for
         a receiver that already holds its own."""
