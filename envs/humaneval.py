@@ -67,12 +67,10 @@ import time
 from pathlib import Path
 from typing import Any, SupportsFloat
 
-import gymnasium
-
+from envs.base import TextEnv
 from envs.humaneval_checker import SERVER, decode
 from envs.tasks.base import Task, make_task
 from fr_agents.errors import InfrastructureFailure
-from fr_agents.spaces import AnyText
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +299,7 @@ class SandboxedFunction:
         return res.stdout
 
 
-class HumanEvalEnv(gymnasium.Env[str, str]):
+class HumanEvalEnv(TextEnv):
     """One HumanEval problem per episode, graded by its tests in a sandbox.
 
     Args:
@@ -317,6 +315,8 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
     """
 
     metadata = {"render_modes": ["ansi"]}
+    transcript_line = "[{role}]\n{text}"
+    transcript_sep = "\n\n"
 
     def __init__(
         self,
@@ -334,21 +334,16 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
             raise ValueError(f"call_timeout: must be > 0, got {call_timeout}")
         if "{prompt}" not in instruction:
             raise ValueError("instruction: must contain {prompt}")
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode: expected None or 'ansi', got {render_mode!r}")
+        self.check_render_mode(render_mode)
         self.problems_path = problems
         self.backend = backend
         self.timeout = float(timeout)
         self.call_timeout = float(call_timeout if call_timeout is not None else timeout)
         self.memory_mb = int(memory_mb)
         self.instruction = instruction
-        self.render_mode = render_mode
-        self.observation_space = AnyText(max_length=65536)
-        self.action_space = AnyText(max_length=65536)
+        self.init_text(render_mode)
         self._all: list[Task] | None = None
         self._task: Task | None = None
-        self._done = True
-        self._transcript: list[tuple[str, str]] = []
 
     @property
     def task(self) -> Task | None:
@@ -456,8 +451,7 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
         return {"won": False, **failure, "checks_completed": False}
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        if self._task is None or self._done:
-            raise RuntimeError("step() called before reset() or after the episode ended")
+        self.ensure_running(ready=self._task is not None, message="step() called before reset() or after the episode ended")
         if not isinstance(action, str):
             raise TypeError(f"action: expected a str, got {type(action).__name__}")
         result = self.run_tests(action)
@@ -472,11 +466,6 @@ class HumanEvalEnv(gymnasium.Env[str, str]):
             False,
             info,
         )
-
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n\n".join(f"[{who}]\n{text}" for who, text in self._transcript)
 
     def expert_action(self) -> str:
         """The task's canonical solution (``fr-agents eval --agent expert --bench humaneval``: every

@@ -47,8 +47,6 @@ import copy
 from collections.abc import Sequence
 from typing import Any, SupportsFloat
 
-import gymnasium
-
 from envs.answer_extract import ANSWER_FORMATS, extract_answer, normalize_simple
 from envs.answer_forms import (
     classify_gold,
@@ -58,11 +56,11 @@ from envs.answer_forms import (
     parse_number,
     restates_question,
 )
+from envs.base import TextEnv
 from envs.tasks import Task, TaskSource, get_task_source
 from envs.tasks.reasoning_gym_source import task_scorer
 from envs.verifier import _INT_RE, VerifierPool, shared_pool
 from fr_agents.errors import InfrastructureFailure
-from fr_agents.spaces import AnyText
 
 DEFAULT_SUFFIX = {
     "boxed": "\n\nPut your final answer within \\boxed{}.",
@@ -97,7 +95,7 @@ def _judge_by_scorer(scorer: Any, extracted: str) -> dict[str, Any]:
     }
 
 
-class MathVerifierEnv(gymnasium.Env[str, str]):
+class MathVerifierEnv(TextEnv):
     """A single- or multi-turn math problem with a math-verify reward.
 
     Args:
@@ -147,11 +145,8 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
             raise ValueError(f"max_answer_chars: must be >= 1, got {max_answer_chars}")
         if verify_timeout <= 0:
             raise ValueError(f"verify_timeout: must be > 0, got {verify_timeout}")
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode: expected None or 'ansi', got {render_mode!r}")
-        self.observation_space = AnyText(max_length=max_text_chars)
-        self.action_space = AnyText(max_length=max_text_chars)
-        self.render_mode = render_mode
+        self.check_render_mode(render_mode)
+        self.init_text(render_mode, max_text_chars)
         self.answer_format = answer_format
         self.prompt_suffix = DEFAULT_SUFFIX[answer_format] if prompt_suffix is None else prompt_suffix
         self.max_answer_chars = max_answer_chars
@@ -167,8 +162,6 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
         self._split: Sequence[Task] | None = None
         self._task: Task | None = None
         self._turn = 0
-        self._done = True
-        self._transcript: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ tasks
 
@@ -341,8 +334,7 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
             raise TypeError(f"action: expected the model's reply as a str, got {type(action).__name__}")
-        if self._done or self._task is None:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.ensure_running(ready=self._task is not None)
         self._turn += 1
         self._transcript.append(("agent", action))
         result = self._score(action)
@@ -363,11 +355,6 @@ class MathVerifierEnv(gymnasium.Env[str, str]):
             "partial_score": 1.0 if result["correct"] else 0.0,
         }
         return obs, reward, terminated, truncated, info
-
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n".join(f"[{role}] {text}" for role, text in self._transcript)
 
     # ------------------------------------------------------------------ branching
 

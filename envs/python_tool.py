@@ -59,16 +59,14 @@ import re
 from collections.abc import Sequence
 from typing import Any, SupportsFloat
 
-import gymnasium
-
 from envs import tool_calls
 from envs.answer_extract import extract_answer
 from envs.answer_forms import NumberLiteral, parse_number
+from envs.base import TextEnv
 from envs.math_verifier import MathVerifierEnv
 from envs.tasks import Task, TaskSource
 from envs.verifier import VerifierPool
 from fr_agents.errors import InfrastructureFailure
-from fr_agents.spaces import AnyText
 from tools_sandbox import RunResult, Sandbox, SandboxError, SandboxLimits, create_sandbox, shared_pool
 
 log = logging.getLogger(__name__)
@@ -146,7 +144,7 @@ def shows_answer(output: str, gold: str | None) -> bool:
     return target is not None and shown is not None and shown.value == target.value
 
 
-class PythonToolEnv(gymnasium.Env[str, str]):
+class PythonToolEnv(TextEnv):
     """Math with a persistent sandboxed Python tool; graded like MathVerifier.
 
     Args:
@@ -208,8 +206,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             raise ValueError(f"call_format: expected one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
         if sandbox_pool_size < 0:
             raise ValueError(f"sandbox_pool_size: must be >= 0, got {sandbox_pool_size}")
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode: expected None or 'ansi', got {render_mode!r}")
+        self.check_render_mode(render_mode)
         if isinstance(limits, dict):
             limits = SandboxLimits(**limits)
         self.grader = MathVerifierEnv(
@@ -225,9 +222,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
             pool=verifier_pool,
             max_text_chars=max_text_chars,
         )
-        self.observation_space = AnyText(max_length=max_text_chars)
-        self.action_space = AnyText(max_length=max_text_chars)
-        self.render_mode = render_mode
+        self.init_text(render_mode, max_text_chars)
         self.answer_format = answer_format
         self.max_turns = max_turns
         self.backend = backend
@@ -337,8 +332,7 @@ class PythonToolEnv(gymnasium.Env[str, str]):
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
             raise TypeError(f"action: expected the model's reply as a str, got {type(action).__name__}")
-        if self._done:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.ensure_running()
         self._turn += 1
         self._transcript.append(("agent", action))
         calls = self._calls_in(action)
@@ -384,14 +378,8 @@ class PythonToolEnv(gymnasium.Env[str, str]):
         }
         return "", reward, not truncated, truncated, info
 
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n".join(f"[{role}] {text}" for role, text in self._transcript)
-
-    def close(self) -> None:
+    def release(self) -> None:
         self._close_sandbox()
-        super().close()
 
     # ------------------------------------------------------------------ the scripted expert
 

@@ -31,12 +31,10 @@ import re
 from pathlib import Path
 from typing import Any, SupportsFloat
 
-import gymnasium
-
 from envs.alfworld.engine import ENGINE_POOL, make_textworld_env, plan
 from envs.alfworld.progress import FactIndex, partial_score
 from envs.alfworld.sources import resolve_games
-from fr_agents.spaces import AnyText
+from envs.base import TextEnv
 
 _ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 INVALID_HINT = (
@@ -60,7 +58,7 @@ def parse_action(text: str) -> str:
     return " ".join(cmd.split()).lower().rstrip(".")
 
 
-class ALFWorldEnv(gymnasium.Env[str, str]):
+class ALFWorldEnv(TextEnv):
     """An ALFWorld text game.
 
     Args:
@@ -87,8 +85,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.check_render_mode(render_mode, "render_mode must be None or 'ansi', got {!r}")
         if split not in ("train", "valid_seen", "valid_unseen"):
             raise ValueError(f"split must be train, valid_seen or valid_unseen, got {split!r}")
         if games_dir is not None and not Path(games_dir).is_dir():
@@ -98,9 +95,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self._games: list[str] | None = None
         self.max_turns = max_turns
         self.list_admissible = list_admissible
-        self.render_mode = render_mode
-        self.observation_space = AnyText(max_length=65536)
-        self.action_space = AnyText(max_length=65536)
+        self.init_text(render_mode)
         self._tw: Any = None
         self._loaded: str | None = None
         self._state: Any = None
@@ -109,9 +104,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         self._traj: dict = {}
         self._walkthrough: list[str] = []
         self._actions: list[str] = []
-        self._transcript: list[tuple[str, str]] = []
         self._turn = 0
-        self._done = True
 
     @property
     def games(self) -> list[str]:
@@ -163,8 +156,7 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
             raise TypeError(f"action: expected a str, got {type(action).__name__}")
-        if self._done:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.ensure_running()
         cmd = parse_action(action)
         invalid = cmd not in self._state["admissible_commands"]
         self._state, _, _ = self._tw.step(cmd)
@@ -256,11 +248,6 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
         twin._turn, twin._done = self._turn, self._done
         return twin
 
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n".join(f"[{role}] {text}" for role, text in self._transcript)
-
     def _release_engine(self) -> None:
         """Hand the engine to :data:`ENGINE_POOL` for a later episode of its game (closed if it holds none)."""
         if self._tw is not None:
@@ -270,5 +257,5 @@ class ALFWorldEnv(gymnasium.Env[str, str]):
                 self._tw.close()
         self._tw, self._loaded = None, None
 
-    def close(self) -> None:
+    def release(self) -> None:
         self._release_engine()

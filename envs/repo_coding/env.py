@@ -33,13 +33,11 @@ import time
 from pathlib import Path
 from typing import Any, SupportsFloat
 
-import gymnasium
-
+from envs.base import TextEnv
 from envs.repo_coding.grading import collect_diff, grade, sandbox_limits, setup_repo
 from envs.repo_coding.task import RepoTask, load_tasks
 from envs.repo_coding.tools import EXAMPLE, RepoTools, parse_calls, tool_help
 from fr_agents.errors import InfrastructureFailure
-from fr_agents.spaces import AnyText
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ def default_tasks_dir() -> Path:
     return default_cache_dir() / "tasks-seed-repos"
 
 
-class RepoCodingEnv(gymnasium.Env[str, str]):
+class RepoCodingEnv(TextEnv):
     """Repository-level coding in a sandbox (see the module docstring).
 
     Args:
@@ -100,15 +98,11 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
         self.max_tool_output_chars = max_tool_output_chars
         self.command_timeout = command_timeout
         self.test_timeout = test_timeout
-        self.render_mode = render_mode
-        self.observation_space = AnyText(max_length=1 << 20)
-        self.action_space = AnyText(max_length=1 << 20)
+        self.init_text(render_mode, 1 << 20)  # render_mode is not checked here (as before)
         self._sb: Any = None
         self._task: RepoTask | None = None
         self._base = ""
         self._turn = self._tool_calls = 0
-        self._done = True
-        self._transcript: list[tuple[str, str]] = []
         self.last_setup_seconds = 0.0
 
     @property
@@ -160,8 +154,7 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
             raise TypeError(f"action: expected the model's reply as a str, got {type(action).__name__}")
-        if self._done or self._task is None:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.ensure_running(ready=self._task is not None)
         self._turn += 1
         self._transcript.append(("agent", action))
         tools = RepoTools(self._sb, self._task, self.max_tool_output_chars, self.command_timeout, self.test_timeout)
@@ -254,11 +247,5 @@ class RepoCodingEnv(gymnasium.Env[str, str]):
             finally:
                 self._sb = None
 
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n".join(f"[{role}] {text}" for role, text in self._transcript)
-
-    def close(self) -> None:
+    def release(self) -> None:
         self._close_sandbox()
-        super().close()
