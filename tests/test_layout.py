@@ -300,6 +300,79 @@ def test_run_dir_names_are_declared_in_one_module() -> None:
     assert not bad, "run-directory names spelled outside fr_agents/run_layout.py:\n" + "\n".join(bad)
 
 
+# ---------------------------------------------------------------- typed seams (issue 49 items 3 and 7)
+# The trainer modules whose seams issue 49 item 3 typed: at ee1dffa they held 63 ``: Any`` (parts 17,
+# learner 9, episodes 7, objective 5, checkpoint 5, warm_start 4, guards 3, chunking, batches,
+# metrics, task_balance 2 each, weights, step_stats, schedule, ledger, evaluate 1 each); now none.
+# ``Any`` is left only inside JSON-like containers (``dict[str, Any]``), which this count does not match.
+TYPED_TRAINER = (
+    "batches", "checkpoint", "chunking", "episodes", "evaluate", "guards", "learner", "ledger",
+    "metrics", "objective", "parts", "schedule", "step_stats", "task_balance", "types", "warm_start",
+    "weights",
+)
+TYPED_ANY_CEILING = 0
+TRAINER_ANY_CEILING = 30  # the issue's goal for the whole of trainer/ (91 at ee1dffa)
+# Modules still telling the batch forms apart by hasattr (issue 49 item 4's work in progress); each
+# should use fr_agents.tree.batch.flat_view or isinstance, and leaves this set once it does.
+KNOWN_DUCK_TYPED: set[str] = set()
+_BATCH_HASATTR = re.compile(r"hasattr\((batch|flat|chunk)\b")
+
+
+def _any_lines(path: Path) -> int:
+    """Lines with an ``: Any`` annotation (what ``grep -rn ": Any"`` counts)."""
+    return sum(": Any" in line for line in path.read_text(encoding="utf-8").splitlines())
+
+
+def test_trainer_seams_are_typed() -> None:
+    typed = {name: _any_lines(ROOT / "trainer" / f"{name}.py") for name in TYPED_TRAINER}
+    assert sum(typed.values()) <= TYPED_ANY_CEILING, typed
+    total = sum(_any_lines(p) for p in (ROOT / "trainer").rglob("*.py"))
+    assert total <= TRAINER_ANY_CEILING, f"{total} ': Any' in trainer/"
+
+
+def test_batches_are_told_apart_by_kind_not_hasattr() -> None:
+    from fr_agents.tree.batch import FlatBatch, PackedBatch, flat_view
+
+    assert (FlatBatch.kind, PackedBatch.kind) == ("flat", "packed")
+    assert flat_view.__annotations__["return"] == "FlatBatch"
+    duck = {str(p.relative_to(ROOT)) for p in (ROOT / "trainer").rglob("*.py")
+            if _BATCH_HASATTR.search(p.read_text(encoding="utf-8"))}
+    assert duck <= KNOWN_DUCK_TYPED, f"batches duck-typed with hasattr in {sorted(duck - KNOWN_DUCK_TYPED)}"
+    done = {p for p in KNOWN_DUCK_TYPED if (ROOT / p).exists()} - duck
+    assert not done, f"{sorted(done)} no longer duck-type batches: remove them from KNOWN_DUCK_TYPED"
+
+
+def test_ledger_rows_are_named() -> None:
+    import sqlite3
+
+    from fr_agents import run_layout
+    from trainer.ledger import EpisodeLedger
+
+    assert run_layout.LedgerRow._fields == ("episode", "leaf", "reward", "tokens", "version")
+    assert run_layout.AbortRow._fields == ("episode", "attempt", "leaf", "reason")
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(run_layout.LEDGER_SCHEMA)
+    conn.execute("INSERT INTO episode_leaves VALUES (3, 0, 1, 42, 1.0, 7, 0, 7)")
+    (row,) = run_layout.batch_rows(conn, 1)
+    assert isinstance(row, run_layout.LedgerRow) and (row.episode, row.leaf) == (3, 42)
+    assert EpisodeLedger.batch_rows.__annotations__["return"] == "list[LedgerRow]"
+    assert EpisodeLedger.aborted_rows.__annotations__["return"] == "list[AbortRow]"
+    assert not re.search(r"\br\[[0-9]\]", (ROOT / "trainer" / "batches.py").read_text(encoding="utf-8"))
+
+
+def test_each_env_subclasses_the_text_env_base() -> None:
+    from envs.alfworld.env import ALFWorldEnv
+    from envs.base import TextEnv
+    from envs.humaneval import HumanEvalEnv
+    from envs.math_verifier import MathVerifierEnv
+    from envs.python_tool import PythonToolEnv
+    from envs.repo_coding.env import RepoCodingEnv
+
+    for env in (ALFWorldEnv, HumanEvalEnv, MathVerifierEnv, PythonToolEnv, RepoCodingEnv):
+        assert issubclass(env, TextEnv), env
+        assert "render" not in vars(env) and "close" not in vars(env), f"{env.__name__} repeats the base's render/close"
+
+
 # ---------------------------------------------------------------- docs for users (issue #46)
 MEASURED_ROWS_MAX = 12
 MEASURED_CELL_MAX = 400
