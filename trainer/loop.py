@@ -60,6 +60,7 @@ from trainer.step_row import step_row
 
 log = logging.getLogger(__name__)
 
+
 class Trainer:
     """One run: builds both sides from a config and drives rollout + learning (see module doc).
     ``hooks``: a :class:`~trainer.hooks.TrainerHooks`, or a list of them (they compose)."""

@@ -163,8 +163,9 @@ class LearnerCore:
 
 class RolloutCore:
     """One rollout worker: the rollout side only (:func:`trainer.parts.build_rollout_side`): one
-    policy copy inside its engine, no learner model, no optimizer. Runs the episodes it is given
-    and records them in the shared tree and ledger."""
+    policy copy inside its engine, no learner model, no optimizer. Runs its share of a batch with
+    the batch loop every backend shares (:class:`~trainer.rollout_batch.BatchLoop`), recording the
+    episodes in the shared tree and ledger."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str) -> None:
         logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))

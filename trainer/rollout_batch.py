@@ -22,15 +22,15 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
-from trainer.episodes import EpisodeOutcome
-from trainer.ledger import EpisodeLedger
-from trainer.schedule import EpisodeSchedule, EpisodeSpec
 from trainer.weights import TrainingStopped
 
 if TYPE_CHECKING:
+    import torch
+
+    from trainer.episodes import EpisodeOutcome
+    from trainer.ledger import EpisodeLedger
     from trainer.parts import RolloutSide
+    from trainer.schedule import EpisodeSchedule, EpisodeSpec
 
 
 @dataclass
