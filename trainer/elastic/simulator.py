@@ -46,7 +46,7 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   episode then needs ``host_episode_s`` of serial host work (env, reward check, SQLite writes,
   the event loop -- one thread and the GIL) before it counts, holding its slot meanwhile.
   ``overlap_batches=False`` admits batch ``k + 1`` only after batch ``k`` has finished, as the
-  embedded :class:`~trainer.loop.RolloutThread` does; a cluster runtime overlaps them.
+  embedded :class:`~trainer.rollout_thread.RolloutThread` does; a cluster runtime overlaps them.
 
 Throughput is trajectories consumed by the learner per second over the whole run.
 :func:`critical_path_bound` gives an upper bound on any device policy's throughput (the
