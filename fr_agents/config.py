@@ -12,23 +12,36 @@ and every key is checked: an unknown key, a value of the wrong type, a value out
 Each rule has one home: the objective's section, its choices and its rules live in the torch-free
 :mod:`fr_agents.objective_config`, which the loss imports too, so the objective and the learner
 refuse a bad value in the config's own words.
+
+This module is the schema: the sections, their fields and the rules that tie fields together
+(``_validate``). Reading presets, parsing overrides, converting values, "did you mean" and writing
+YAML back are generic machinery in :mod:`fr_agents.config_io`; the names callers use from it
+(:class:`ConfigError`, :func:`list_presets`, :func:`parse_overrides`, :func:`dump_config`, ...)
+are re-exported here, so ``from fr_agents.config import ...`` is the one import a caller needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import types
 import typing
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fr_agents import defaults
+from fr_agents.config_io import (  # noqa: F401  (the machinery, re-exported: callers import it from here)
+    CONFIG_DIR,
+    ConfigError,
+    annotated_yaml,
+    build,
+    dump_config,
+    list_presets,
+    merge_overrides,
+    parse_overrides,
+    presets_dir,
+    read_preset,
+    to_dict,
+)
 from fr_agents.objective_config import (  # noqa: F401  (the objective's choices and rules, re-exported)
     AGGREGATIONS,
     ALGOS,
@@ -42,25 +55,6 @@ from fr_agents.objective_config import (  # noqa: F401  (the objective's choices
 from fr_agents.objective_config import at_least as _at_least
 from fr_agents.objective_config import option as _opt
 from fr_agents.objective_config import positive as _positive
-
-
-def presets_dir() -> Path:
-    """The folder of the YAML presets: ``configs/`` at the top of a checkout (editable installs and
-    runs from the source tree read it in place), shipped in a wheel as the package data
-    ``fr_agents/configs/`` (``setup.py`` maps the one folder onto that package), so a plain
-    ``pip install`` has them too."""
-    installed = Path(str(resources.files("fr_agents") / "configs"))
-    if installed.is_dir():
-        return installed
-    return Path(__file__).resolve().parent.parent / "configs"
-
-
-CONFIG_DIR = presets_dir()
-
-
-class ConfigError(ValueError):
-    """A configuration key or value is invalid. The message names the dotted key."""
-
 
 # --------------------------------------------------------------------------- rules (one home each)
 
@@ -368,124 +362,6 @@ def iter_fields(cls: Any = TrainConfig, prefix: str = "") -> typing.Iterator[tup
             yield f"{prefix}{f.name}", f
 
 
-# --------------------------------------------------------------------------- conversion
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Convert ``value`` (from YAML or a ``key=value`` string) to the annotated type ``tp``."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(key, value, arg)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)  # accepts "inf", "1e-3"
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    if origin is list:
-        if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip() else []
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (item_tp,) = args or (Any,)
-        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
-    if origin is dict:
-        if isinstance(value, str):
-            value = yaml.safe_load(value)
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return _read_override_texts(dict(value))
-    if tp is Any:
-        return value
-    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
-
-
-def _unknown_key(dotted: str, prefix: str, fields: dict[str, dataclasses.Field]) -> ConfigError:
-    key = dotted[len(prefix):]
-    close = difflib.get_close_matches(key, list(fields), n=3)
-    hint = ""
-    if close:
-        best = fields[close[0]].metadata.get("help", "")
-        hint = f" Did you mean: {', '.join(prefix + c for c in close)}? ({prefix}{close[0]}: {best})"
-    allowed = ", ".join(prefix + f for f in fields)
-    return ConfigError(f"unknown config key '{dotted}'.{hint} Allowed keys: {allowed}")
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a nested mapping, checking every key, choice and rule."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if key not in fields:
-            raise _unknown_key(dotted, prefix, fields)
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value or {}, dotted + ".")
-            continue
-        coerced = _coerce(dotted, value, tp)
-        choices = fields[key].metadata.get("choices")
-        if choices and coerced not in choices:
-            raise ConfigError(
-                f"{dotted}: invalid value {coerced!r}; allowed values: {', '.join(map(str, choices))}"
-            )
-        rule = fields[key].metadata.get("rule")
-        if rule is not None and coerced is not None:
-            try:
-                rule(coerced)
-            except ValueError as e:
-                raise ConfigError(f"{dotted}: {e}") from None
-        kwargs[key] = coerced
-    return cls(**kwargs)
-
 
 def leaves_per_tree(cfg: TrainConfig) -> int:
     """The most leaves one episode can grow: ``branch_factor ** len(branch_at)`` (1 when linear)."""
@@ -549,139 +425,18 @@ def _validate(cfg: TrainConfig) -> None:
         )
 
 
-# --------------------------------------------------------------------------- loading
-
-
-def list_presets() -> list[str]:
-    """Names of the YAML presets shipped with the package (``configs/``, see :func:`presets_dir`)."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-
-
-def _preset_path(preset_or_path: str) -> Path:
-    p = Path(preset_or_path)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
-    candidate = CONFIG_DIR / f"{preset_or_path}.yaml"
-    if candidate.exists():
-        return candidate
-    close = difflib.get_close_matches(preset_or_path, list_presets(), n=3)
-    hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise ConfigError(
-        f"preset: no preset or YAML file named '{preset_or_path}'.{hint} "
-        f"Presets: {', '.join(list_presets())}"
-    )
-
-
-class _Whole(dict):
-    """A mapping given whole on the command line (``env.kwargs={...}``): it replaces, never merges."""
-
-
-class _OverrideText(str):
-    """A scalar as typed on the command line (``trainer.steps=10``). A typed field converts the text
-    itself; an entry of a free-form mapping (``tasks.params.size=600``, ``env.kwargs.call_timeout=3``)
-    has no type to convert to, so it is read as YAML, as the same line in a preset file would be."""
-
-
-def _read_override_texts(value: Any) -> Any:
-    """``value`` with every :class:`_OverrideText` inside it read as a YAML scalar."""
-    if isinstance(value, _OverrideText):
-        try:
-            return yaml.safe_load(str(value)) if str(value).strip() else str(value)
-        except yaml.YAMLError:
-            return str(value)
-    if isinstance(value, dict):
-        return {k: _read_override_texts(v) for k, v in value.items()}
-    return value
-
-
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """Turn ``["a.b=1", "c=x"]`` into a nested mapping ``{"a": {"b": "1"}, "c": "x"}`` (the texts
-    are :class:`_OverrideText`, so that entries of free-form mappings can be read as YAML).
-
-    A value written as a whole mapping (``env.kwargs={}``) replaces the preset's mapping; a dotted
-    key into one (``env.kwargs.answer_format=plain``) changes that entry only.
-    """
-    nested: dict[str, Any] = {}
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}': expected key=value (for example trainer.steps=10)")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
-        cur = nested
-        for part in parts[:-1]:
-            cur = cur.setdefault(part, {})
-            if not isinstance(cur, dict):
-                raise ConfigError(f"override '{item}': '{part}' is not a section")
-        parsed: Any = _OverrideText(value)
-        if value.startswith(("[", "{")):
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"override '{item}': not valid YAML ({e})") from None
-            if isinstance(parsed, dict):
-                parsed = _Whole(parsed)
-        elif value.lower() in ("null", "none", "~"):
-            parsed = None
-        cur[parts[-1]] = parsed
-    return nested
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        if isinstance(v, dict) and not isinstance(v, _Whole) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = dict(v) if isinstance(v, _Whole) else v
-    return out
+# --------------------------------------------------------------------------- loading (the machinery: fr_agents.config_io)
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    cfg = _build(TrainConfig, data)
+    """A :class:`TrainConfig` built from a nested mapping, every key, value and cross-field rule checked."""
+    cfg = build(TrainConfig, data)
     _validate(cfg)
     return cfg
 
 
 def load_config(preset_or_path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Load a preset (a shipped preset's name or a YAML path), apply overrides, validate."""
-    data: dict[str, Any] = {}
-    if preset_or_path:
-        path = _preset_path(preset_or_path)
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        data = loaded
-        data.setdefault("preset", path.stem)
-    data = _merge(data, parse_overrides(overrides or []))
+    data = read_preset(preset_or_path) if preset_or_path else {}
+    data = merge_overrides(data, parse_overrides(overrides or []))
     return config_from_dict(data)
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-def dump_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML (``inf`` survives the round trip)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def annotated_yaml(cfg: TrainConfig) -> str:
-    """The resolved config as YAML, every value followed by its help line (``--dry-run``)."""
-
-    def scalar(value: Any) -> str:
-        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
-
-    def section(obj: Any, indent: str) -> list[str]:
-        hints = typing.get_type_hints(type(obj))
-        lines: list[str] = []
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if dataclasses.is_dataclass(hints[f.name]):
-                lines.append(f"{indent}{f.name}:  # {f.metadata.get('help', '')}")
-                lines += section(value, indent + "  ")
-            else:
-                text = f"{indent}{f.name}: {scalar(value)}"
-                lines.append(f"{text:<48} # {f.metadata.get('help', '')}")
-        return lines
-
-    return "\n".join(section(cfg, ""))
