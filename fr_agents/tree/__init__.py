@@ -3,8 +3,9 @@
 ``TrajectoryTree`` (in :mod:`fr_agents.tree.store`) is what rollout workers write and the learner
 reads; a :class:`Trajectory` (:mod:`fr_agents.tree.trajectory`) is one root-to-leaf path;
 :mod:`fr_agents.tree.batch` turns trajectories into flat or tree-packed tensors and holds the
-project's one log-prob gather. Imports run one way: store -> batch -> trajectory. The batch
-classes import torch, so they load lazily: rollout processes that only write stay light.
+project's one log-prob gather. Imports run one way: store -> nodes (the ``nodes`` table's rows)
+-> trajectory, and store -> batch -> trajectory. The batch classes import torch, so they load
+lazily: rollout processes that only write stay light.
 """
 
 from __future__ import annotations

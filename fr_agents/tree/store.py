@@ -17,7 +17,9 @@ once, a worker that reproduces an already finished path bit for bit gets
 Storage is SQLite (see :mod:`fr_agents.tree.db`): a private in-memory database for
 ``TrajectoryTree()``, a WAL file for ``TrajectoryTree.open(path)``. Every public method is one
 transaction, so concurrent rollout threads/processes and a learner thread/process may share a
-file; bad input raises ``ValueError`` naming the field before anything is written.
+file; bad input raises ``ValueError`` naming the field before anything is written. What a method
+does with the ``nodes`` rows inside its transaction (placing a segment, reading paths back) lives
+in :mod:`fr_agents.tree.nodes`; this module keeps the contract, the checks and the leaves' states.
 
 Consumption (the learner's cursor). ``mark_consumed`` durably marks a batch's leaves consumed
 and tags them with a batch number. ``cursor()`` is the last batch number: store it in a
@@ -42,11 +44,12 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fr_agents.tree.db import Database, bump, counter
+from fr_agents.tree.nodes import NODE_COLS, NodeRow, descend, insert_node, path_rows, read_trajectories
 from fr_agents.tree.prune import (
     STATE_AVAILABLE,
     STATE_CONSUMED,
@@ -56,34 +59,13 @@ from fr_agents.tree.prune import (
     leaf_keys,
     prune_redundant,
 )
-from fr_agents.tree.segment import Segment, check_reward, common_prefix, make_segment, prompt_tokens
+from fr_agents.tree.segment import Segment, check_reward, make_segment, prompt_tokens
 from fr_agents.tree.trajectory import REWARD_MODES, STATUSES, Trajectory
 
 if TYPE_CHECKING:
     from fr_agents.tree.batch import FlatBatch, PackedBatch
 
 log = logging.getLogger(__name__)
-
-_NODE_COLS = "id, parent, root, offset, n, tokens, logprobs, mask, version, created"
-
-
-class NodeRow(NamedTuple):
-    """One ``nodes`` row as :data:`_NODE_COLS` selects it (blobs undecoded)."""
-
-    id: int
-    parent: int | None
-    root: int
-    offset: int
-    n: int
-    tokens: bytes
-    logprobs: bytes | None
-    mask: bytes
-    version: int
-    created: int
-
-    @property
-    def segment(self) -> Segment:
-        return Segment.from_blobs(self.tokens, self.logprobs, self.mask, self.version)
 
 
 class DuplicateLeafError(ValueError):
@@ -166,7 +148,7 @@ class TrajectoryTree:
             ).fetchall():
                 if stored == blob:
                     return int(node)
-            node = _insert(c, None, 0, 0, seg, bump(c, "seq"), root_key=key, meta=meta_json)
+            node = insert_node(c, None, 0, 0, seg, bump(c, "seq"), root_key=key, meta=meta_json)
             c.execute("UPDATE nodes SET root = id WHERE id = ?", (node,))
             return node
 
@@ -194,7 +176,7 @@ class TrajectoryTree:
             if prow is None:
                 raise ValueError(f"parent: unknown node id {parent}")
             p_root, p_offset, p_len = prow
-            tip, created = _descend(c, parent, int(p_root), int(p_offset) + int(p_len), seg)
+            tip, created = descend(c, parent, int(p_root), int(p_offset) + int(p_len), seg)
             if not created:  # an existing node: open unless it is already a finished leaf
                 c.execute(
                     "UPDATE nodes SET tip = 1 WHERE id = ? AND NOT EXISTS (SELECT 1 FROM leaves WHERE id = ?)",
@@ -231,7 +213,7 @@ class TrajectoryTree:
             raise ValueError(f"status: must be one of {STATUSES}, got {status!r}")
         info_json = _json_field(info, "info")
         with self._db.write() as c:
-            rows = _path_rows(c, node)
+            rows = path_rows(c, node)
             if not rows:
                 raise ValueError(f"node: unknown node id {node}")
             if len(rows) == 1:
@@ -293,13 +275,13 @@ class TrajectoryTree:
         """The full root-to-leaf trajectory of a finished leaf."""
         leaf = _node_id(leaf, "leaf")
         with self._db.read() as c:
-            return _trajectories(c, [leaf])[0]
+            return read_trajectories(c, [leaf])[0]
 
     def trajectories(self, leaf_ids: Sequence[int]) -> list[Trajectory]:
         """Several trajectories read from one consistent snapshot."""
         ids = [_node_id(i, "leaf_ids") for i in leaf_ids]
         with self._db.read() as c:
-            return _trajectories(c, ids)
+            return read_trajectories(c, ids)
 
     def leaf_ids(self) -> list[int]:
         """Ids of all finished leaves, oldest (first finished) first."""
@@ -323,7 +305,7 @@ class TrajectoryTree:
         """One node's segment and position."""
         node = _node_id(node, "node")
         with self._db.read() as c:
-            found = c.execute(f"SELECT {_NODE_COLS} FROM nodes WHERE id = ?", (node,)).fetchone()
+            found = c.execute(f"SELECT {NODE_COLS} FROM nodes WHERE id = ?", (node,)).fetchone()
         if found is None:
             raise ValueError(f"node: unknown node id {node}")
         r = NodeRow(*found)
@@ -590,161 +572,6 @@ def _json_field(obj: Any, field: str) -> str | None:
 def _prompt_key(blob: bytes) -> int:
     """Signed 64-bit hash of a prompt's token bytes (lookups also compare the tokens)."""
     return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little", signed=True)
-
-
-def _insert(
-    c: sqlite3.Connection,
-    parent: int | None,
-    root: int,
-    offset: int,
-    seg: Segment,
-    created: int,
-    *,
-    root_key: int | None = None,
-    meta: str | None = None,
-    tip: int = 0,
-) -> int:
-    tokens, logprobs, mask = seg.to_blobs()
-    cur = c.execute(
-        "INSERT INTO nodes(parent, root, offset, n, first_tok, tokens, logprobs, mask, version, created,"
-        " root_key, meta, tip) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            parent,
-            root,
-            offset,
-            len(seg),
-            int(seg.tokens[0]),
-            tokens,
-            logprobs,
-            mask,
-            seg.version,
-            created,
-            root_key,
-            meta,
-            tip,
-        ),
-    )
-    return int(cur.lastrowid)  # type: ignore[arg-type]
-
-
-def _descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Segment) -> tuple[int, bool]:
-    """Place ``seg`` below ``parent`` sharing every common prefix.
-
-    Returns the end node and whether it is a new (open-tip) node holding the unshared rest."""
-    while True:
-        match, lcp = None, 0
-        for found in c.execute(
-            f"SELECT {_NODE_COLS} FROM nodes WHERE parent = ? AND first_tok = ?", (parent, int(seg.tokens[0]))
-        ).fetchall():
-            r = NodeRow(*found)
-            child = r.segment
-            k = common_prefix(seg, child)
-            if k > 0:  # siblings never share a first sample, so at most one child matches
-                match, lcp, child_seg = r, k, child
-                break
-        if match is None:
-            return _insert(c, parent, root, offset, seg, bump(c, "seq"), tip=1), True
-        child_id, child_n = match.id, match.n
-        if lcp < child_n:  # split: a new node takes the shared head; the child keeps its id
-            head = _insert(c, parent, root, offset, child_seg.slice(0, lcp), match.created)
-            tail = child_seg.slice(lcp)
-            t_tokens, t_lp, t_mask = tail.to_blobs()
-            c.execute(
-                "UPDATE nodes SET parent=?, offset=?, n=?, first_tok=?, tokens=?, logprobs=?, mask=?, version=?"
-                " WHERE id=?",
-                (
-                    head,
-                    offset + lcp,
-                    len(tail),
-                    int(tail.tokens[0]),
-                    t_tokens,
-                    t_lp,
-                    t_mask,
-                    tail.version,
-                    child_id,
-                ),
-            )
-            child_id = head
-        if lcp == len(seg):
-            return child_id, False
-        parent, offset, seg = child_id, offset + lcp, seg.slice(lcp)
-
-
-def _path_rows(c: sqlite3.Connection, node: int) -> list[NodeRow]:
-    """The rows of ``node``'s path, root first (empty when ``node`` is unknown)."""
-    rows = c.execute(
-        f"""
-        WITH RECURSIVE up(id) AS (
-            SELECT ? UNION ALL SELECT nodes.parent FROM nodes JOIN up ON nodes.id = up.id
-            WHERE nodes.parent IS NOT NULL
-        )
-        SELECT {_NODE_COLS} FROM nodes WHERE id IN (SELECT id FROM up) ORDER BY offset
-        """,
-        (node,),
-    ).fetchall()
-    return [NodeRow(*r) for r in rows]
-
-
-_READ_CHUNK = 500  # leaves per query (SQLite's bound on a statement's parameters)
-
-
-def _trajectories(c: sqlite3.Connection, leaves: Sequence[int]) -> list[Trajectory]:
-    """The trajectories of ``leaves`` (in that order, repeats allowed), read with two queries per
-    chunk of leaves: their ``leaves`` rows, and every node on their paths (one recursive walk up
-    from all of them). A node shared by several paths is decoded once."""
-    unique = list(dict.fromkeys(leaves))
-    meta: dict[int, tuple[Any, ...]] = {}
-    paths: dict[int, list[NodeRow]] = {}
-    for i in range(0, len(unique), _READ_CHUNK):
-        part = unique[i : i + _READ_CHUNK]
-        marks = ",".join("?" * len(part))
-        for row in c.execute(
-            f"SELECT id, root, reward, partial_score, status, info FROM leaves WHERE id IN ({marks})", part
-        ):
-            meta[int(row[0])] = row[1:]
-        for row in c.execute(
-            f"""
-            WITH RECURSIVE up(leaf, id) AS (
-                SELECT id, id FROM leaves WHERE id IN ({marks})
-                UNION ALL SELECT up.leaf, nodes.parent FROM nodes JOIN up ON nodes.id = up.id
-                WHERE nodes.parent IS NOT NULL
-            )
-            SELECT up.leaf, {", ".join("nodes." + col for col in _NODE_COLS.split(", "))}
-            FROM up JOIN nodes ON nodes.id = up.id ORDER BY up.leaf, nodes.offset
-            """,
-            part,
-        ):
-            paths.setdefault(int(row[0]), []).append(NodeRow(*row[1:]))
-    for leaf in unique:
-        if leaf not in meta:
-            raise ValueError(f"leaf: {leaf} is not a finished leaf")
-    segments: dict[int, Segment] = {}
-    built = {leaf: _trajectory(leaf, meta[leaf], paths[leaf], segments) for leaf in unique}
-    return [built[leaf] for leaf in leaves]
-
-
-def _trajectory(leaf: int, meta: tuple[Any, ...], rows: list[NodeRow], segments: dict[int, Segment]) -> Trajectory:
-    root, reward, partial_score, status, info = meta
-    for r in rows:
-        if r.id not in segments:
-            segments[r.id] = r.segment
-    segs = [segments[r.id] for r in rows]
-    mask = np.concatenate([s.mask for s in segs])
-    return Trajectory(
-        leaf_id=leaf,
-        root_id=int(root),
-        token_ids=np.concatenate([s.tokens for s in segs]).tolist(),
-        logprobs=np.concatenate([s.logprobs for s in segs]).astype(np.float64).tolist(),
-        policy_mask=mask.tolist(),
-        versions=np.concatenate([s.versions for s in segs]).tolist(),
-        reward=float(reward),
-        partial_score=None if partial_score is None else float(partial_score),
-        status=str(status),
-        info=json.loads(info) if info else {},
-        prompt_len=len(segs[0]),
-        path=[r.id for r in rows],
-        offsets=[r.offset for r in rows],
-    )
 
 
 def _consume(c: sqlite3.Connection, ids: list[int]) -> int:
