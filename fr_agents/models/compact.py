@@ -162,16 +162,22 @@ class CompactCache:
             k[dst] = k[src]
         self.lengths[dst] = self.lengths[src]
 
-    def grow(self, slots: int) -> None:
-        """At least ``slots`` token slots per row, keeping every row's cached tokens."""
-        if slots <= self.slots:
+    def grow(self, rows: int, slots: int) -> None:
+        """At least ``rows`` rows of at least ``slots`` token slots, keeping every row's cached tokens."""
+        rows, slots = max(rows, self.keys[0].shape[0]), max(slots, self.slots)
+        if (rows, slots) == (self.keys[0].shape[0], self.slots):
             return
-        def wider(t: Tensor) -> Tensor:
-            out = t.new_zeros((*t.shape[:2], slots, t.shape[3]))
-            out[:, :, : t.shape[2]] = t
+
+        def larger(t: Tensor) -> Tensor:
+            out = t.new_zeros((rows, t.shape[1], slots, t.shape[3]))
+            out[: t.shape[0], :, : t.shape[2]] = t
             return out
-        self.keys = [wider(k) for k in self.keys]
-        self.values = [wider(v) for v in self.values]
+
+        self.keys = [larger(k) for k in self.keys]
+        self.values = [larger(v) for v in self.values]
+        lengths = self.lengths.new_zeros(rows)
+        lengths[: self.lengths.shape[0]] = self.lengths
+        self.lengths = lengths
 
 
 def fused_weights(model: torch.nn.Module) -> list[tuple[Tensor, Tensor | None, Tensor]]:

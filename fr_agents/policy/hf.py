@@ -302,6 +302,7 @@ class HFEngine(Engine):
         self.stats["shared_prefill_tokens"] += wave.shared
         logits = wave.first_logits()
         active = list(reqs)  # the rows in the batch, in the wave's row order
+        joining: list[_Request] = []
         try:
             while True:
                 self.stats["steps"] += 1
@@ -339,7 +340,7 @@ class HFEngine(Engine):
                     active += joining
                 logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         except BaseException as e:
-            for r in active:  # joined rows are not in the list the caller fails (each is told once)
+            for r in active + joining:  # joined rows are not in the list the caller fails (each is told once)
                 r.resolve(False, e)
             raise
 
@@ -468,8 +469,8 @@ class _TransformersWave:
 class _CompactWave:
     """A running batch through :mod:`fr_agents.models.compact` that requests join and leave.
 
-    Its :class:`CompactCache` has a row for each of the engine's ``max_batch_size`` places; the live
-    rows are always the first ones. A finished row's place is taken by a live row from the end
+    Its :class:`CompactCache` starts with a row per first request and grows (doubling, up to the
+    engine's ``max_batch_size`` places) when joins need more; the live rows are always the first ones. A finished row's place is taken by a live row from the end
     (:meth:`select` copies that one row's cache), and queued requests join between two decode
     steps (:meth:`admit`: their prompts are prefilled right into the next free rows, the shared
     opening once), so the batch stays full while episodes come and go instead of draining to its
@@ -479,7 +480,8 @@ class _CompactWave:
 
     def __init__(self, engine: HFEngine, reqs: list[_Request], shared: int) -> None:
         self.engine, self.model, self.device = engine, engine.model, engine.device
-        self.cache = CompactCache(self.model, engine.max_batch_size, self._slots(reqs), self.device)
+        # rows for the first requests; joins add rows as they need them, up to max_batch_size
+        self.cache = CompactCache(self.model, len(reqs), self._slots(reqs), self.device)
         self.live = 0
         self.shared = shared
         self.first = reqs
@@ -493,7 +495,9 @@ class _CompactWave:
 
     def admit(self, reqs: list[_Request], shared: int) -> torch.Tensor:
         """Prefill ``reqs`` into the next free rows; their first logits ``[len(reqs), V]``."""
-        self.cache.grow(self._slots(reqs))
+        need = self.live + len(reqs)
+        rows = min(self.engine.max_batch_size, max(need, 2 * self.cache.keys[0].shape[0]))
+        self.cache.grow(rows, self._slots(reqs))
         lengths = [len(r.prompt_ids) for r in reqs]
         ids = torch.full((len(reqs), max(lengths)), self.engine.pad_id, dtype=torch.long, device=self.device)
         for i, r in enumerate(reqs):

@@ -184,6 +184,36 @@ def test_requests_queued_while_a_compact_batch_decodes_join_it_and_sample_what_t
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
+def test_a_running_batch_that_starts_with_one_row_grows_its_cache_as_requests_arrive() -> None:
+    """Requests arriving one by one: the batch starts with one row and its cache grows (doubling, up
+    to max_batch_size) as they join; every request samples what transformers' waves sample."""
+    import asyncio
+
+    from fr_agents.policy.base import SamplingOptions
+    from fr_agents.policy.hf import HFEngine
+
+    model = qwen2(seed=2)
+
+    async def staggered(engine):
+        async def one(i):
+            await asyncio.sleep(0.002 * i)
+            return await engine.generate(list(range(10, 12 + i % 5)),
+                                         SamplingOptions(max_tokens=12, seed=i, stop_token_ids=(7,)))
+        try:
+            return await asyncio.gather(*(one(i) for i in range(20)))
+        finally:
+            await engine.close()
+
+    compact = HFEngine(model, max_batch_size=8, batch_wait_s=0.001, max_wait_s=0.001)
+    got = asyncio.run(staggered(compact))
+    want = asyncio.run(staggered(HFEngine(model, max_batch_size=8, compact=False)))
+    assert compact.stats["joined"] > 0 and compact.stats["rows"] == 20
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids
+        # batch shapes here follow arrival timing on both sides: float32 rounding, relative to the value
+        assert a.logprobs == pytest.approx(b.logprobs, rel=1e-5, abs=1e-5)
+
+
 @pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
 def test_a_bfloat16_copy_runs_the_compact_generation_forward_with_bfloat16_rounding(build) -> None:
     """A bfloat16 copy of the policy (``rollout.dtype``) qualifies for the compact prefill and
