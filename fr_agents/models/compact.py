@@ -139,12 +139,6 @@ class CompactCache:
         """Token slots per row."""
         return int(self.keys[0].shape[2])
 
-    def select(self, rows: Tensor) -> None:
-        """Keep only ``rows`` (indices into the current rows), in that order."""
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
-        self.lengths = self.lengths.index_select(0, rows)
-
     def rows(self, start: int, stop: int) -> CompactCache:
         """Rows ``start .. stop - 1`` as a cache of their own that shares this one's storage: what
         :func:`compact_prefill` or :func:`compact_decode` writes into it (keys, values, lengths)
