@@ -169,11 +169,16 @@ class RolloutConfig:
                               "tree of up to branch_factor ** len(branch_at) leaves sharing their prefixes", rule=_at_least(1))
     branch_at: list[int] = _opt(help="turn boundaries at which episodes fork (0: before the first action); needs branch_factor > 1",
                                 factory=list)
-    branch_policy: str = _opt("fixed", help="fixed: fork at every turn of branch_at; entropy: a path forks at a branch_at turn "
-                              "only when its last action's mean surprisal (-mean log-prob) >= branch_entropy",
-                              choices=("fixed", "entropy"))
-    branch_entropy: float = _opt(1.0, help="branch_policy=entropy: the mean surprisal (nats per token) at which a path forks",
-                                 rule=_at_least(0))
+    branch_policy: str = _opt("fixed", help="where an episode forks. fixed: before the reply of every turn of branch_at "
+                              "(branch_factor fresh replies); entropy: as fixed, but a path forks at a branch_at turn "
+                              "only when its last action's mean surprisal (-mean log-prob) >= branch_entropy; token: "
+                              "inside the reply of each branch_at turn: one reply is sampled, then branch_factor - 1 "
+                              "continuations each keep it up to one of its highest-entropy tokens (>= branch_entropy) "
+                              "and sample afresh from there (the hf engine reports the entropies)",
+                              choices=("fixed", "entropy", "token"))
+    branch_entropy: float = _opt(1.0, help="branch_policy=entropy: the mean surprisal (nats per token) at which a path "
+                                 "forks; branch_policy=token: the entropy (nats) a token needs to be a fork point (0: the "
+                                 "top branch_factor - 1 tokens whatever their entropy)", rule=_at_least(0))
     tree_budget_tokens: int = _opt(0, help="policy tokens one episode tree may sample (0: no budget); split equally among "
                                    "siblings at each fork; a branch whose share is spent ends truncated", rule=_at_least(0))
     max_policy_lag: int = _opt(2, help="batch k is sampled with policy version k - max_policy_lag (0: synchronous)",
@@ -397,13 +402,16 @@ def _validate(cfg: TrainConfig) -> None:
         bad("rollout.branch_at", f"lists a turn twice: {r.branch_at}")
     if r.branch_at and max(r.branch_at) >= max(1, cfg.env.max_turns):
         bad("rollout.branch_at", f"turn {max(r.branch_at)} is never reached with env.max_turns={cfg.env.max_turns}")
+    if r.branch_policy == "token" and r.engine != "hf":
+        bad("rollout.branch_policy", f"token forks at the tokens of highest entropy, which the hf engine reports; "
+            f"rollout.engine={r.engine!r} does not")
     if r.branch_factor > 1:
         per_tree = leaves_per_tree(cfg) * (o.grpo_group_size if o.algo == "grpo" else 1)
         if t.batch_size % per_tree:
             bad("trainer.batch_size", f"{t.batch_size} must be a multiple of the leaves per scheduled prompt, {per_tree} "
                 f"(group size x branch_factor ** len(branch_at))")
-    if o.baseline == "tree" and o.algo != "flashreinforce":
-        bad("objective.baseline", f"tree is a FlashREINFORCE baseline; objective.algo={o.algo} has its own group baseline")
+    if o.baseline in ("tree", "nodes") and o.algo != "flashreinforce":
+        bad("objective.baseline", f"{o.baseline} is a FlashREINFORCE baseline; objective.algo={o.algo} has its own group baseline")
     if o.algo != "flashreinforce" and o.negative_min_prob > 0:
         bad("objective.negative_min_prob", f"{o.negative_min_prob} filters FlashREINFORCE's tokens; objective.algo={o.algo} "
             "would ignore it (set it to 0)")

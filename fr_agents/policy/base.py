@@ -29,6 +29,7 @@ class SamplingOptions:
     top_k: int = 0
     importance_correction: bool = True
     seed: int | None = None
+    entropies: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -53,7 +54,8 @@ class Generation:
     ``versions`` holds the policy version that sampled each token (an engine may swap weights
     between two decode steps of one generation); ``version`` is the oldest of them, the
     conservative value for staleness accounting. Engines that never swap mid-generation may leave
-    ``versions`` empty, meaning "every token has ``version``".
+    ``versions`` empty, meaning "every token has ``version``". ``entropies`` holds the entropy (nats)
+    of the distribution each token was drawn from when the request asked for them, else is empty.
     """
 
     token_ids: list[int]
@@ -62,6 +64,7 @@ class Generation:
     finish_reason: Literal["stop", "length"] = "length"
     extra: dict[str, Any] = field(default_factory=dict)
     versions: list[int] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
 
     def token_versions(self) -> list[int]:
         """The version of every token (``versions`` or ``version`` repeated)."""

@@ -73,6 +73,7 @@ class _Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)  # filled when options.entropies
     told: bool = False
 
     def resolve(self, ok: bool, value: Any) -> None:
@@ -307,6 +308,7 @@ class HFEngine(Engine):
             while True:
                 self.stats["steps"] += 1
                 tokens = self._sample(active, logits)
+                self._record_entropies(active, logits)
                 keep: list[int] = []
                 for row, r in enumerate(active):
                     tok, lp = tokens[row]
@@ -321,7 +323,8 @@ class HFEngine(Engine):
                         keep.append(row)
                     else:
                         r.resolve(True, Generation(token_ids=r.token_ids, logprobs=r.logprobs, version=min(r.versions),
-                                                   finish_reason=reason, versions=r.versions))
+                                                   finish_reason=reason, versions=r.versions,
+                                                   entropies=r.entropies))
                 # a running compact batch takes queued requests into the places finished rows left
                 joining = self._join(self.max_batch_size - len(keep)) if wave.joinable else []
                 if not keep and not joining:
@@ -400,6 +403,19 @@ class HFEngine(Engine):
             tok = int(torch.multinomial(row.exp(), 1, generator=r.generator or self._gen))
             out[i] = (tok, float(row[tok]))
         return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _record_entropies(reqs: list[_Request], logits: torch.Tensor) -> None:
+        """Append, for each row whose request asked for entropies, the entropy (nats) of the tempered
+        distribution its token was just drawn from; rows that did not ask cost nothing."""
+        want = [i for i, r in enumerate(reqs) if r.options.entropies]
+        if not want:
+            return
+        temps = torch.tensor([reqs[i].options.temperature for i in want], dtype=torch.float32, device=logits.device)
+        logp = torch.log_softmax(logits[want].float() / temps[:, None], dim=-1)
+        ent = -(logp.exp() * logp).nan_to_num().sum(dim=-1)  # 0 * -inf (a masked token) counts as 0
+        for i, h in zip(want, ent.tolist(), strict=True):
+            reqs[i].entropies.append(h)
 
     def _finished(self, r: _Request) -> str | None:
         o = r.options

@@ -96,6 +96,9 @@ class VLLMEngine(Engine):
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("prompt_ids must not be empty")
+        if options.entropies:
+            raise NotImplementedError("vLLM engine: per-token entropies (SamplingOptions.entropies, asked for by "
+                                      "rollout.branch_policy=token) need the hf engine")
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put((ids, options, fut))
         return fut

@@ -41,6 +41,17 @@ tokens (minus the mean behaviour log-prob, an estimate of the policy's entropy t
 continuations; a path's decision depends only on its own tokens (deterministic for exact resume),
 and a tree still has at most ``branch_factor ** len(branch_at)`` leaves.
 
+In-turn branching. With ``branch_policy="token"`` a path forks *inside* its reply at each turn of
+``branch_at``, where the policy was uncertain: it samples the reply once, with the entropy of every
+token's distribution (the hf engine reports them), and each of ``branch_factor - 1``
+continuations keeps that reply up to one of its highest-entropy tokens (those below
+``branch_entropy`` are never fork points) and samples that token and the rest afresh. The
+continuations store the shared head once more under the same node; the store shares it (a fork
+point becomes a node boundary), so a tree holds the prompt and each shared head once. The
+continuations' envs are forked before the first reply is acted on; each path then goes on like
+any other (and forks again at a later turn of ``branch_at``). A tree has at most
+``branch_factor ** len(branch_at)`` leaves, as with the other policies.
+
 Tree token budget. ``tree_budget_tokens`` (0: none) bounds the policy tokens one episode tree
 samples: the root branch holds the whole budget, and at each fork the remaining budget is split
 equally among the continuations (so the total never exceeds it, and which branch is cut does not
@@ -167,6 +178,14 @@ async def _in_thread(fn: Callable[..., Any], *a: Any) -> Any:
     return await _ENV_POOL.call(fn, *a)
 
 
+def fork_positions(entropies: list[float], n: int, floor: float) -> list[int]:
+    """Where an in-turn fork resamples a reply: the positions of its ``n`` highest-entropy tokens
+    whose entropy is at least ``floor`` (ties: the earlier token first), in reply order. A
+    continuation keeps the reply before the position and samples that token afresh."""
+    ranked = sorted(range(len(entropies)), key=lambda i: (-entropies[i], i))
+    return sorted(i for i in ranked[:n] if entropies[i] >= floor)
+
+
 
 class _Episode:
     """One episode in progress (all its branches), against one engine and one tree: the state
@@ -266,31 +285,41 @@ class _Episode:
                 gen = await self.scripted_reply(b, budget)
                 if gen is None:
                     return [await self.finish(b, "truncated", reason="context")]
+            elif self.forks_in_turn(b):
+                return await self.branch_in_turn(b, opts)
             else:
                 gen = await (b.engine or self.engine).generate(b.held_ids, opts)  # type: ignore[union-attr]
                 await self.store_generation(b, gen)
-            action = self.action_text(gen)
-            self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
-            env = b.env
-            try:
-                obs, reward, terminated, truncated, info = await _in_thread(self.step_env, env, action)
-            except InfrastructureFailure as e:  # the grader could not judge it: not a reward of 0
-                return [await self.finish(b, "aborted", failure=e)]
-            obs = _check_obs(env, obs, f"step() at turn {b.turn}")
-            b.actions.append(action)
-            b.observations.append(obs)
-            b.rewards.append(float(reward))
-            b.info = dict(info or {})
-            b.turn += 1
-            self.emit(
-                "observation", turn=b.turn - 1, text=obs, reward=float(reward), done=terminated or truncated
-            )
-            if terminated:
-                return [await self.finish(b, "finished")]
-            if truncated or b.turn >= self.opt.max_turns:
-                return [await self.finish(b, "truncated", reason="env" if truncated else "max_turns")]
-            if not await self.append_observation(b, action, obs):
-                return [await self.finish(b, "truncated", reason="context")]
+            leaves = await self.act(b, gen)
+            if leaves is not None:
+                return leaves
+
+    async def act(self, b: _Branch, gen: Generation) -> list[LeafResult] | None:
+        """Step ``b``'s env with the reply ``gen`` (already stored) and append the observation; the
+        branch's leaves when that ended it, else None (the branch goes on)."""
+        action = self.action_text(gen)
+        self.emit("action", turn=b.turn, text=action, finish_reason=gen.finish_reason)
+        env = b.env
+        try:
+            obs, reward, terminated, truncated, info = await _in_thread(self.step_env, env, action)
+        except InfrastructureFailure as e:  # the grader could not judge it: not a reward of 0
+            return [await self.finish(b, "aborted", failure=e)]
+        obs = _check_obs(env, obs, f"step() at turn {b.turn}")
+        b.actions.append(action)
+        b.observations.append(obs)
+        b.rewards.append(float(reward))
+        b.info = dict(info or {})
+        b.turn += 1
+        self.emit(
+            "observation", turn=b.turn - 1, text=obs, reward=float(reward), done=terminated or truncated
+        )
+        if terminated:
+            return [await self.finish(b, "finished")]
+        if truncated or b.turn >= self.opt.max_turns:
+            return [await self.finish(b, "truncated", reason="env" if truncated else "max_turns")]
+        if not await self.append_observation(b, action, obs):
+            return [await self.finish(b, "truncated", reason="context")]
+        return None
 
     def step_env(self, env: Any, action: str) -> tuple[Any, Any, bool, bool, Any]:
         """``env.step(action)`` in an env thread. A step that ends the episode (terminated or
@@ -315,8 +344,10 @@ class _Episode:
             ids = ids[:-1]
         return decode(self.tok, ids)
 
-    async def store_generation(self, b: _Branch, gen: Generation) -> None:
-        """Append the sampled tokens (split into runs of equal version) and extend the held text."""
+    async def store_generation(self, b: _Branch, gen: Generation, sampled: int | None = None) -> None:
+        """Append the reply's tokens (split into runs of equal version) and extend the held text.
+        ``sampled``: how many of them this branch sampled itself (default all; an in-turn fork's
+        continuation stores the shared head of its reply again, and the store shares it)."""
         versions = gen.token_versions()
         start = 0
         for i in range(1, len(versions) + 1):
@@ -336,9 +367,10 @@ class _Episode:
         body = ids[:-1] if stop_tail else ids
         b.held_text += decode(self.tok, body) + (decode(self.tok, ids[-1:]) if stop_tail else "")
         b.held_ids.extend(ids)
+        own = len(ids) if sampled is None else sampled
         b.policy_tokens += len(ids)
-        b.sampled += len(ids)
-        b.budget -= len(ids)
+        b.sampled += own
+        b.budget -= own
         b.surprisal = -sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
 
     async def scripted_reply(self, b: _Branch, budget: int) -> Generation | None:
@@ -449,14 +481,84 @@ class _Episode:
     # ------------------------------------------------------------------ branching
 
     def should_branch(self, b: _Branch) -> bool:
-        """Whether ``b`` forks now: at a turn of ``branch_at`` it has not forked at, and (entropy
-        policy) only when its last action's mean surprisal reaches ``branch_entropy``."""
+        """Whether ``b`` forks now, before its reply: at a turn of ``branch_at`` it has not forked
+        at, and (entropy policy) only when its last action's mean surprisal reaches
+        ``branch_entropy``. The token policy forks inside the reply instead (:meth:`forks_in_turn`)."""
         if self.opt.branch_factor < 2 or b.turn not in self.opt.branch_at or b.turn in b.branched:
+            return False
+        if self.opt.branch_policy == "token":
             return False
         if self.opt.branch_policy == "entropy" and b.turn > 0 and b.surprisal < self.opt.branch_entropy:
             b.branched.add(b.turn)  # decided: this path goes on alone
             return False
         return True
+
+    def forks_in_turn(self, b: _Branch) -> bool:
+        """Whether ``b``'s next reply is sampled once and then forked at its uncertain tokens (token
+        policy, a turn of ``branch_at`` it has not forked at)."""
+        return (self.opt.branch_policy == "token" and self.opt.branch_factor >= 2
+                and b.turn in self.opt.branch_at and b.turn not in b.branched)
+
+    async def branch_in_turn(self, b: _Branch, opts: SamplingOptions) -> list[LeafResult]:
+        """Fork ``b`` inside its reply (token policy, module docstring "In-turn branching").
+
+        ``b`` samples its reply with per-token entropies; each of up to ``branch_factor - 1``
+        continuations keeps that reply up to one fork point (:func:`fork_positions`) and samples
+        the rest afresh from there, with its own env (forked before the reply is acted on) and its
+        own seed stream. The continuations store the shared head again under the same node, where
+        the store shares it (so a fork point is a node boundary), and each counts only the tokens it
+        sampled itself. The tree budget left after the first reply is split equally among all the
+        paths; with less than a token each, nobody forks."""
+        b.branched.add(b.turn)
+        parent_engine = b.engine or self.engine
+        gen = await parent_engine.generate(b.held_ids, replace(opts, entropies=True))  # type: ignore[union-attr]
+        if gen.token_ids and len(gen.entropies) != len(gen.token_ids):
+            raise ValueError(f"rollout.branch_policy=token: the engine {type(parent_engine).__name__} returned "
+                             f"{len(gen.entropies)} entropies for {len(gen.token_ids)} tokens; use rollout.engine=hf")
+        spots = fork_positions(gen.entropies, self.opt.branch_factor - 1, self.opt.branch_entropy)
+        share = (b.budget - len(gen.token_ids)) / (len(spots) + 1)
+        if share < 1:
+            spots = []
+        clones: list[_Branch] = []
+        for _ in spots:  # envs before the reply is acted on: each continuation acts on its own
+            try:
+                env = await self.fork_env(b)
+            except InfrastructureFailure:  # no env for a continuation: fewer forks
+                log.warning("an in-turn fork could not get an env; %d continuations instead of %d",
+                            len(clones), len(spots), exc_info=True)
+                break
+            clones.append(b.fork(env))
+        spots = spots[: len(clones)]
+        await self.store_generation(b, gen)
+        per_branch = getattr(parent_engine, "branch", None)
+        if callable(per_branch):
+            for i, c in enumerate([b, *clones]):
+                c.engine = per_branch(i)
+        if clones:
+            for c in [b, *clones]:
+                c.budget = share
+        self.emit("fork", turn=b.turn, positions=list(spots))
+
+        async def first() -> list[LeafResult]:
+            leaves = await self.act(b, gen)
+            return leaves if leaves is not None else await self.run(b)
+
+        results = await asyncio.gather(first(), *(self.continue_at(c, gen, p, opts) for c, p in zip(clones, spots, strict=True)))
+        return [leaf for leaves in results for leaf in leaves]
+
+    async def continue_at(self, c: _Branch, gen: Generation, at: int, opts: SamplingOptions) -> list[LeafResult]:
+        """The continuation of an in-turn fork: ``gen``'s first ``at`` tokens, then what ``c``'s
+        engine samples from there; stored, acted on and run on like any reply."""
+        head = gen.token_ids[:at]
+        room = int(min(opts.max_tokens - at, c.budget, self.opt.max_context - len(c.held_ids) - at))
+        tail = await (c.engine or self.engine).generate(  # type: ignore[union-attr]
+            c.held_ids + head, replace(opts, max_tokens=max(1, room), entropies=False))
+        versions = gen.token_versions()[:at] + tail.token_versions()
+        whole = Generation(token_ids=head + tail.token_ids, logprobs=gen.logprobs[:at] + tail.logprobs,
+                           version=min(versions), finish_reason=tail.finish_reason, versions=versions)
+        await self.store_generation(c, whole, sampled=len(tail.token_ids))
+        leaves = await self.act(c, whole)
+        return leaves if leaves is not None else await self.run(c)
 
     async def branch(self, b: _Branch) -> list[LeafResult]:
         """Fork ``b`` into ``branch_factor`` continuations. An engine with ``branch(i)`` (the

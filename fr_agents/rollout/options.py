@@ -38,12 +38,13 @@ class RolloutOptions:
     top_k: int = 0
     importance_correction: bool = True
     tree_budget_tokens: int = 0  # policy tokens per episode tree (0: no budget)
-    branch_policy: Literal["fixed", "entropy"] = "fixed"
-    branch_entropy: float = 0.0  # entropy policy: fork when the last action's mean surprisal >= this
+    branch_policy: Literal["fixed", "entropy", "token"] = "fixed"
+    # entropy: fork when the last action's mean surprisal >= this; token: a fork point's entropy >= this
+    branch_entropy: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.branch_policy not in ("fixed", "entropy"):
-            raise ValueError(f"branch_policy must be 'fixed' or 'entropy', got {self.branch_policy!r}")
+        if self.branch_policy not in ("fixed", "entropy", "token"):
+            raise ValueError(f"branch_policy must be 'fixed', 'entropy' or 'token', got {self.branch_policy!r}")
         if not float(self.branch_entropy) >= 0:
             raise ValueError(f"branch_entropy must be >= 0, got {self.branch_entropy}")
         if int(self.tree_budget_tokens) < 0:
