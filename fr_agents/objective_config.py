@@ -23,7 +23,7 @@ from typing import Any
 AGGREGATIONS = ("sample_mean", "token_mean")
 ALGOS = ("flashreinforce", "grpo")
 #: the flashreinforce advantage: against the batch mean, or also against the leaf's branching node
-BASELINES = ("batch", "tree")
+BASELINES = ("batch", "tree", "nodes")
 #: where objective.negative_min_prob cuts a row pushed down: its unlikely tokens, or from the first one on
 MIN_PROB_SCOPES = ("token", "suffix")
 
@@ -136,8 +136,10 @@ class ObjectiveConfig:
                                           "(only its unlikely tokens) or suffix (from its first unlikely token to the row's "
                                           "end: the tokens after an unlikely deviation are its consequences; see "
                                           "trainer/objective.py)", choices=MIN_PROB_SCOPES)
-    baseline: str = option("batch", help="flashreinforce advantage: batch (R - batch mean) or tree (also against the mean "
-                           "of the leaves sharing the leaf's branching node, TreeRL-style; see trainer/objective.py)",
+    baseline: str = option("batch", help="flashreinforce advantage: batch (R - batch mean), tree (also against the mean "
+                           "of the leaves sharing the leaf's branching node, TreeRL-style) or nodes (per token: the value "
+                           "of the tree node it lies in, the mean reward of the leaves under it, minus that of the fork "
+                           "above, or the batch mean above the first fork; see trainer/objective.py)",
                            choices=BASELINES)
     grpo_group_size: int = option(4, help="samples per prompt when objective.algo=grpo", rule=at_least(1))
     grpo_clip: float = option(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=positive)

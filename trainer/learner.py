@@ -238,7 +238,8 @@ class Learner:
         try:
             advantages = self._finite(batch_advantages(
                 self.objective, rewards, weights=weights, branch_rows=getattr(flat, "branch_rows", None),
-                root_ids=getattr(flat, "root_ids", None)))
+                root_ids=getattr(flat, "root_ids", None), node_spans=getattr(flat, "node_spans", None),
+                width=int(flat.token_ids.shape[1])))
         except NonFiniteLossError as e:
             e.batch = batch
             raise
@@ -383,7 +384,7 @@ class Learner:
             flat.behavior_logprobs[rows, : out.width].to(device),
             flat.rewards[rows].to(device),
             out.action_mask,
-            advantages=advantages[on_device],
+            advantages=advantages[on_device] if advantages.dim() == 1 else advantages[on_device, : out.width],
             num_rows=num_rows,
             num_tokens=num_tokens,
             entropies=out.entropies,

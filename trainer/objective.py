@@ -46,6 +46,22 @@ where ``S(i)`` is the set of batch rows whose path passes through row ``i``'s br
 takes ``A_i = R_i - mean_j R_j``, so on a batch without branching the tree baseline equals the
 batch baseline. The advantages are then used exactly as above.
 
+Node-value baseline (``objective.baseline: nodes``). A tree's inner nodes get values from their
+leaves' outcomes, and each token is credited with what the branch it chose was worth. With
+``V(n)`` the mean reward of the batch rows whose path passes through node ``n`` (the leaves under
+it), a token in node ``n`` of row ``i`` gets::
+
+    A_it = V(n) - V(m)            m: the nearest node above n on the path with more rows through it
+    A_it = V(n) - mean_j R_j      when no node above n has more rows (the top of the tree)
+
+So below a fork a token is measured against the fork (the alternatives it chose among), and the
+shared head above the first fork against the batch, as the batch baseline measures a whole row.
+The advantages are per token (``[B, T]``): two rows through a shared node give its tokens the same
+advantage, and the leaf's own tail gets ``R_i - V(fork)``. A linear episode (every node on one
+row) gets ``R_i - mean_j R_j`` on every token: the batch baseline. The store splits nodes where
+paths diverge (:func:`fr_agents.tree.batch.node_spans`), so "the nodes of a row" are exactly its
+shared and unshared parts. Used as above, with ``A_it`` in place of ``A_i``.
+
 Merged rows (``weights``). Sibling branches whose continuations came out identical are one
 stored leaf, trained as one row that stands for all of them: ``w_i`` is the number of sampled
 leaves row ``i`` stands for (1 without merging). Every mean above is then a mean over the sampled
@@ -143,8 +159,11 @@ def _validate_rows(
     return b, t
 
 
-def _validate_advantages(advantages: Tensor, b: int, device: torch.device) -> None:
-    _check_tensor("advantages", advantages, shape=(b,), device=device, kind="float")
+def _validate_advantages(advantages: Tensor, b: int, device: torch.device, width: int | None = None) -> None:
+    """``[B]`` (one per row), or ``[B, T]`` (one per token, the nodes baseline) where ``width`` is given."""
+    per_token = width is not None and isinstance(advantages, Tensor) and advantages.dim() == 2
+    shape = (b, width) if per_token else (b,)
+    _check_tensor("advantages", advantages, shape=shape, device=device, kind="float")  # type: ignore[arg-type]
     if not bool(torch.isfinite(advantages).all()):
         raise ValueError("advantages: every advantage must be finite")
 
@@ -209,6 +228,43 @@ def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]], weigh
             idx = torch.as_tensor(list(rows), device=r.device)
             local = _weighted_mean(r[idx], None if weights is None else weights[idx])
             out[i] = 0.5 * global_adv[i] + 0.5 * (r[i] - local)
+    return out.detach()
+
+
+def node_value_advantages(
+    rewards: Tensor, spans: Sequence[Sequence[tuple[int, int, int]]], width: int, weights: Tensor | None = None
+) -> Tensor:
+    """The nodes baseline's per-token advantages ``[B, width]`` (module docstring), detached.
+
+    ``spans[i]`` is row ``i``'s path as ``(node, start, end)`` token spans, root first
+    (:func:`fr_agents.tree.batch.node_spans`); a node's value is the mean reward of the rows
+    through it (over the sampled leaves they stand for, with ``weights``)."""
+    r = rewards.detach()
+    b = r.shape[0]
+    if len(spans) != b or any(not row for row in spans):
+        raise ValueError(f"node_spans: baseline=nodes needs each of the {b} rows' path spans (build the batch from the tree)")
+    if weights is not None:
+        validate_weights(weights, b, r.device)
+    w = torch.ones_like(r) if weights is None else weights.to(r.dtype)
+    mass: dict[int, float] = {}
+    paid: dict[int, float] = {}
+    rows: dict[int, int] = {}
+    for i, row in enumerate(spans):
+        for node, _, _ in row:
+            mass[node] = mass.get(node, 0.0) + float(w[i])
+            paid[node] = paid.get(node, 0.0) + float(w[i] * r[i])
+            rows[node] = rows.get(node, 0) + 1
+    value = {n: paid[n] / mass[n] for n in mass}
+    top = float(_weighted_mean(r, weights))
+    out = torch.zeros((b, width), dtype=r.dtype, device=r.device)
+    for i, row in enumerate(spans):
+        ref, above = top, None  # the value a node is measured against; the rows through the node above
+        prev = top
+        for node, start, end in row:
+            if above is not None and rows[node] < above:
+                ref = prev  # the node above had more rows: this node is one branch of it
+            out[i, start:min(end, width)] = value[node] - ref
+            prev, above = value[node], rows[node]
     return out.detach()
 
 
@@ -352,7 +408,7 @@ def flashreinforce_loss(
         if bool((action_mask & ~torch.isfinite(entropies)).any()):
             raise ValueError("entropies: a policy token has a non-finite entropy")
     if advantages is not None:
-        _validate_advantages(advantages, b, log_probs.device)
+        _validate_advantages(advantages, b, log_probs.device, width=log_probs.shape[1])
     if num_rows is not None:
         _positive_int("num_rows", num_rows)
     if num_tokens is not None:
@@ -367,6 +423,7 @@ def flashreinforce_loss(
     cur = torch.where(mask, log_probs.to(dtype), zero)
     beh = torch.where(mask, behavior_log_probs.detach().to(dtype), zero)
     adv = (centered_advantages(rewards, weights) if advantages is None else advantages.detach()).to(dtype)
+    adv_t = adv[:, None] if adv.dim() == 1 else torch.where(mask, adv, zero)  # per row, or per token (nodes)
     t_i = mask.sum(dim=1).to(dtype)
     w = None if weights is None else weights.detach().to(dtype)
 
@@ -387,10 +444,10 @@ def flashreinforce_loss(
             cut = beh < math.log(negative_min_prob)  # keep is already within the policy tokens
             if negative_min_prob_scope == "suffix":
                 cut = cut.cumsum(dim=1) > 0
-            keep = keep & ~((adv[:, None] < 0) & cut)
+            keep = keep & ~((adv_t < 0) & cut)
         weight_ratio = ratio if importance_sampling else mask.to(dtype)
-        row_factor = adv if w is None else w * adv
-        weight = torch.where(keep & admitted[:, None], weight_ratio * row_factor[:, None], zero)
+        factor = adv_t if w is None else w[:, None] * adv_t
+        weight = torch.where(keep & admitted[:, None], weight_ratio * factor, zero)
 
     per_token = weight * cur
     if aggregation == "sample_mean":
@@ -508,11 +565,14 @@ def batch_advantages(
     weights: Tensor | None = None,
     branch_rows: Sequence[Sequence[int]] | None = None,
     root_ids: Sequence[int] | None = None,
+    node_spans: Sequence[Sequence[tuple[int, int, int]]] | None = None,
+    width: int = 0,
 ) -> Tensor:
     """The full batch's advantages under ``cfg`` (computed once per step, before any micro-batch).
 
-    FlashREINFORCE: against the batch mean, or the tree baseline (``cfg.baseline == "tree"``, which
-    needs each row's ``branch_rows``). GRPO: group-normalised, the groups being ``root_ids`` (one
+    FlashREINFORCE: against the batch mean, the tree baseline (``cfg.baseline == "tree"``, which
+    needs each row's ``branch_rows``), or per token against the tree's node values
+    (``cfg.baseline == "nodes"``: each row's ``node_spans`` and the batch's ``width``; ``[B, width]``). GRPO: group-normalised, the groups being ``root_ids`` (one
     prompt id per row) when given for every row, else ``cfg.grpo_group_size`` consecutive rows.
     """
     r = rewards.to(torch.float64)
@@ -524,6 +584,8 @@ def batch_advantages(
             if len(groups) != r.shape[0]:
                 raise ValueError("branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)")
             return tree_advantages(r, groups, weights)
+        if cfg.baseline == "nodes":
+            return node_value_advantages(r, list(node_spans or []), width, weights)
         return centered_advantages(r, weights)
     roots = list(root_ids or [])
     if len(roots) == r.shape[0]:

@@ -49,6 +49,9 @@ def merge_stats(
                 per_row[key][rows] = st[key].cpu()
     total = int(policy.sum())
     adv = advantages.detach().cpu().to(torch.float64)
+    if adv.dim() == 2:  # per token (the nodes baseline): each row's mean over its policy tokens
+        mask = flat.action_mask.to(torch.float64)
+        adv = (adv * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
     r = rewards.detach().cpu().to(torch.float64)
     stats: dict[str, float] = {
         "loss": loss,

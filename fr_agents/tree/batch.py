@@ -78,6 +78,8 @@ class FlatBatch:
     root_ids: list[int]  # GRPO groups: equal ids share a prompt
     branch_nodes: list[int] = field(default_factory=list)  # each row's branching node (see branching_nodes)
     branch_rows: list[list[int]] = field(default_factory=list)  # rows through that node ([] when alone)
+    # each row's path as (node id, start, end) token spans, root first (see node_spans)
+    node_spans: list[list[tuple[int, int, int]]] = field(default_factory=list)
     # float32 [B]: the sampled leaves each row stands for (identical siblings merged into one row,
     # trained as that many samples; see trainer/objective.py); None: one each
     weights: Tensor | None = None
@@ -310,8 +312,20 @@ def build_flat(trajs: Sequence[Trajectory], reward: str = "env", weights: Sequen
         root_ids=[x.root_id for x in trajs],
         branch_nodes=(nodes := branching_nodes(trajs)),
         branch_rows=sharing_rows(trajs, nodes),
+        node_spans=node_spans(trajs),
         weights=row_weights(weights, b),
     )
+
+
+def node_spans(trajs: Sequence[Trajectory]) -> list[list[tuple[int, int, int]]]:
+    """Each trajectory's path as ``(node, start, end)`` spans of its tokens, root first: which
+    stored node every token of the row lies in. The store splits nodes where paths diverge, so
+    two rows share a node exactly as far as they share a sample (the nodes baseline's values)."""
+    out = []
+    for x in trajs:
+        ends = [*x.offsets[1:], len(x.token_ids)]
+        out.append([(int(n), int(a), int(b)) for n, a, b in zip(x.path, x.offsets, ends, strict=True)])
+    return out
 
 
 def sharing_rows(trajs: Sequence[Trajectory], nodes: Sequence[int]) -> list[list[int]]:

@@ -28,7 +28,7 @@ from trainer.learner import Learner
 from trainer.ledger import EpisodeLedger
 from trainer.loop import run_training
 from trainer.metrics import MetricsSink
-from trainer.objective import tree_advantages
+from trainer.objective import centered_advantages, node_value_advantages, tree_advantages
 
 torch.set_num_threads(1)
 
@@ -84,10 +84,11 @@ MERGE_CONFIGS = [
     {"baseline": "tree"},
     {"baseline": "tree", "negative_token_fraction": 0.5, "aggregation": "token_mean"},
     {"algo": "grpo"},
+    {"baseline": "nodes", "negative_min_prob": 0.3, "negative_min_prob_scope": "suffix"},
 ]
 
 
-@pytest.mark.parametrize("switches", MERGE_CONFIGS, ids=["batch", "tree", "tree+filter+token_mean", "grpo"])
+@pytest.mark.parametrize("switches", MERGE_CONFIGS, ids=["batch", "tree", "tree+filter+token_mean", "grpo", "nodes+min_prob"])
 @pytest.mark.parametrize("form", ["flat", "packed"])
 def test_a_merged_row_steps_exactly_like_its_identical_siblings_as_separate_rows(switches: dict, form: str) -> None:
     """Merging identical siblings saves their compute and changes nothing else: one row of weight m
@@ -156,6 +157,65 @@ def test_tree_baseline_equals_a_plain_loop_over_the_tree() -> None:
     # without branching the tree baseline is the batch baseline
     linear = tree_advantages(torch.tensor([1.0, 0.0, 0.5], dtype=torch.float64), [[], [], []])
     assert torch.allclose(linear, torch.tensor([0.5, -0.5, 0.0], dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- node values (nodes baseline)
+
+
+def test_node_values_equal_the_mean_of_their_leaves_and_each_token_gets_its_branchs_value() -> None:
+    """The nodes baseline against a plain walk of the tree: a node's value is the mean reward of the
+    leaves under it; a token's advantage is its node's value minus that of the nearest node above
+    with more leaves (the fork it chose a branch at), or minus the batch mean above the first fork."""
+    model = tiny_model()
+    rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.5, 0.0]
+    trajs = make_trajectories(model, rewards=rewards)
+    flat = build_flat(trajs)
+    width = flat.token_ids.shape[1]
+    got = node_value_advantages(flat.rewards.to(torch.float64), flat.node_spans, width)
+    leaves = {n: [i for i, t in enumerate(trajs) if n in t.path] for t in trajs for n in t.path}
+    value = {n: sum(rewards[i] for i in rows) / len(rows) for n, rows in leaves.items()}
+    assert value[3] == pytest.approx(2 / 3) and value[1] == pytest.approx(0.5) and value[2] == pytest.approx(0.375)
+    mean = sum(rewards) / len(rewards)
+    for i, t in enumerate(trajs):
+        ends = [*t.offsets[1:], len(t.token_ids)]
+        for k, (node, a, b) in enumerate(zip(t.path, t.offsets, ends, strict=True)):
+            above = [m for m in t.path[:k] if len(leaves[m]) > len(leaves[node])]
+            ref = value[above[-1]] if above else mean
+            assert got[i, a:b].tolist() == pytest.approx([value[node] - ref] * (b - a)), (i, node)
+    # leaf 0's own tail (node 4) is against the fork it left (node 3, three leaves), which is
+    # against the prompt's tree (node 1, four leaves), which is against the batch
+    t0 = trajs[0]
+    assert got[0, t0.offsets[2]] == pytest.approx(1.0 - 2 / 3)
+    assert got[0, t0.offsets[1]] == pytest.approx(2 / 3 - 0.5)
+    assert got[0, 0] == pytest.approx(0.5 - mean)
+
+
+def test_the_nodes_baseline_of_a_linear_batch_is_the_batch_baseline() -> None:
+    """Without forks every node of a row holds that row alone: every token gets R_i - mean, and a
+    learner step under baseline=nodes is the step under baseline=batch."""
+    model = tiny_model()
+    trajs = [t for t in make_trajectories(model) if t.leaf_id in (100, 104)]  # one leaf of each prompt
+    flat = build_flat(trajs)
+    got = node_value_advantages(flat.rewards.to(torch.float64), flat.node_spans, flat.token_ids.shape[1])
+    row = centered_advantages(flat.rewards.to(torch.float64))
+    for i in range(len(trajs)):
+        real = flat.attention_mask[i]
+        assert torch.allclose(got[i][real], row[i].expand(int(real.sum())))
+    ref = copy.deepcopy(model)
+    a = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05, baseline="nodes").step(build_flat(trajs))
+    b = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05, baseline="batch").step(build_flat(trajs))
+    for key in ("loss", "grad_norm", "adv_mean", "adv_max"):
+        assert a[key] == pytest.approx(b[key], rel=1e-7, abs=1e-12), key
+    params_close(model, ref, 1e-7)
+
+
+def test_the_nodes_baseline_refuses_a_batch_without_paths_and_grpo() -> None:
+    with pytest.raises(ValueError, match="node_spans"):
+        node_value_advantages(torch.tensor([1.0, 0.0]), [[(1, 0, 3)], []], 3)
+    from fr_agents.config import ConfigError
+
+    with pytest.raises(ConfigError, match="objective.baseline"):
+        load_config("math-tiny", ["objective.algo=grpo", "objective.baseline=nodes"])
 
 
 # --------------------------------------------------------------------------- packed per root
