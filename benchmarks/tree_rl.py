@@ -1,6 +1,7 @@
 """Tree RL vs linear FlashREINFORCE at equal sampled policy tokens, and the learner's cost per token.
 
-Run: ``python benchmarks/tree_rl.py [--quick] [--task two-attempts|tool-result] [--seeds 0 1 2] [--steps 60]``.
+Run: ``python benchmarks/tree_rl.py [--quick] [--task two-attempts|tool-result|uncertain-tokens] [--seeds 0 1 2]
+[--steps N] [--baseline batch nodes ...]``.
 
 The task: ``math-tiny`` (sums with the in-code tiny model) as a **two-attempt** task
 (``MathVerifier-v0(max_turns=2)``): a wrong first answer gets ``"Your answer X is incorrect. Try
@@ -18,6 +19,18 @@ leaves a root, J_max of them trained), so a root also holds several first attemp
 bwrap sandbox, the preset's expert warm start): there a tree forks the answer turn after the tool
 result (``rollout.branch_at=[1]``), so every leaf of a root shares the prompt, the tool call and what
 the sandbox printed, about 70 of its ~80 tokens; it is where packing has the most to save.
+
+``--task uncertain-tokens`` is where tree RL should pay: ``math-smollm2`` (SmolLM2-135M-Instruct
+adding two-digit numbers after one worked example, a short reasoning step and a ``\\boxed{}`` answer)
+with a tree that forks the reply *itself* where the policy is uncertain
+(``rollout.branch_policy=token``, ``rollout.branch_at=[0]``): each root samples one reply, and
+``--branch - 1`` (default 3) continuations keep it up to one of its highest-entropy tokens and sample
+the rest afresh (``rollout.branch_entropy=0``: the top tokens whatever their entropy). The leaves of
+a root share the prompt (with its example, ~100 tokens) and the reply's head. The linear run takes 30
+steps by default; periodic evaluation is off (held-out before and after only). ``--baseline batch
+nodes`` trains one tree run per baseline on the same budget: ``nodes`` credits each token with the
+value of the branch it chose (``objective.baseline=nodes``, trainer/objective.py). A step of the
+135M model costs ~100x the tiny one's, so its learner cost is timed on 4 batches per window, once.
 
 Equal budget: the linear run takes ``--steps`` steps and samples ``T`` policy tokens (the engine's
 count for its trained batches, from the run's ledger: a fork's shared part is sampled once, and
@@ -47,8 +60,9 @@ the roots of a ``--match-samples`` one. (At equal samples per step the tree run 
 of the linear one, each on a quarter of its prompts.) Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
 as mean and spread over ``--seeds``.
 
-Learner cost: two sets of 20 tree batches of each tree run, its last 20 (the converged policy, whose
-forked siblings mostly agree and merge) and 20 spread over the whole run, are stepped (on copies of
+Learner cost: two sets of tree batches of each tree run (20 each; 4 for uncertain-tokens), its last
+ones (the converged policy, whose forked siblings mostly agree and merge) and as many spread over the
+whole run, are stepped (on copies of
 the final model) in three forms (:func:`learner_cost`): the tree's step (its distinct leaves in the
 learner's per-root packed form, tree attention or the dense per-root mask, whichever it picks, each
 weighted by the sampled leaves it stands for), the flat form of every sampled leaf (identical
@@ -73,6 +87,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -100,8 +115,35 @@ TWO_ATTEMPTS = [
 # printed (~70 of its ~80 tokens)
 TOOL_RESULT = RUN_SHAPE
 
-# --task: (preset, overrides)
-TASKS = {"two-attempts": ("math-tiny", TWO_ATTEMPTS), "tool-result": ("python-tool-tiny", TOOL_RESULT)}
+# math-smollm2 as it ships (SmolLM2-135M-Instruct, one worked example, \\boxed{} answers), a fixed
+# number of steps and no periodic evaluation: a tree forks the reply itself at its most uncertain
+# tokens (rollout.branch_policy=token), so the leaves of a root share the prompt and the reply's head
+UNCERTAIN_TOKENS = [*RUN_SHAPE, "trainer.eval_every=0"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One comparison: the preset and overrides both runs share, and the task's defaults."""
+
+    preset: str
+    overrides: list[str]
+    tiny: bool = True  # the in-code tiny model: model.tiny_size and model.tiny_seed apply
+    steps: int = 60  # steps of the linear run
+    branch: int = 8  # rollout.branch_factor of the tree run
+    branch_at: tuple[int, ...] = (1,)
+    tree: tuple[str, ...] = ()  # the tree run's branching rule, beyond branch_factor and branch_at
+    cost_batches: int = 20  # batches per learner-cost window
+    cost_repeat: int = 3  # timed steps per batch and form (the median counts)
+
+
+TASKS = {
+    "two-attempts": Task("math-tiny", TWO_ATTEMPTS),
+    "tool-result": Task("python-tool-tiny", TOOL_RESULT),
+    # a 135M model's step costs ~100x the tiny one's: fewer, single-timed learner-cost batches
+    "uncertain-tokens": Task("math-smollm2", UNCERTAIN_TOKENS, tiny=False, steps=30, branch=4, branch_at=(0,),
+                             tree=("rollout.branch_policy=token", "rollout.branch_entropy=0"),
+                             cost_batches=4, cost_repeat=1),
+}
 
 
 def sampled_policy_tokens(run: Path, steps: int) -> int:
@@ -141,8 +183,7 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
     from fr_agents.config import load_config
     from trainer.loop import run_training
 
-    preset, fixed = TASKS[task]
-    cfg = load_config(preset, [*fixed, *overrides])
+    cfg = load_config(TASKS[task].preset, [*TASKS[task].overrides, *overrides])
     res = run_training(cfg, run, console=False, resume=resume)
     if not res.ok:
         raise RuntimeError(f"{run}: {res.stop_reason}")
@@ -158,7 +199,7 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
 
 
 def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: float, micro_batch_tokens: int,
-                 repeat: int = 3) -> tuple[dict[str, float], dict[str, int]]:
+                 repeat: int = 3, autocast: str = "") -> tuple[dict[str, float], dict[str, int]]:
     """Learner seconds over the run's ``batches`` (indices), each stepped on the
     final model (step ``steps``; median of ``repeat`` per batch and form) in three forms:
 
@@ -207,7 +248,7 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
                 m = copy.deepcopy(model)
                 builder, rows, w = build[form]
                 batch = builder(rows, weights=w)
-                learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature,
+                learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature, autocast=autocast,
                                   micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
                 t0 = time.perf_counter()
                 learner.step(batch)
@@ -219,11 +260,11 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
     return seconds, {"distinct": distinct, "sampled": sampled, "packed": packed_tokens}
 
 
-# the batches whose learner cost is measured: the run's last 20 (the converged policy, where forked
-# siblings agree most) and 20 spread evenly over the whole run
+# the batches whose learner cost is measured: the run's last n (the converged policy, where forked
+# siblings agree most) and n spread evenly over the whole run (n: the task's cost_batches)
 COST_WINDOWS = {
-    "last 20 batches": lambda steps: range(max(0, steps - 20), steps),
-    "20 batches across the run": lambda steps: range(0, steps, max(1, steps // 20)),
+    "last batches": lambda steps, n: range(max(0, steps - n), steps),
+    "batches across the run": lambda steps, n: range(0, steps, max(1, steps // n)),
 }
 
 # the two ratios reported per window: (key, what it compares, the goal's note). Each compares two
@@ -234,11 +275,12 @@ COST_RATIOS = [
 ]
 
 
-def learner_costs(run: Path, steps: int, temperature: float) -> dict[str, dict[str, float]]:
+def learner_costs(run: Path, steps: int, temperature: float, task: Task, autocast: str = "") -> dict[str, dict[str, float]]:
     """Per window of :data:`COST_WINDOWS`: the ratios of :data:`COST_RATIOS` and their ideals."""
     out = {}
     for name, window in COST_WINDOWS.items():
-        seconds, tokens = learner_cost(run, steps, window(steps), temperature, 0)
+        seconds, tokens = learner_cost(run, steps, window(steps, task.cost_batches), temperature, 0,
+                                       repeat=task.cost_repeat, autocast=autocast)
         packed = max(1, tokens["packed"])
         out[name] = {
             "sampled": seconds["flat_sampled"] / seconds["packed"], "ideal_sampled": tokens["sampled"] / packed,
@@ -266,23 +308,30 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.3f} +- {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
 
 
+def tree_run_name(baseline: str, baselines: Sequence[str], seed: int) -> str:
+    """``tree-SEED`` for the first tree arm (what ``--cost-only`` reads), ``tree-BASELINE-SEED`` for the others."""
+    return f"tree-{seed}" if baseline == baselines[0] else f"tree-{baseline}-{seed}"
+
+
 def main() -> None:
-    from fr_agents.config import BASELINES
+    from fr_agents.config import BASELINES, load_config
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--task", choices=sorted(TASKS), default="two-attempts",
                    help="two-attempts: math-tiny with a second attempt after a wrong answer (the fork); tool-result: "
-                        "python-tool-tiny, forked after the sandbox's reply")
-    p.add_argument("--steps", type=int, default=60, help="steps of the linear run")
+                        "python-tool-tiny, forked after the sandbox's reply; uncertain-tokens: math-smollm2 "
+                        "(SmolLM2-135M), the reply forked at its highest-entropy tokens")
+    p.add_argument("--steps", type=int, default=None, help="steps of the linear run (default: the task's, 60; 30 for uncertain-tokens)")
     p.add_argument("--batch-size", type=int, default=32, help="leaves per step (both runs)")
-    p.add_argument("--branch", type=int, default=8, help="continuations forked at each branch turn (rollout.branch_factor)")
-    p.add_argument("--branch-at", type=int, nargs="+", default=[1],
+    p.add_argument("--branch", type=int, default=None,
+                   help="continuations forked at each branch turn (rollout.branch_factor; default: the task's, 8; 4 for uncertain-tokens)")
+    p.add_argument("--branch-at", type=int, nargs="+", default=None,
                    help="the turns where a tree forks (rollout.branch_at; default 1: the second attempt, or the answer "
-                        "after the tool result); e.g. 0 1 also forks the first reply, branch ** 2 leaves at most")
+                        "after the tool result; 0 for uncertain-tokens); e.g. 0 1 also forks the first reply, branch ** 2 leaves at most")
     p.add_argument("--eval-episodes", type=int, default=200)
     p.add_argument("--warm-start", type=int, default=0,
-                   help="warm-start demos (both runs, reported apart; 0: 500 for two-attempts, the preset's for tool-result)")
+                   help="warm-start demos (both runs, reported apart; 0: 500 for two-attempts, the preset's otherwise)")
     p.add_argument("--quick", action="store_true", help="tiny sizes that prove the script works")
     p.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
     p.add_argument("--match-leaves", action="store_true",
@@ -291,16 +340,22 @@ def main() -> None:
     p.add_argument("--match-samples", action="store_true",
                    help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, its rows "
                         "stand for about --batch-size sampled leaves per step, as the linear run trains on")
-    p.add_argument("--baseline", choices=BASELINES, default="batch",
-                   help="the tree run's objective.baseline: batch (the product's default, as the linear run: the two runs "
-                        "then differ only in how they sample) or tree (each leaf also against its branching node's leaves)")
+    p.add_argument("--baseline", choices=BASELINES, nargs="+", default=["batch"],
+                   help="the tree run's objective.baseline, one tree run per value: batch (the product's default, as the "
+                        "linear run: the two runs then differ only in how they sample), tree (each leaf also against its "
+                        "branching node's leaves) or nodes (per token, the tree's node values)")
     p.add_argument("--match-steps", action="store_true",
                    help="give the tree run the linear run's step count, with a trainer.batch_size (whole trees) at "
                         "which, by the pilot, a tree step samples at most the linear step's policy tokens (whole trees, rounded down)")
     p.add_argument("--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out")
     a = p.parse_args()
+    task = TASKS[a.task]
+    a.steps = a.steps or task.steps
+    a.branch = a.branch or task.branch
+    a.branch_at = a.branch_at or list(task.branch_at)
     if a.match_leaves + a.match_samples + a.match_steps > 1:
         p.error("--match-leaves, --match-samples and --match-steps: choose one")
+    shared_cfg = load_config(task.preset, task.overrides)  # the runs' own temperature and learner dtype (not overridden)
     if a.cost_only:
         if not a.out:
             p.error("--cost-only: needs --out, the folder of an earlier run")
@@ -308,38 +363,35 @@ def main() -> None:
         for seed in a.seeds:
             run = Path(a.out) / f"tree-{seed}"
             step = int((run / "checkpoints" / "LATEST").read_text().strip().rsplit("_", 1)[-1])
-            from fr_agents.config import load_config
-
-            preset, fixed = TASKS[a.task]
-            temperature = load_config(preset, fixed).rollout.temperature  # the runs' own (not overridden)
-            costs.append(learner_costs(run, step, temperature))
+            costs.append(learner_costs(run, step, shared_cfg.rollout.temperature, task, shared_cfg.trainer.autocast))
             print(f"seed {seed}: {cost_line(costs[-1])}", flush=True)
         cost_summary(costs)
         return
     if a.quick:
-        a.seeds, a.steps, a.batch_size, a.branch, a.eval_episodes, a.warm_start = [0], 3, 8, 4, 20, 64
+        a.seeds, a.steps, a.batch_size, a.eval_episodes = [0], 3, 8, 20
+        if task.tiny:
+            a.branch, a.warm_start = 4, 64
     if not a.warm_start:
-        from fr_agents.config import load_config
-
-        a.warm_start = 500 if a.task == "two-attempts" else load_config(TASKS[a.task][0]).warm_start.examples
+        a.warm_start = 500 if a.task == "two-attempts" else shared_cfg.warm_start.examples
     out = Path(a.out or tempfile.mkdtemp(prefix="tree_rl_"))
     common = [f"trainer.batch_size={a.batch_size}", f"trainer.eval_episodes={a.eval_episodes}",
-              f"warm_start.examples={a.warm_start}", "model.tiny_size=micro"]
-    if a.quick:
+              f"warm_start.examples={a.warm_start}"]
+    if task.tiny:
+        common.append("model.tiny_size=micro")
+    if a.quick and task.tiny:
         common += ["warm_start.epochs=2", "model.tiny_size=nano"]
         if a.task == "tool-result":  # nano's smaller vocabulary spells the expert's call in more tokens
             common += ["rollout.max_new_tokens=40", "rollout.max_context=160"]
     fan = a.branch ** len(a.branch_at)  # leaves of a fully branched tree: trainer.batch_size's unit
     base_over = [f"rollout.branch_factor={a.branch}", f"rollout.branch_at=[{','.join(map(str, a.branch_at))}]",
-                 "trainer.max_per_root=5",
-                 f"objective.baseline={a.baseline}"]
+                 "trainer.max_per_root=5", *task.tree]
     rows = []
     for seed in a.seeds:
-        tree_over = list(base_over)
-        s = [f"trainer.seed={seed}", f"model.tiny_seed={seed}"]
+        s = [f"trainer.seed={seed}", *([f"model.tiny_seed={seed}"] if task.tiny else [])]
         lin = train(out / f"linear-{seed}", a.task, [*common, *s, f"trainer.steps={a.steps}"])
         pilot_steps = 4 if a.match_leaves or a.match_samples or a.match_steps else 2
-        pilot = train(out / f"pilot-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
+        pilot = train(out / f"pilot-{seed}", a.task, [*common, *s, *base_over, f"objective.baseline={a.baseline[0]}",
+                                                      f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
         per_step = max(1.0, pilot["tokens"] / pilot_steps)
         tree_batch = a.batch_size
         if a.match_leaves or a.match_samples:  # episodes so that about batch_size rows (samples) are trained a step
@@ -349,28 +401,44 @@ def main() -> None:
             per_tree = per_step / max(1.0, a.batch_size / fan)
             tree_batch = max(fan, math.floor(lin["tokens"] / lin["steps"] / per_tree) * fan)
         per_step *= tree_batch / a.batch_size
-        tree_over = [*tree_over, f"trainer.batch_size={tree_batch}"]
-        steps = lin["steps"] if a.match_steps else max(1, round(lin["tokens"] / per_step))
-        tree = train(out / f"tree-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"])
-        # tokens per step drift as the policy learns: resume for the missing tokens, at the
-        # run's own rate so far, until the tree run has sampled at least 95% of the linear run's
-        for _ in range(6):
-            if tree["tokens"] >= 0.95 * lin["tokens"]:
-                break
-            steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
-            tree = train(out / f"tree-{seed}", a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
-        costs = learner_costs(out / f"tree-{seed}", tree["steps"], tree["temperature"])
-        rows.append((seed, lin, tree, costs))
-        print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
-              f"tree {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
-              f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f} standing for "
-              f"{tree['samples_per_step']:.1f} sampled, merged siblings per step {tree['merged_per_step']:.1f}) | "
-              f"{cost_line(costs)}", flush=True)
-    print(f"[tree RL] {TASKS[a.task][0]} ({a.task}), {len(a.seeds)} seeds, runs in {out}")
-    print(f"  held-out success  linear {spread([r[1]['success'] for r in rows])}   tree (J_max=5) {spread([r[2]['success'] for r in rows])}")
-    print(f"  sampled policy tokens  linear {spread([r[1]['tokens'] for r in rows])}   tree {spread([r[2]['tokens'] for r in rows])}")
-    print(f"  stored policy tokens   linear {spread([r[1]['stored_tokens'] for r in rows])}   tree {spread([r[2]['stored_tokens'] for r in rows])}")
-    cost_summary([r[3] for r in rows])
+        trees = {}
+        for baseline in a.baseline:
+            tree_over = [*base_over, f"objective.baseline={baseline}", f"trainer.batch_size={tree_batch}"]
+            run = out / tree_run_name(baseline, a.baseline, seed)
+            steps = lin["steps"] if a.match_steps else max(1, round(lin["tokens"] / per_step))
+            tree = train(run, a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"])
+            # tokens per step drift as the policy learns: resume for the missing tokens, at the
+            # run's own rate so far, until the tree run has sampled at least 95% of the linear run's
+            for _ in range(6):
+                if tree["tokens"] >= 0.95 * lin["tokens"]:
+                    break
+                steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
+                tree = train(run, a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
+            costs = learner_costs(run, tree["steps"], tree["temperature"], task, shared_cfg.trainer.autocast)
+            trees[baseline] = (tree, costs)
+            print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
+                  f"tree (baseline {baseline}) {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
+                  f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f} standing for "
+                  f"{tree['samples_per_step']:.1f} sampled, merged siblings per step {tree['merged_per_step']:.1f}) | "
+                  f"{cost_line(costs)}", flush=True)
+        rows.append((seed, lin, trees))
+    print(f"[tree RL] {task.preset} ({a.task}), {len(a.seeds)} seeds, runs in {out}; load average {load_average()}")
+    lin_success = [r[1]["success"] for r in rows]
+    print(f"  linear: held-out success {spread(lin_success)}, sampled policy tokens {spread([r[1]['tokens'] for r in rows])}, "
+          f"stored {spread([r[1]['stored_tokens'] for r in rows])}")
+    for baseline in a.baseline:
+        tree_success = [r[2][baseline][0]["success"] for r in rows]
+        gain = [t - x for t, x in zip(tree_success, lin_success, strict=True)]
+        print(f"  tree (J_max=5, baseline {baseline}): held-out success {spread(tree_success)} "
+              f"(tree - linear {spread(gain)}, goal >= +0.02), sampled policy tokens "
+              f"{spread([r[2][baseline][0]['tokens'] for r in rows])}, stored {spread([r[2][baseline][0]['stored_tokens'] for r in rows])}")
+        cost_summary([r[2][baseline][1] for r in rows])
+
+
+def load_average() -> str:
+    import os
+
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
