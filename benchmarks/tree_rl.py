@@ -177,6 +177,26 @@ def stored_policy_tokens(run: Path) -> int:
     return total
 
 
+def slim(run: Path, keep_model: bool = True) -> None:
+    """Free the disk a finished run no longer needs: its checkpoints' optimizer state and rollout
+    weights, and every model but the last one's (the learner cost reads it); ``keep_model=False``:
+    the whole checkpoints folder. A SmolLM2 checkpoint is ~2.2 GB, so a 3-seed uncertain-tokens run
+    would otherwise keep ~40 GB."""
+    import shutil
+
+    folder = run / "checkpoints"
+    if not keep_model:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    latest = (folder / "LATEST").read_text().strip() if (folder / "LATEST").is_file() else ""
+    for step in folder.glob("step_*"):
+        if step.name != Path(latest).name:
+            shutil.rmtree(step, ignore_errors=True)
+            continue
+        (step / "trainer_state.pt").unlink(missing_ok=True)
+        shutil.rmtree(step / "rollout_weights", ignore_errors=True)
+
+
 def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> dict[str, float]:
     import json
 
@@ -389,9 +409,11 @@ def main() -> None:
     for seed in a.seeds:
         s = [f"trainer.seed={seed}", *([f"model.tiny_seed={seed}"] if task.tiny else [])]
         lin = train(out / f"linear-{seed}", a.task, [*common, *s, f"trainer.steps={a.steps}"])
+        slim(out / f"linear-{seed}", keep_model=False)
         pilot_steps = 4 if a.match_leaves or a.match_samples or a.match_steps else 2
         pilot = train(out / f"pilot-{seed}", a.task, [*common, *s, *base_over, f"objective.baseline={a.baseline[0]}",
                                                       f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
+        slim(out / f"pilot-{seed}", keep_model=False)
         per_step = max(1.0, pilot["tokens"] / pilot_steps)
         tree_batch = a.batch_size
         if a.match_leaves or a.match_samples:  # episodes so that about batch_size rows (samples) are trained a step
@@ -415,6 +437,7 @@ def main() -> None:
                 steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
                 tree = train(run, a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
             costs = learner_costs(run, tree["steps"], tree["temperature"], task, shared_cfg.trainer.autocast)
+            slim(run)  # the last model stays, for --cost-only
             trees[baseline] = (tree, costs)
             print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
                   f"tree (baseline {baseline}) {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "

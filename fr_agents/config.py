@@ -167,7 +167,8 @@ class RolloutConfig:
                                   rule=_at_least(0))
     branch_factor: int = _opt(1, help="branches forked at each turn of branch_at (1: linear rollouts); an episode becomes a "
                               "tree of up to branch_factor ** len(branch_at) leaves sharing their prefixes", rule=_at_least(1))
-    branch_at: list[int] = _opt(help="turn boundaries at which episodes fork (0: before the first action); needs branch_factor > 1",
+    branch_at: list[int] = _opt(help="turns at which episodes fork (0: the first action), before the turn's reply (branch_policy "
+                                "fixed, entropy) or inside it (token); needs branch_factor > 1",
                                 factory=list)
     branch_policy: str = _opt("fixed", help="where an episode forks. fixed: before the reply of every turn of branch_at "
                               "(branch_factor fresh replies); entropy: as fixed, but a path forks at a branch_at turn "

@@ -42,8 +42,9 @@ from fr_agents.config import OptimConfig, TrainConfig
 from fr_agents.models.forward import FlatChunk, ForwardConfig, PackedChunk, PolicyForward
 from fr_agents.objective_config import ObjectiveConfig
 from fr_agents.tree.batch import FlatBatch, TrainBatch
+from trainer.advantages import batch_advantages, validate_weights
 from trainer.chunking import Chunking, is_packed
-from trainer.objective import batch_advantages, denominators, objective_loss, validate_weights
+from trainer.objective import denominators, objective_loss
 from trainer.spike_clip import SpikeClip
 from trainer.step_stats import merge_stats
 

@@ -33,34 +33,10 @@ the policy unlearns copying, the tool call included; ``suffix`` keeps the copy
 never shrink when rows are rejected or tokens filtered, so a rejection removes mass instead of
 re-weighting the survivors.
 
-Tree baseline (``objective.baseline: tree``). With branching episodes, leaves that share a
-branching node (the deepest node of a leaf's path that another leaf of the batch also passes
-through; :func:`fr_agents.tree.batch.branching_nodes`) started from the same state, so their mean
-reward is a baseline that measures what the leaf's own continuation did. Following TreeRL, it is
-combined with the batch baseline (global and local advantage, averaged)::
-
-    A_i = 1/2 (R_i - mean_j R_j) + 1/2 (R_i - mean_{j in S(i)} R_j)
-
-where ``S(i)`` is the set of batch rows whose path passes through row ``i``'s branching node
-(the leaves of that node's subtree in the batch, row ``i`` itself included). A row alone at its node (a linear episode) has no local baseline and
-takes ``A_i = R_i - mean_j R_j``, so on a batch without branching the tree baseline equals the
-batch baseline. The advantages are then used exactly as above.
-
-Node-value baseline (``objective.baseline: nodes``). A tree's inner nodes get values from their
-leaves' outcomes, and each token is credited with what the branch it chose was worth. With
-``V(n)`` the mean reward of the batch rows whose path passes through node ``n`` (the leaves under
-it), a token in node ``n`` of row ``i`` gets::
-
-    A_it = V(n) - V(m)            m: the nearest node above n on the path with more rows through it
-    A_it = V(n) - mean_j R_j      when no node above n has more rows (the top of the tree)
-
-So below a fork a token is measured against the fork (the alternatives it chose among), and the
-shared head above the first fork against the batch, as the batch baseline measures a whole row.
-The advantages are per token (``[B, T]``): two rows through a shared node give its tokens the same
-advantage, and the leaf's own tail gets ``R_i - V(fork)``. A linear episode (every node on one
-row) gets ``R_i - mean_j R_j`` on every token: the batch baseline. The store splits nodes where
-paths diverge (:func:`fr_agents.tree.batch.node_spans`), so "the nodes of a row" are exactly its
-shared and unshared parts. Used as above, with ``A_it`` in place of ``A_i``.
+Other baselines. ``A_i`` above is the batch baseline; :mod:`trainer.advantages` computes it and the
+others ``objective.baseline`` names: the tree baseline (a leaf also against its siblings) and the
+nodes baseline, whose advantages are per token (``A_it`` ``[B, T]`` in place of ``A_i``; the loss
+takes either shape).
 
 Merged rows (``weights``). Sibling branches whose continuations came out identical are one
 stored leaf, trained as one row that stands for all of them: ``w_i`` is the number of sampled
@@ -68,7 +44,7 @@ leaves row ``i`` stands for (1 without merging). Every mean above is then a mean
 leaves, so a merged batch has exactly the loss and gradient of the batch with the duplicates as
 separate rows (tested)::
 
-    mean_j R_j -> sum_j w_j R_j / sum_j w_j       (batch, tree and GRPO group baselines alike)
+    mean_j R_j -> sum_j w_j R_j / sum_j w_j       (batch, tree, nodes and GRPO group baselines alike)
     loss       = -(1/W) sum_i w_i (1/T_i) sum_t ...,   W = sum_i w_i        (sample mean)
     loss       = -(1/sum_i w_i T_i) sum_i w_i sum_t ...                    (token mean, GRPO)
 
@@ -76,7 +52,7 @@ Merging saves the duplicates' compute; it does not down-weight the continuations
 samples most often, as dropping the duplicates would.
 
 Micro-batching: the learner splits a batch into row chunks. It computes the advantages on the full
-batch once (:func:`batch_advantages`) and passes them to :func:`objective_loss` (the loss its
+batch once (:func:`trainer.advantages.batch_advantages`) and passes them to :func:`objective_loss` (the loss its
 :class:`~fr_agents.objective_config.ObjectiveConfig` names),
 together with ``num_rows`` (the full ``B``, or ``W`` with weights) and ``num_tokens`` (the full
 batch's policy-token count, weighted with weights, for token-mean aggregation), so the sum of the
@@ -98,6 +74,8 @@ from fr_agents.objective_config import (
     validate_min_prob,
     validate_min_prob_scope,
 )
+from trainer.advantages import centered_advantages, group_normalized_advantages, validate_weights
+from trainer.advantages import check_tensor as _check_tensor
 
 Tensor = torch.Tensor
 
@@ -112,19 +90,6 @@ PROB_EPS = 1e-6
 def compute_dtype(log_probs: Tensor) -> torch.dtype:
     """float64 stays float64; every other floating dtype (bf16, fp16, fp32) is computed in float32."""
     return torch.float64 if log_probs.dtype == torch.float64 else torch.float32
-
-
-def _check_tensor(name: str, t: object, *, shape: tuple[int, ...], device: torch.device, kind: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name}: expected device {device}, got {t.device}")
-    if kind == "float" and not t.is_floating_point():
-        raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
-    if kind == "bool" and t.dtype != torch.bool:
-        raise ValueError(f"{name}: expected dtype torch.bool, got {t.dtype}")
 
 
 def _validate_rows(
@@ -168,13 +133,6 @@ def _validate_advantages(advantages: Tensor, b: int, device: torch.device, width
         raise ValueError("advantages: every advantage must be finite")
 
 
-def validate_weights(weights: Tensor, b: int, device: torch.device) -> None:
-    """Row weights (the sampled leaves each row stands for): float ``[b]`` on ``device``, finite, > 0."""
-    _check_tensor("weights", weights, shape=(b,), device=device, kind="float")
-    if not bool((torch.isfinite(weights) & (weights > 0)).all()):
-        raise ValueError("weights: every row weight must be finite and > 0")
-
-
 def denominators(action_mask: Tensor, weights: Tensor | None = None) -> tuple[float, float]:
     """The objective's full-batch denominators ``(rows, policy tokens)``: ``B`` and ``sum_i T_i``,
     or with ``weights`` ``W = sum_i w_i`` and ``sum_i w_i T_i`` (each row counted as the sampled
@@ -186,118 +144,12 @@ def denominators(action_mask: Tensor, weights: Tensor | None = None) -> tuple[fl
     return float(w.sum()), float((w * t_i.to(torch.float64)).sum())
 
 
-def _weighted_mean(values: Tensor, weights: Tensor | None) -> Tensor:
-    if weights is None:
-        return values.mean()
-    w = weights.to(values.dtype)
-    return (w * values).sum() / w.sum()
-
-
 def _positive_int(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name}: expected a positive number, got {value!r}")
 
 
 # --------------------------------------------------------------------------- building blocks
-
-
-def centered_advantages(rewards: Tensor, weights: Tensor | None = None) -> Tensor:
-    """``A_i = R_i - mean(R)`` over the whole batch (weighted by ``weights``, the sampled leaves
-    each row stands for, when given), detached."""
-    r = rewards.detach()
-    if weights is not None:
-        validate_weights(weights, r.shape[0], r.device)
-    return (r - _weighted_mean(r, weights)).detach()
-
-
-def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]], weights: Tensor | None = None) -> Tensor:
-    """The tree baseline's advantages (module docstring), detached.
-
-    ``branch_rows[i]`` lists the rows that pass through row ``i``'s branching node (``S(i)``,
-    row ``i`` included); empty when row ``i`` shares it with no other leaf. With ``weights``
-    both means are over the sampled leaves the rows stand for."""
-    r = rewards.detach()
-    if len(branch_rows) != r.shape[0]:
-        raise ValueError(f"branch_rows: expected {r.shape[0]} row lists, got {len(branch_rows)}")
-    if weights is not None:
-        validate_weights(weights, r.shape[0], r.device)
-    global_adv = r - _weighted_mean(r, weights)
-    out = global_adv.clone()
-    for i, rows in enumerate(branch_rows):
-        if rows:
-            idx = torch.as_tensor(list(rows), device=r.device)
-            local = _weighted_mean(r[idx], None if weights is None else weights[idx])
-            out[i] = 0.5 * global_adv[i] + 0.5 * (r[i] - local)
-    return out.detach()
-
-
-def node_value_advantages(
-    rewards: Tensor, spans: Sequence[Sequence[tuple[int, int, int]]], width: int, weights: Tensor | None = None
-) -> Tensor:
-    """The nodes baseline's per-token advantages ``[B, width]`` (module docstring), detached.
-
-    ``spans[i]`` is row ``i``'s path as ``(node, start, end)`` token spans, root first
-    (:func:`fr_agents.tree.batch.node_spans`); a node's value is the mean reward of the rows
-    through it (over the sampled leaves they stand for, with ``weights``)."""
-    r = rewards.detach()
-    b = r.shape[0]
-    if len(spans) != b or any(not row for row in spans):
-        raise ValueError(f"node_spans: baseline=nodes needs each of the {b} rows' path spans (build the batch from the tree)")
-    if weights is not None:
-        validate_weights(weights, b, r.device)
-    w = torch.ones_like(r) if weights is None else weights.to(r.dtype)
-    mass: dict[int, float] = {}
-    paid: dict[int, float] = {}
-    rows: dict[int, int] = {}
-    for i, row in enumerate(spans):
-        for node, _, _ in row:
-            mass[node] = mass.get(node, 0.0) + float(w[i])
-            paid[node] = paid.get(node, 0.0) + float(w[i] * r[i])
-            rows[node] = rows.get(node, 0) + 1
-    value = {n: paid[n] / mass[n] for n in mass}
-    top = float(_weighted_mean(r, weights))
-    out = torch.zeros((b, width), dtype=r.dtype, device=r.device)
-    for i, row in enumerate(spans):
-        ref, above = top, None  # the value a node is measured against; the rows through the node above
-        prev = top
-        for node, start, end in row:
-            if above is not None and rows[node] < above:
-                ref = prev  # the node above had more rows: this node is one branch of it
-            out[i, start:min(end, width)] = value[node] - ref
-            prev, above = value[node], rows[node]
-    return out.detach()
-
-
-def group_normalized_advantages(
-    rewards: Tensor, groups: Sequence[int] | Tensor, eps: float = 1e-6, weights: Tensor | None = None
-) -> Tensor:
-    """GRPO advantages ``(R - group mean) / (group std + eps)``, detached.
-
-    ``groups[i]`` is the prompt id of row ``i`` (rows with the same id were sampled from the same
-    prompt). The std is the unbiased sample std (as in common GRPO implementations). A group of one
-    row has no spread to normalise by: its advantage is 0. With ``weights`` (the sampled leaves each
-    row stands for) a row counts as that many samples: the mean, the std and the group size are
-    those of the batch with the duplicates as separate rows.
-    """
-    r = rewards.detach()
-    ids = torch.as_tensor(list(groups) if not isinstance(groups, Tensor) else groups, device=r.device)
-    if ids.shape != r.shape:
-        raise ValueError(f"groups: expected {r.shape[0]} group ids, got shape {list(ids.shape)}")
-    if weights is not None:
-        validate_weights(weights, r.shape[0], r.device)
-    w = torch.ones_like(r) if weights is None else weights.to(r.dtype)
-    _, inverse = torch.unique(ids, return_inverse=True)
-    n = int(inverse.max()) + 1
-    count = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, w)
-    mean = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, w * r) / count
-    centred = r - mean[inverse]
-    sq = torch.zeros(n, dtype=r.dtype, device=r.device).index_add_(0, inverse, w * centred**2)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    scale = std[inverse] + eps
-    # A singleton group, or a zero-spread group with eps=0, has all-zero centred rewards: advantage 0.
-    valid = (count[inverse] > 1) & (scale > 0)
-    adv = centred / torch.where(valid, scale, torch.ones_like(scale))
-    return torch.where(valid, adv, torch.zeros_like(adv)).detach()
 
 
 def binary_kl(behavior_log_probs: Tensor, log_probs: Tensor) -> Tensor:
@@ -556,46 +408,6 @@ def grpo_loss(
 
 
 # --------------------------------------------------------------------------- the configured objective
-
-
-def batch_advantages(
-    cfg: ObjectiveConfig,
-    rewards: Tensor,
-    *,
-    weights: Tensor | None = None,
-    branch_rows: Sequence[Sequence[int]] | None = None,
-    root_ids: Sequence[int] | None = None,
-    node_spans: Sequence[Sequence[tuple[int, int, int]]] | None = None,
-    width: int = 0,
-) -> Tensor:
-    """The full batch's advantages under ``cfg`` (computed once per step, before any micro-batch).
-
-    FlashREINFORCE: against the batch mean, the tree baseline (``cfg.baseline == "tree"``, which
-    needs each row's ``branch_rows``), or per token against the tree's node values
-    (``cfg.baseline == "nodes"``: each row's ``node_spans`` and the batch's ``width``; ``[B, width]``). GRPO: group-normalised, the groups being ``root_ids`` (one
-    prompt id per row) when given for every row, else ``cfg.grpo_group_size`` consecutive rows.
-    """
-    r = rewards.to(torch.float64)
-    if cfg.algo == "flashreinforce":
-        if not bool(torch.isfinite(r).all()):
-            raise ValueError("rewards: every reward must be finite")
-        if cfg.baseline == "tree":
-            groups = list(branch_rows or [])
-            if len(groups) != r.shape[0]:
-                raise ValueError("branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)")
-            return tree_advantages(r, groups, weights)
-        if cfg.baseline == "nodes":
-            return node_value_advantages(r, list(node_spans or []), width, weights)
-        return centered_advantages(r, weights)
-    roots = list(root_ids or [])
-    if len(roots) == r.shape[0]:
-        return group_normalized_advantages(r, roots, weights=weights)
-    if r.shape[0] % cfg.grpo_group_size:
-        raise ValueError(
-            f"root_ids: missing, and grpo_group_size={cfg.grpo_group_size} does not divide the batch of {r.shape[0]} rows"
-        )
-    return group_normalized_advantages(r, torch.arange(r.shape[0], device=r.device) // cfg.grpo_group_size,
-                                       weights=weights)
 
 
 def objective_loss(
