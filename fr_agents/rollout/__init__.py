@@ -10,7 +10,10 @@ The modules, one concern each (each module's docstring says more):
 * :mod:`.options`  — :class:`RolloutOptions` (how episodes run) and the results,
   :class:`EpisodeResult` / :class:`LeafResult`;
 * :mod:`.episode`  — :func:`run_episode`: one episode as a state machine over its branches (limits,
-  branching, tree token budget, infrastructure failures);
+  infrastructure failures);
+* :mod:`.branching` — where and how an episode forks (before a reply, or inside it at its most
+  uncertain tokens), the tree token budget, env forks and replays;
+* :mod:`.env_thread` — the thread pool every env call runs on, and how messages name an env;
 * :mod:`.batch`    — :func:`run_episodes` (many at once, one engine), :func:`reset_args`;
 * :mod:`.encoding` — :func:`encode_prompt`, the one prompt encoder, and the round-trip check
   (:class:`TokenDriftError`), through the fast tokenizer's backend where that is exact;
@@ -28,8 +31,9 @@ and nothing here is called a runner.
 """
 
 from fr_agents.rollout.batch import reset_args, run_episodes, run_episodes_sync
+from fr_agents.rollout.branching import ForkMismatchError
 from fr_agents.rollout.encoding import TokenDriftError, encode_prompt, example_turns, prompt_messages
-from fr_agents.rollout.episode import ForkMismatchError, ObservationTypeError, run_episode
+from fr_agents.rollout.episode import ObservationTypeError, run_episode
 from fr_agents.rollout.experts import NoExpertError, expert_actor, has_expert, require_expert
 from fr_agents.rollout.options import Actor, EpisodeResult, EventFn, LeafResult, RolloutOptions
 from fr_agents.rollout.stops import default_stop_ids

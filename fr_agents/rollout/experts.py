@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fr_agents.rollout.episode import env_name
+from fr_agents.rollout.env_thread import env_name
 
 
 class NoExpertError(ValueError):

@@ -19,7 +19,7 @@ from fr_agents.policy.base import SamplingOptions
 from fr_agents.policy.hf import HFEngine
 from fr_agents.policy.seeded import SeededEngine
 from fr_agents.rollout import RolloutOptions, run_episode
-from fr_agents.rollout.episode import fork_positions
+from fr_agents.rollout.branching import fork_positions
 from fr_agents.tree import TrajectoryTree
 
 torch.set_num_threads(1)

@@ -133,7 +133,7 @@ def test_a_fork_copies_its_branchs_state_and_shares_no_container() -> None:
     of every list, dict and set (growing one leaves the other as it was) and nothing sampled yet."""
     from dataclasses import fields
 
-    from fr_agents.rollout.episode import _Branch
+    from fr_agents.rollout.branching import _Branch
 
     parent = _Branch("env-a", [{"role": "user", "content": "hi"}], [1, 2, 3], "hi", node=7, turn=2,
                      rewards=[0.5], actions=["a"], observations=["o0", "o1"], info={"won": False},
