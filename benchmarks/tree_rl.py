@@ -163,13 +163,14 @@ def sampled_policy_tokens(run: Path, steps: int) -> int:
 def stored_policy_tokens(run: Path) -> int:
     """Policy tokens stored in the run's tree, each node once."""
     from fr_agents.tree import TrajectoryTree
+    from fr_agents.tree.batch import node_spans
 
     tree = TrajectoryTree.open(run / "store.sqlite")
+    trajs = tree.trajectories(tree.leaf_ids())
     seen: set[int] = set()
     total = 0
-    for traj in tree.trajectories(tree.leaf_ids()):
-        ends = [*traj.offsets[1:], len(traj.token_ids)]
-        for node, a, b in zip(traj.path, traj.offsets, ends, strict=True):
+    for traj, spans in zip(trajs, node_spans(trajs), strict=True):
+        for node, a, b in spans:
             if node not in seen:
                 seen.add(node)
                 total += sum(traj.policy_mask[a:b])

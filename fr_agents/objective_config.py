@@ -139,7 +139,7 @@ class ObjectiveConfig:
     baseline: str = option("batch", help="flashreinforce advantage: batch (R - batch mean), tree (also against the mean "
                            "of the leaves sharing the leaf's branching node, TreeRL-style) or nodes (per token: the value "
                            "of the tree node it lies in, the mean reward of the leaves under it, minus that of the fork "
-                           "above, or the batch mean above the first fork; see trainer/objective.py)",
+                           "above, or the batch mean above the first fork; see trainer/advantages.py)",
                            choices=BASELINES)
     grpo_group_size: int = option(4, help="samples per prompt when objective.algo=grpo", rule=at_least(1))
     grpo_clip: float = option(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=positive)

@@ -55,6 +55,7 @@ Tensor = torch.Tensor
 
 
 def check_tensor(name: str, t: object, *, shape: tuple[int, ...], device: torch.device, kind: str) -> None:
+    """Refuse ``t`` unless it is a tensor of ``shape`` on ``device`` of ``kind`` ("float" or "bool"), naming ``name``."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != shape:
@@ -126,14 +127,15 @@ def node_value_advantages(
         raise ValueError(f"node_spans: baseline=nodes needs each of the {b} rows' path spans (build the batch from the tree)")
     if weights is not None:
         validate_weights(weights, b, r.device)
-    w = torch.ones_like(r) if weights is None else weights.to(r.dtype)
+    w = [1.0] * b if weights is None else weights.tolist()
+    reward = r.tolist()
     mass: dict[int, float] = {}
     paid: dict[int, float] = {}
     rows: dict[int, int] = {}
     for i, row in enumerate(spans):
         for node, _, _ in row:
-            mass[node] = mass.get(node, 0.0) + float(w[i])
-            paid[node] = paid.get(node, 0.0) + float(w[i] * r[i])
+            mass[node] = mass.get(node, 0.0) + w[i]
+            paid[node] = paid.get(node, 0.0) + w[i] * reward[i]
             rows[node] = rows.get(node, 0) + 1
     value = {n: paid[n] / mass[n] for n in mass}
     top = float(weighted_mean(r, weights))

@@ -137,8 +137,7 @@ class Branching:
             raise ValueError(f"rollout.branch_policy=token: the engine {type(parent_engine).__name__} returned "
                              f"{len(gen.entropies)} entropies for {len(gen.token_ids)} tokens; use rollout.engine=hf")
         spots = fork_positions(gen.entropies, self.opt.branch_factor - 1, self.opt.branch_entropy)
-        share = (b.budget - len(gen.token_ids)) / (len(spots) + 1)
-        if share < 1:
+        if (b.budget - len(gen.token_ids)) / (len(spots) + 1) < 1:
             spots = []
         clones: list[_Branch] = []
         for _ in spots:  # envs before the reply is acted on: each continuation acts on its own
@@ -151,13 +150,7 @@ class Branching:
             clones.append(b.fork(env))
         spots = spots[: len(clones)]
         await self.store_generation(b, gen)
-        per_branch = getattr(parent_engine, "branch", None)
-        if callable(per_branch):
-            for i, c in enumerate([b, *clones]):
-                c.engine = per_branch(i)
-        if clones:
-            for c in [b, *clones]:
-                c.budget = share
+        self.hand_out(parent_engine, [b, *clones])
         self.emit("fork", turn=b.turn, positions=list(spots))
 
         async def first() -> list[LeafResult]:
@@ -182,12 +175,10 @@ class Branching:
         return leaves if leaves is not None else await self.run(c)
 
     async def branch(self, b: _Branch) -> list[LeafResult]:
-        """Fork ``b`` into ``branch_factor`` continuations. An engine with ``branch(i)`` (the
-        seeded view) gives branch ``i`` its own seed stream, so the tokens do not depend on how
-        the branches interleave."""
+        """Fork ``b`` into ``branch_factor`` continuations, each with its own seed stream and an
+        equal share of the remaining tree budget (:meth:`hand_out`)."""
         b.branched.add(b.turn)
         parent_engine = b.engine or self.engine
-        per_branch = getattr(parent_engine, "branch", None)
         clones = [b]
         for _ in range(self.opt.branch_factor - 1):
             try:
@@ -200,14 +191,21 @@ class Branching:
                     raise
                 return [await self.finish(b, "aborted", failure=e)]
             clones.append(b.fork(env))
-        if callable(per_branch):
-            for i, c in enumerate(clones):
-                c.engine = per_branch(i)
-        share = b.budget / len(clones)  # the remaining tree budget, split equally
-        for c in clones:
-            c.budget = share
+        self.hand_out(parent_engine, clones)
         results = await asyncio.gather(*(self.run(c) for c in clones))
         return [leaf for leaves in results for leaf in leaves]
+
+    @staticmethod
+    def hand_out(parent_engine: Any, paths: list[_Branch]) -> None:
+        """Give each path of a fork its own seed stream (an engine with ``branch(i)``, the seeded
+        view: path ``i``'s tokens then do not depend on how the paths interleave) and an equal share
+        of the tree budget the first path holds now."""
+        per_branch = getattr(parent_engine, "branch", None)
+        share = paths[0].budget / len(paths)
+        for i, c in enumerate(paths):
+            if callable(per_branch):
+                c.engine = per_branch(i)
+            c.budget = share
 
     async def fork_env(self, b: _Branch) -> Any:
         fork = getattr(b.env.unwrapped, "fork", None) or getattr(b.env, "fork", None)
