@@ -24,7 +24,7 @@ right-padded (each row's real tokens first). Everything else takes transformers'
 
 ``benchmarks/compact_forward.py`` measures it on math-tiny (figures in ``docs/measurements.md``). The HF engine
 uses the same pieces for generation (:class:`CompactCache`, :func:`compact_prefill`,
-:func:`compact_decode`).
+:func:`compact_decode`, and :func:`opening_kv` for the opening its prompts share).
 """
 
 from __future__ import annotations
@@ -199,19 +199,51 @@ def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: in
 
 def compact_prefill(
     model: torch.nn.Module, ids: Tensor, lengths: Tensor, prefix: int, cache: CompactCache,
-    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None, past: Past | None = None,
 ) -> Tensor:
     """Run right-padded prompts ``ids`` [B, W] (row ``b`` real in its first ``lengths[b]``
     columns, every row the same in its first ``prefix``), fill ``cache`` with their keys and
     values, and return the logits ``[B, V]`` that predict each row's next token.
 
     ``prefix`` must be below every length. Equal, up to float rounding, to transformers' forward
-    of each prompt alone. ``fused``: :func:`fused_weights` of the current parameters, if kept."""
+    of each prompt alone. ``fused``: :func:`fused_weights` of the current parameters, if kept.
+
+    ``past``: keys and values already computed (:func:`opening_kv`) for tokens that come before
+    ``ids`` in every row; ``ids`` then hold only what follows them (their positions run on from
+    the past's length), the cache gets the past's keys and values first, and no past token is
+    computed again."""
     if not 0 <= prefix < int(lengths.min()):
         raise ValueError(f"prefix: must be in [0, {int(lengths.min()) - 1}], got {prefix}")
-    logits = _forward(model, ids[:, : int(lengths.max())], (lengths - 1)[:, None], prefix, cache, fused)
-    cache.lengths.copy_(lengths)
+    logits = _forward(model, ids[:, : int(lengths.max())], (lengths - 1)[:, None], prefix, cache, fused, past)
+    cache.lengths.copy_(lengths + (past.length if past is not None else 0))
     return logits[:, 0]
+
+
+class Past:
+    """Keys and values ``[KV, length, D]`` per layer of tokens every row of a prefill starts with
+    (rotary embeddings applied at positions ``0 .. length - 1``), computed once by :func:`opening_kv`."""
+
+    def __init__(self, keys: list[Tensor], values: list[Tensor]) -> None:
+        self.keys, self.values = keys, values
+
+    @property
+    def length(self) -> int:
+        """How many tokens it covers."""
+        return int(self.keys[0].shape[1])
+
+    def head(self, n: int) -> Past:
+        """Its first ``n`` tokens (valid on their own: a token's keys and values depend only on
+        the tokens before it)."""
+        return Past([k[:, :n] for k in self.keys], [v[:, :n] for v in self.values])
+
+
+def opening_kv(
+    model: torch.nn.Module, ids: Tensor, fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+) -> Past:
+    """The keys and values of the tokens ``ids`` [N] (N >= 1), for :func:`compact_prefill`'s ``past``."""
+    cache = CompactCache(model, 1, int(ids.shape[0]), ids.device)
+    _forward(model, ids[None], torch.tensor([[int(ids.shape[0]) - 1]], device=ids.device), 0, cache, fused)
+    return Past([k[0] for k in cache.keys], [v[0] for v in cache.values])
 
 
 def compact_decode(
@@ -266,11 +298,13 @@ def _mlp(h: Tensor, mlp: torch.nn.Module, gate_up: Tensor | None = None) -> Tens
 
 def _forward(
     model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int, cache: CompactCache | None = None,
-    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None, past: Past | None = None,
 ) -> Tensor:
     """Logits ``[B, K, V]`` at columns ``keep`` [B, K] (per row, each at or after ``prefix``) of
     right-padded rows ``ids`` [B, W] whose first ``prefix`` columns are the same in every row;
-    with ``cache``, every layer's keys and values of all columns also go into it."""
+    with ``cache``, every layer's keys and values of all columns also go into it. With ``past``,
+    every row is preceded by the past's tokens: ``ids``' positions start at its length, every
+    query also attends to its keys, and ``cache`` holds them before the columns of ``ids``."""
     b, width = ids.shape
     kept = keep.shape[1]
     rest = width - prefix
@@ -278,26 +312,32 @@ def _forward(
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     device = ids.device
+    before = past.length if past is not None else 0  # tokens in the cache before column 0
 
     # every token as one flat matrix: the shared prefix once, then each row's rest
     tokens = torch.cat([ids[0, :prefix], ids[:, prefix:].reshape(-1)])
-    positions = torch.cat([torch.arange(prefix, device=device), torch.arange(prefix, width, device=device).repeat(b)])
+    positions = before + torch.cat([torch.arange(prefix, device=device), torch.arange(prefix, width, device=device).repeat(b)])
     cos, sin = (t[:, None] for t in _rope(positions, head_dim, float(c.rope_parameters["rope_theta"]),
                                                   model.model.embed_tokens.weight.dtype))
-    rest_mask = _causal(rest, width, prefix, device)
-    prefix_mask = _causal(prefix, prefix, 0, device)
+    rest_mask = _causal(rest, before + width, before + prefix, device)
+    prefix_mask = _causal(prefix, before + prefix, before, device)
     keep_rest = keep - prefix  # [B, K] kept columns among each row's rest
     flat_keep = (prefix + torch.arange(b, device=device)[:, None] * rest + keep_rest).reshape(-1)
     keep_cos, keep_sin = cos[flat_keep], sin[flat_keep]
-    keep_mask = rest_mask[keep_rest][:, None, None]  # [B, 1, 1, K, W]
+    keep_mask = rest_mask[keep_rest][:, None, None]  # [B, 1, 1, K, before + W]
 
-    def rows(t: Tensor) -> Tensor:
-        """Keys or values [N, KV, D] as [b, KV, prefix + rest, D]: the prefix's once, broadcast to every row."""
+    def shared_kv(t: Tensor, old: Tensor | None) -> Tensor:
+        """Keys or values [KV, before + prefix, D] every row reads: the past's, then the prefix's."""
+        mine = t[:prefix].transpose(0, 1)
+        return mine if old is None else torch.cat([old, mine], dim=1)
+
+    def rows(t: Tensor, old: Tensor | None) -> Tensor:
+        """Keys or values [N, KV, D] as [b, KV, before + prefix + rest, D]: the shared ones once,
+        broadcast to every row."""
         own = t[prefix:].view(b, rest, kv_heads, head_dim).transpose(1, 2)
-        if not prefix:
+        if not prefix and old is None:
             return own
-        shared = t[:prefix].transpose(0, 1).unsqueeze(0).expand(b, -1, -1, -1)
-        return torch.cat([shared, own], dim=2)
+        return torch.cat([shared_kv(t, old).unsqueeze(0).expand(b, -1, -1, -1), own], dim=2)
 
     x = F.embedding(tokens, model.model.embed_tokens.weight)  # [N, C]
     layers = model.model.layers
@@ -317,10 +357,11 @@ def _forward(
             qkv = F.linear(h, weight, bias).view(-1, heads + 2 * kv_heads, head_dim)
             qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
-        keys, values = rows(k), rows(v)
+        old_k, old_v = (past.keys[i], past.values[i]) if past is not None else (None, None)
+        keys, values = rows(k, old_k), rows(v, old_v)
         if cache is not None:
-            cache.keys[i][:, :, :width] = keys
-            cache.values[i][:, :, :width] = values
+            cache.keys[i][:, :, : before + width] = keys
+            cache.values[i][:, :, : before + width] = values
         if last:
             q_rows = q.view(b, kept, heads, head_dim).transpose(1, 2)
             out = _attend(q_rows, keys, values, keep_mask).transpose(1, 2).reshape(b * kept, q_size)
@@ -330,7 +371,7 @@ def _forward(
             out = _attend(q_rows, keys, values, rest_mask).transpose(1, 2).reshape(b * rest, q_size)
             if prefix:
                 q_pre = q[:prefix].transpose(0, 1).unsqueeze(0)
-                k_pre, v_pre = k[:prefix].transpose(0, 1).unsqueeze(0), v[:prefix].transpose(0, 1).unsqueeze(0)
+                k_pre, v_pre = shared_kv(k, old_k).unsqueeze(0), shared_kv(v, old_v).unsqueeze(0)
                 out_pre = _attend(q_pre, k_pre, v_pre, prefix_mask)[0].transpose(0, 1).reshape(prefix, q_size)
                 out = torch.cat([out_pre, out])
         x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)

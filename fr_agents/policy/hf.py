@@ -17,7 +17,10 @@ For Qwen2/Llama models in float32 or bfloat16 a wave runs :mod:`fr_agents.models
 the prefill's last layer only at each row's last token, the fused projections built once per
 weight version) and is a *running batch*: requests queued while it decodes join it between two
 steps (prefilled into the places finished rows left), so the batch stays full as episodes come and
-go instead of draining to its slowest row. Any other model runs transformers' forward with left
+go instead of draining to its slowest row. A joiner whose prompt starts with the opening a group of
+prompts was seen to share (a chat template, a system prompt, example turns) prefills only what
+follows it: the opening's keys and values are kept across joins and recomputed after each weight
+swap (:mod:`fr_agents.policy.opening`). Any other model runs transformers' forward with left
 padding and its ``DynamicCache`` (``_TransformersWave``), whose rows only leave. Both give the same
 logits up to float rounding.
 
@@ -54,12 +57,14 @@ import torch
 from fr_agents import hops
 from fr_agents.models.compact import (
     CompactCache,
+    Past,
     compact_decode,
     compact_prefill,
     compact_reason,
     fused_weights,
 )
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
+from fr_agents.policy.opening import Opening
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +136,13 @@ class HFEngine(Engine):
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
-        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "joined": 0, "shared_prefill_tokens": 0}
+        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "joined": 0, "shared_prefill_tokens": 0,
+                      "opening_tokens": 0}
         self.on_token = on_token
         # None: waves run fr_agents.models.compact's prefill and decode; else why they do not
         self.compact_reason = compact_reason(model) if compact else "compact is off"
         self._fused: list | None = None  # fused_weights of the live weights, built on first use
+        self.opening = Opening()  # compact waves: the prompts' shared opening, kept across joins
 
     def fused(self) -> list:
         """The compact forward's fused projections of the live weights (rebuilt after a swap)."""
@@ -210,6 +217,7 @@ class HFEngine(Engine):
             with torch.no_grad():
                 self.model.load_state_dict(state_dict, strict=True)
             self._fused = None
+            self.opening.forget()
             self.version = version
             log.debug("weights swapped to version %d", version)
         finally:
@@ -510,17 +518,28 @@ class _CompactWave:
         return self.admit(self.first, self.shared)
 
     def admit(self, reqs: list[_Request], shared: int) -> torch.Tensor:
-        """Prefill ``reqs`` into the next free rows; their first logits ``[len(reqs), V]``."""
+        """Prefill ``reqs`` into the next free rows; their first logits ``[len(reqs), V]``.
+
+        What every prompt starts with of the engine's kept :class:`Opening` is not computed again
+        (its keys and values are copied in); what the group shares beyond it runs once; a longer
+        opening this group shares is kept for the joins after it."""
         need = self.live + len(reqs)
         rows = min(self.engine.max_batch_size, max(need, 2 * self.cache.keys[0].shape[0]))
         self.cache.grow(rows, self._slots(reqs))
-        lengths = [len(r.prompt_ids) for r in reqs]
+        opening = self.engine.opening
+        kept = opening.match([r.prompt_ids for r in reqs])
+        past = opening.past(self.model, kept, self.engine.fused()) if kept else None
+        lengths = [len(r.prompt_ids) - kept for r in reqs]
         ids = torch.full((len(reqs), max(lengths)), self.engine.pad_id, dtype=torch.long, device=self.device)
         for i, r in enumerate(reqs):
-            ids[i, : lengths[i]] = torch.tensor(r.prompt_ids, dtype=torch.long, device=self.device)
+            ids[i, : lengths[i]] = torch.tensor(r.prompt_ids[kept:], dtype=torch.long, device=self.device)
         rows = self.cache.rows(self.live, self.live + len(reqs))
         logits = compact_prefill(self.model, ids, torch.tensor(lengths, dtype=torch.long, device=self.device),
-                                 shared, rows, self.engine.fused())
+                                 max(0, shared - kept), rows, self.engine.fused(), past)
+        self.engine.stats["opening_tokens"] += kept * len(reqs)
+        if shared > kept:
+            opening.remember(reqs[0].prompt_ids[:shared],
+                             Past([k[0, :, :shared].clone() for k in rows.keys], [v[0, :, :shared].clone() for v in rows.values]))
         self.live += len(reqs)
         return logits
 
