@@ -340,20 +340,21 @@ def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: 
     ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
     with sqlite3.connect(run / "episodes.sqlite") as db:  # the ledger: one row per finished leaf (no branching here)
-        completions = db.execute("SELECT COUNT(*) FROM episode_leaves").fetchone()[0]
+        completions, tokens = db.execute("SELECT COUNT(*), COALESCE(SUM(sampled), 0) FROM episode_leaves").fetchone()
         trained = db.execute("SELECT COUNT(*) FROM episode_leaves WHERE batch < ?", (int(state["step"]),)).fetchone()[0]
     end = [r for r in _rows(run / "metrics.jsonl") if r.get("kind") == "end"]
     res = {
         "run": "fr-agents", "seed": seed, "steps": int(state["step"]), "rl_s": float(state["rl_elapsed_s"]),
         "torch_threads": _learner_threads(run),
-        "completions": int(completions), "trained_completions": int(trained),
+        "completions": int(completions), "trained_completions": int(trained), "tokens": int(tokens),
         "stop": end[-1]["reason"] if end else f"exit {rc}",
         "model": str(ckpt), "run_dir": str(run),
     }
     res["completions_per_s"] = res["completions"] / res["rl_s"]
+    res["tokens_per_s"] = res["tokens"] / res["rl_s"]
     _cpu_fields(res, cpu.cores())
     say(f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
-        f"({res['completions_per_s']:.1f}/s), stopped: {res['stop']}; {_cpu_text(res)}")
+        f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s), stopped: {res['stop']}; {_cpu_text(res)}")
     return res
 
 
@@ -501,10 +502,11 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
                 self.t_end = now
                 control.should_training_stop = True
 
-    sampled = {"completions": 0}
+    sampled = {"completions": 0, "tokens": 0}
 
     def mathverifier_reward(prompts, completions, completion_ids, task_index, **_):
         sampled["completions"] += len(completion_ids)
+        sampled["tokens"] += sum(len(c) for c in completion_ids)  # up to and with the stop token, as fr-agents counts
         return [grader(tasks[i], c) for i, c in zip(task_index, completion_ids, strict=True)]
 
     r, o = cfg.rollout, cfg.optim
@@ -538,12 +540,13 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
         "run": "TRL GRPOTrainer", "seed": seed, "steps": steps, "rl_s": rl_s, "torch_threads": torch.get_num_threads(),
         "bf16": preset.bf16,
         "completions": sampled["completions"], "trained_completions": steps * preset.completions_per_step,
-        "stop": "time budget" if limit.t_end else "steps", "model": str(final),
+        "tokens": sampled["tokens"], "stop": "time budget" if limit.t_end else "steps", "model": str(final),
     }
     res["completions_per_s"] = res["completions"] / rl_s
+    res["tokens_per_s"] = res["tokens"] / rl_s
     _cpu_fields(res, limit.cpu.cores())
     say(f"TRL seed {seed}: {steps} steps, {res['completions']} completions in {rl_s:.0f}s "
-        f"({res['completions_per_s']:.1f}/s); {_cpu_text(res)}")
+        f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s); {_cpu_text(res)}")
     grader.close()
     (work / f"trl-seed{seed}.json").write_text(json.dumps(res, indent=2))
 
