@@ -43,7 +43,9 @@ What is held equal, for either preset:
   (``trainer.steps`` set out of reach), TRL through a callback that stops training once the time
   is spent. completions/s = completions sampled during RL / RL seconds (fr-agents: every episode in
   the run's ledger, those rolled out ahead of the learner included; TRL: every completion graded).
-  The JSON also holds ``trained_completions``, the ones an optimizer step used.
+  The JSON also holds ``trained_completions``, the ones an optimizer step used. tokens/s = policy
+  tokens sampled during RL / RL seconds, each completion counted up to and with its stop token
+  (fr-agents: the ledger's sampled tokens per leaf; TRL: the completion ids its reward function gets).
 * **What a completion costs.** Each run's whole process tree (fr-agents: learner, rollout process,
   verifier workers; TRL: its process and its verifier workers) is sampled once a second from its
   first optimizer step to its last: ``cores_busy`` (CPU seconds over wall seconds) and
@@ -592,11 +594,11 @@ def evaluate(bench: str, models: dict[str, str], out: Path, *, reuse: bool = Fal
 
 
 def table(rows: list[dict], before: float) -> str:
-    lines = ["| run | seed | steps | completions/s | cores busy | CPU-ms per completion | held-out before -> after |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| run | seed | steps | completions/s | tokens/s | cores busy | CPU-ms per completion | held-out before -> after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for r in rows:
-        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | "
+        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | {r['tokens_per_s']:.1f} | "
                      f"{fmt(r.get('cores_busy'), '.2f')} | {fmt(r.get('cpu_ms_per_completion'), '.2f')} | "
                      f"{100 * before:.1f} -> {100 * r['held_out']:.1f} |")
     return "\n".join(lines)
@@ -680,6 +682,8 @@ def main() -> int:
         "completions_per_s_mean": {"fr-agents": mean(fr_rows, "completions_per_s"), "trl": mean(trl_rows, "completions_per_s")},
     }
     summary["ratio_completions_per_s"] = summary["completions_per_s_mean"]["fr-agents"] / summary["completions_per_s_mean"]["trl"]
+    summary["tokens_per_s_mean"] = {"fr-agents": mean(fr_rows, "tokens_per_s"), "trl": mean(trl_rows, "tokens_per_s")}
+    summary["ratio_tokens_per_s"] = summary["tokens_per_s_mean"]["fr-agents"] / summary["tokens_per_s_mean"]["trl"]
     if all(r.get("cpu_ms_per_completion") is not None for r in rows):
         summary["cpu_ms_per_completion_mean"] = {"fr-agents": mean(fr_rows, "cpu_ms_per_completion"),
                                                  "trl": mean(trl_rows, "cpu_ms_per_completion")}
@@ -687,6 +691,10 @@ def main() -> int:
     say("\n" + table(rows, before))
     say(f"\ncompletions/s fr-agents / TRL: {summary['ratio_completions_per_s']:.2f}x (per seed: "
         + ", ".join(f"{r['seed']}: {r['ratio_completions_per_s']:.2f}x" for r in fr_rows) + ")")
+    t = summary["tokens_per_s_mean"]
+    say(f"policy tokens/s, mean over seeds: fr-agents {t['fr-agents']:.1f}, TRL {t['trl']:.1f}: "
+        f"{summary['ratio_tokens_per_s']:.2f}x (tokens per completion {mean(fr_rows, 'tokens') / mean(fr_rows, 'completions'):.1f} "
+        f"vs {mean(trl_rows, 'tokens') / mean(trl_rows, 'completions'):.1f})")
     say(f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
         f"TRL {100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; "
         f"greedy, {problems} held-out problems of {preset.bench})")
