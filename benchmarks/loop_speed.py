@@ -1,0 +1,133 @@
+"""Policy tokens per second in the training loop, where a user sees them.
+
+``benchmarks/rollout.py`` measures the rollout alone. In ``fr-agents train`` the rollout shares the
+machine with the learner, and at ``rollout.max_policy_lag`` 1 it can run at most one batch ahead of
+the learner's step, so the figure a user sees is the loop's: policy tokens sampled per second of
+RL. This script runs ``fr-agents train PRESET`` once per variant, one after another in fresh
+processes (held-out evaluations off: it measures the loop, not learning), and prints per variant:
+
+* **tokens/s**: policy tokens sampled per second over the steps after the first ``--skip`` (model
+  load, the first batch and the first weight push are not the steady state);
+* **step s**: the learner's median step time (forward, backward, optimizer) over the same steps;
+* **cores busy**: CPU seconds of the whole process tree per wall second of the whole command;
+* the load average before and after, since any other process on the cores slows every figure.
+
+A variant is a name, ``key=value`` overrides of the preset, and optionally ``@DIR``: a checkout whose
+code runs it (a ``git worktree`` of an older commit), so a change is measured against its parent in
+one run on one machine::
+
+    git worktree add /tmp/before HEAD~1
+    python benchmarks/loop_speed.py --preset math-smollm2 --minutes 4 \\
+        --variant before @/tmp/before --variant now \\
+        --variant now-2-threads trainer.threads=2 trainer.pin_cpus=false
+
+Each variant's run directory is kept under ``--out`` (metrics.jsonl, the log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_variant(words: list[str]) -> tuple[str, list[str], Path]:
+    """``NAME [key=value ...] [@DIR]`` -> (name, overrides, code dir)."""
+    name, rest = words[0], words[1:]
+    code = [w[1:] for w in rest if w.startswith("@")]
+    if len(code) > 1:
+        raise SystemExit(f"--variant {name}: one @DIR at most, got {code}")
+    bad = [w for w in rest if not w.startswith("@") and "=" not in w]
+    if bad:
+        raise SystemExit(f"--variant {name}: {bad[0]!r} is neither key=value nor @DIR")
+    where = Path(code[0]).resolve() if code else REPO
+    if not (where / "fr_agents" / "cli.py").is_file():
+        raise SystemExit(f"--variant {name}: {where} is not a checkout of this project (no fr_agents/cli.py)")
+    return name, [w for w in rest if not w.startswith("@")], where
+
+
+def run(preset: str, overrides: list[str], code: Path, run_dir: Path, minutes: float) -> tuple[float, float]:
+    """``fr-agents train`` from ``code``; returns (wall seconds, CPU seconds of the process tree)."""
+    cmd = [sys.executable, "-m", "fr_agents.cli", "train", preset,
+           f"trainer.max_minutes={minutes}", "trainer.steps=1000000", "trainer.eval_episodes=0",
+           "trainer.eval_every=0", "trainer.plateau_patience=0", *overrides, "--run-dir", str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(code), "FR_AGENTS_LOG": os.environ.get("FR_AGENTS_LOG", "WARNING")}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    with open(run_dir.with_suffix(".log"), "w") as log:
+        proc = subprocess.run(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"training failed ({' '.join(cmd)}); log: {run_dir.with_suffix('.log')}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def steady(run_dir: Path, skip: int) -> dict[str, Any]:
+    """Tokens/s and the median learner step over the steps after the first ``skip``."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if r.get("kind") == "step"]
+    if len(steps) <= skip + 1:
+        raise SystemExit(f"{run_dir}: {len(steps)} steps, too few past --skip {skip}; give it more --minutes")
+    first, used = steps[skip], steps[skip + 1 :]
+    tokens = sum(r.get("sampled_tokens", r["tokens"]) for r in used)
+    seconds = used[-1]["elapsed_s"] - first["elapsed_s"]
+    return {"steps": len(steps), "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "tokens_per_step": tokens / len(used), "step_s": statistics.median(r["step_seconds"] for r in used)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="math-smollm2", help="preset every variant trains (default math-smollm2)")
+    ap.add_argument("--variant", nargs="+", action="append", required=True, metavar="WORD",
+                    help="NAME [key=value ...] [@DIR] (repeatable): overrides, and a checkout to run from")
+    ap.add_argument("--minutes", type=float, default=4.0, help="minutes of RL per variant (default 4)")
+    ap.add_argument("--skip", type=int, default=3, help="first steps left out of the figures (default 3)")
+    ap.add_argument("--out", default=None, help="folder for the runs (default a new temp dir)")
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    a = ap.parse_args()
+    variants = [parse_variant(v) for v in a.variant]
+    if len({v[0] for v in variants}) != len(variants):
+        raise SystemExit("--variant: names must differ")
+    out = Path(a.out or tempfile.mkdtemp(prefix="loop_speed-"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"# policy tokens/s in `fr-agents train {a.preset}`'s loop, {a.minutes} min of RL per variant, "
+          f"first {a.skip} steps left out; {len(os.sched_getaffinity(0))} cores; runs in {out}", flush=True)
+    results = []
+    for name, overrides, code in variants:
+        load0 = os.getloadavg()
+        wall, cpu = run(a.preset, overrides, code, out / name, a.minutes)
+        fig = steady(out / name, a.skip)
+        load1 = os.getloadavg()
+        fig.update(name=name, overrides=overrides, code=str(code), wall_s=wall, cores_busy=cpu / wall,
+                   load_before=load0[0], load_after=load1[0])
+        results.append(fig)
+        print(f"{name}: {fig['tokens_per_s']:.1f} tokens/s, {fig['tokens_per_step']:.0f} tokens a step, "
+              f"learner step {fig['step_s']:.2f} s (median), {fig['steps']} steps, cores busy {fig['cores_busy']:.2f}, "
+              f"load {load0[0]:.2f} -> {load1[0]:.2f}", flush=True)
+    print("\n| variant | code | overrides | tokens/s | learner step s | cores busy | load before -> after |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for f in results:
+        print(f"| {f['name']} | {f['code']} | {' '.join(f['overrides']) or '-'} | {f['tokens_per_s']:.1f} | "
+              f"{f['step_s']:.2f} | {f['cores_busy']:.2f} | {f['load_before']:.2f} -> {f['load_after']:.2f} |")
+    base = results[0]["tokens_per_s"]
+    for f in results[1:]:
+        print(f"{f['name']} / {results[0]['name']}: {f['tokens_per_s'] / base:.2f}x tokens/s")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
