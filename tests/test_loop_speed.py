@@ -3,7 +3,6 @@ run of math-tiny's loop yields the figures it prints (tokens/s from metrics.json
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,15 +10,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.benchmark_scripts import load_benchmark
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_speed.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("loop_speed", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("loop_speed")
 
 
 def test_a_variant_is_a_name_overrides_and_at_most_one_checkout(tmp_path: Path) -> None:

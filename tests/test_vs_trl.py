@@ -5,7 +5,6 @@ train prompts carry the example exchange and tokenize as TRL's text-prompt path 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,17 +12,13 @@ import pytest
 
 from envs.benches import bench_from_config, resolve_bench
 from fr_agents.config import load_config
+from tests.benchmark_scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_trl.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vs_trl", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("vs_trl")
 
 
 def test_the_table_holds_both_presets_with_their_default_minutes() -> None:
