@@ -85,6 +85,11 @@ def _training_rollout(preset: str, engine: str, batches: int, overrides: list[st
         t0 = time.perf_counter()
         tokens = asyncio.run(go(range(batches)))
         out["rollout"] = (tokens, time.perf_counter() - t0)
+        stats = getattr(side.runner.engine, "stats", None)
+        if stats:  # the HF engine's: requests that joined a running batch, prompt tokens served by its kept opening
+            print(f"{engine:<14} engine: {stats.get('rows', 0)} requests, {stats.get('joined', 0)} joined a running batch, "
+                  f"{stats.get('opening_tokens', 0)} prompt tokens from the kept opening, "
+                  f"{stats.get('shared_prefill_tokens', 0)} shared by a wave's first requests (run once a wave)", flush=True)
 
         o = side.runner.options
         opts = SamplingOptions(temperature=o.temperature, max_tokens=o.max_new_tokens,
