@@ -326,18 +326,21 @@ def _forward(
     keep_cos, keep_sin = cos[flat_keep], sin[flat_keep]
     keep_mask = rest_mask[keep_rest][:, None, None]  # [B, 1, 1, K, before + W]
 
-    def shared_kv(t: Tensor, old: Tensor | None) -> Tensor:
-        """Keys or values [KV, before + prefix, D] every row reads: the past's, then the prefix's."""
+    def shared_kv(t: Tensor, old: Tensor | None) -> Tensor | None:
+        """Keys or values [KV, before + prefix, D] every row reads (the past's, then the prefix's),
+        or None when there are none."""
+        if not prefix:
+            return old
         mine = t[:prefix].transpose(0, 1)
         return mine if old is None else torch.cat([old, mine], dim=1)
 
-    def rows(t: Tensor, old: Tensor | None) -> Tensor:
-        """Keys or values [N, KV, D] as [b, KV, before + prefix + rest, D]: the shared ones once,
-        broadcast to every row."""
+    def rows(t: Tensor, shared: Tensor | None) -> Tensor:
+        """Keys or values [N, KV, D] as [b, KV, before + prefix + rest, D]: the ``shared`` ones
+        once, broadcast to every row."""
         own = t[prefix:].view(b, rest, kv_heads, head_dim).transpose(1, 2)
-        if not prefix and old is None:
+        if shared is None:
             return own
-        return torch.cat([shared_kv(t, old).unsqueeze(0).expand(b, -1, -1, -1), own], dim=2)
+        return torch.cat([shared.unsqueeze(0).expand(b, -1, -1, -1), own], dim=2)
 
     x = F.embedding(tokens, model.model.embed_tokens.weight)  # [N, C]
     layers = model.model.layers
@@ -358,7 +361,8 @@ def _forward(
             qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
         old_k, old_v = (past.keys[i], past.values[i]) if past is not None else (None, None)
-        keys, values = rows(k, old_k), rows(v, old_v)
+        shared_k, shared_v = shared_kv(k, old_k), shared_kv(v, old_v)
+        keys, values = rows(k, shared_k), rows(v, shared_v)
         if cache is not None:
             cache.keys[i][:, :, : before + width] = keys
             cache.values[i][:, :, : before + width] = values
@@ -371,7 +375,7 @@ def _forward(
             out = _attend(q_rows, keys, values, rest_mask).transpose(1, 2).reshape(b * rest, q_size)
             if prefix:
                 q_pre = q[:prefix].transpose(0, 1).unsqueeze(0)
-                k_pre, v_pre = shared_kv(k, old_k).unsqueeze(0), shared_kv(v, old_v).unsqueeze(0)
+                k_pre, v_pre = shared_k.unsqueeze(0), shared_v.unsqueeze(0)
                 out_pre = _attend(q_pre, k_pre, v_pre, prefix_mask)[0].transpose(0, 1).reshape(prefix, q_size)
                 out = torch.cat([out_pre, out])
         x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)

@@ -64,7 +64,7 @@ from fr_agents.models.compact import (
     fused_weights,
 )
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
-from fr_agents.policy.opening import Opening
+from fr_agents.policy.opening import Opening, shared_start
 
 log = logging.getLogger(__name__)
 
@@ -369,17 +369,7 @@ class HFEngine(Engine):
         at least one token of its own for the batched prefill, which yields its first logits."""
         if len(reqs) < 2:
             return 0
-        first = reqs[0].prompt_ids
-        n = min(len(r.prompt_ids) for r in reqs) - 1
-        for r in reqs[1:]:
-            ids = r.prompt_ids
-            k = 0
-            while k < n and ids[k] == first[k]:
-                k += 1
-            n = k
-            if n < 2:
-                return 0
-        return n
+        return shared_start(reqs[0].prompt_ids, [r.prompt_ids for r in reqs])
 
     def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> list[tuple[int, float]]:
         """Draw one token per row from its tempered distribution; return (token, log-prob) pairs.

@@ -24,30 +24,34 @@ import torch
 
 from fr_agents.models.compact import Past, opening_kv
 
+MIN_SHARED = 2  # a shorter shared start is not worth a separate pass
+
+
+def shared_start(reference: Sequence[int], prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens of ``reference`` every prompt starts with, leaving each prompt at
+    least one token of its own (its prefill yields its first logits); 0 below :data:`MIN_SHARED`."""
+    n = min(len(reference), min(len(p) for p in prompts) - 1)
+    for p in prompts:
+        k = 0
+        while k < n and p[k] == reference[k]:
+            k += 1
+        n = k
+        if n < MIN_SHARED:
+            return 0
+    return n
+
 
 class Opening:
     """The longest opening seen shared by a group of prompts, and its keys and values under the
     live weights (computed when first needed, dropped at each swap)."""
-
-    MIN_TOKENS = 2  # a shorter match is not worth a separate pass
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
         self._past: Past | None = None
 
     def match(self, prompts: Sequence[Sequence[int]]) -> int:
-        """How many of the kept opening's tokens every prompt starts with, leaving each prompt at
-        least one token of its own (its prefill yields its first logits); 0 below
-        :attr:`MIN_TOKENS`."""
-        n = min(len(self.tokens), min(len(p) for p in prompts) - 1)
-        for p in prompts:
-            k = 0
-            while k < n and p[k] == self.tokens[k]:
-                k += 1
-            n = k
-            if n < self.MIN_TOKENS:
-                return 0
-        return n
+        """How many of the kept opening's tokens every prompt starts with (:func:`shared_start`)."""
+        return shared_start(self.tokens, prompts)
 
     def past(self, model: torch.nn.Module, n: int, fused: list | None) -> Past:
         """Keys and values of the opening's first ``n`` tokens under the live weights."""
