@@ -194,7 +194,35 @@ def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: in
     """
     if not 0 <= prefix <= int(keep[0]):
         raise ValueError(f"prefix: must be in [0, {int(keep[0])}], got {prefix}")
-    return _forward(model, ids[:, : int(keep[-1]) + 1], keep.expand(ids.shape[0], -1), prefix)
+    b, k = ids.shape[0], keep.shape[0]
+    lengths = torch.full((b,), int(keep[-1]) + 1, dtype=torch.long, device=ids.device)
+    rows = torch.arange(b, device=ids.device).repeat_interleave(k)
+    return _forward(model, ids, lengths, rows, keep.repeat(b), prefix).view(b, k, -1)
+
+
+def compact_logits_at(model: torch.nn.Module, ids: Tensor, rows: Tensor, cols: Tensor, prefix: int = 0) -> Tensor:
+    """Logits ``[M, V]`` of ``model``: row ``m`` at column ``cols[m]`` of row ``rows[m]`` of the
+    right-padded rows ``ids`` [B, W] (``rows`` non-decreasing, each row's columns ascending).
+
+    What the learner asks for: a row's logits only where they predict one of its policy tokens.
+    Each row runs only through its last asked column, so a batch whose replies differ in length
+    computes no padding (:func:`compact_logits` runs every row to the longest). Equal, up to float
+    rounding, to ``model(input_ids=ids, attention_mask=mask).logits[rows, cols]`` for a right-padding
+    ``mask`` real through each row's asked columns. ``prefix``: leading columns every row holds the
+    same tokens in (run once); at most ``cols.min()``. Check :func:`compact_reason` first.
+    """
+    b = ids.shape[0]
+    if rows.numel() == 0:
+        raise ValueError("rows: no column asked for")
+    if not 0 <= prefix <= int(cols.min()):
+        raise ValueError(f"prefix: must be in [0, {int(cols.min())}], got {prefix}")
+    if bool((rows[1:] < rows[:-1]).any()) or bool(((rows[1:] == rows[:-1]) & (cols[1:] <= cols[:-1])).any()):
+        raise ValueError("rows, cols: must be sorted by row, then by column, without repeats")
+    if int(cols.max()) >= ids.shape[1] or int(rows.min()) < 0 or int(rows.max()) >= b:
+        raise ValueError(f"rows, cols: outside ids of shape {tuple(ids.shape)}")
+    lengths = torch.full((b,), prefix, dtype=torch.long, device=ids.device)
+    lengths = lengths.scatter_reduce(0, rows, cols + 1, reduce="amax")
+    return _forward(model, ids, lengths, rows, cols, prefix)
 
 
 def compact_prefill(
@@ -214,9 +242,10 @@ def compact_prefill(
     computed again."""
     if not 0 <= prefix < int(lengths.min()):
         raise ValueError(f"prefix: must be in [0, {int(lengths.min()) - 1}], got {prefix}")
-    logits = _forward(model, ids[:, : int(lengths.max())], (lengths - 1)[:, None], prefix, cache, fused, past)
+    rows = torch.arange(ids.shape[0], device=ids.device)
+    logits = _forward(model, ids, lengths, rows, lengths - 1, prefix, cache, fused, past)
     cache.lengths.copy_(lengths + (past.length if past is not None else 0))
-    return logits[:, 0]
+    return logits
 
 
 class Past:
@@ -242,7 +271,8 @@ def opening_kv(
 ) -> Past:
     """The keys and values of the tokens ``ids`` [N] (N >= 1), for :func:`compact_prefill`'s ``past``."""
     cache = CompactCache(model, 1, int(ids.shape[0]), ids.device)
-    _forward(model, ids[None], torch.tensor([[int(ids.shape[0]) - 1]], device=ids.device), 0, cache, fused)
+    last = torch.tensor([int(ids.shape[0]) - 1], device=ids.device)
+    _forward(model, ids[None], last + 1, torch.zeros_like(last), last, 0, cache, fused)
     return Past([k[0] for k in cache.keys], [v[0] for v in cache.values])
 
 
@@ -297,34 +327,60 @@ def _mlp(h: Tensor, mlp: torch.nn.Module, gate_up: Tensor | None = None) -> Tens
 
 
 def _forward(
-    model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: int, cache: CompactCache | None = None,
-    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None, past: Past | None = None,
+    model: torch.nn.Module, ids: Tensor, lengths: Tensor, keep_rows: Tensor, keep_cols: Tensor, prefix: int,
+    cache: CompactCache | None = None, fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+    past: Past | None = None,
 ) -> Tensor:
-    """Logits ``[B, K, V]`` at columns ``keep`` [B, K] (per row, each at or after ``prefix``) of
-    right-padded rows ``ids`` [B, W] whose first ``prefix`` columns are the same in every row;
-    with ``cache``, every layer's keys and values of all columns also go into it. With ``past``,
-    every row is preceded by the past's tokens: ``ids``' positions start at its length, every
-    query also attends to its keys, and ``cache`` holds them before the columns of ``ids``."""
-    b, width = ids.shape
-    kept = keep.shape[1]
-    rest = width - prefix
+    """Logits ``[M, V]``, row ``m`` at column ``keep_cols[m]`` of row ``keep_rows[m]`` (rows
+    non-decreasing; each column at or after ``prefix`` and below its row's length), of right-padded
+    rows ``ids`` [B, W]: row ``b`` runs its first ``lengths[b]`` columns (>= ``prefix``), whose
+    first ``prefix`` are the same in every row. With ``cache``, every layer's keys and values of all
+    columns also go into it (slots past a row's length hold nothing meaningful). With ``past``,
+    every row is preceded by the past's tokens: ``ids``' positions start at its length, every query
+    also attends to its keys, and ``cache`` holds them before the columns of ``ids``.
+
+    Only real tokens go through the products: the shared prefix once, then each row's own columns
+    up to its length (padding is never computed). Attention alone lays the rows out padded to the
+    longest, ``[B, rest]``, since each row attends within itself; a padding slot sits after every
+    real query of its row, so the causal mask already hides it."""
+    b = ids.shape[0]
     c = model.config
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     device = ids.device
     before = past.length if past is not None else 0  # tokens in the cache before column 0
+    own = lengths - prefix  # [B] each row's columns after the shared prefix
+    rest = int(own.max())
+    width = prefix + rest
 
-    # every token as one flat matrix: the shared prefix once, then each row's rest
-    tokens = torch.cat([ids[0, :prefix], ids[:, prefix:].reshape(-1)])
-    positions = before + torch.cat([torch.arange(prefix, device=device), torch.arange(prefix, width, device=device).repeat(b)])
+    # every real token as one flat matrix: the shared prefix once, then each row's own columns.
+    # ``real``: each own token's slot in the padded [B * rest] layout; ``slot_of``: each padded
+    # slot's place among the own tokens (read only at real slots).
+    column = torch.arange(rest, device=device)
+    real = (column[None] < own[:, None]).reshape(-1).nonzero().squeeze(1)
+    slot_of = torch.zeros(b * rest, dtype=torch.long, device=device)
+    slot_of[real] = torch.arange(real.shape[0], device=device)
+    tokens = torch.cat([ids[0, :prefix], ids[:, prefix:width].reshape(-1)[real]])
+    positions = before + torch.cat([torch.arange(prefix, device=device), (prefix + column).repeat(b)[real]])
     cos, sin = (t[:, None] for t in _rope(positions, head_dim, float(c.rope_parameters["rope_theta"]),
                                                   model.model.embed_tokens.weight.dtype))
     rest_mask = _causal(rest, before + width, before + prefix, device)
     prefix_mask = _causal(prefix, before + prefix, before, device)
-    keep_rest = keep - prefix  # [B, K] kept columns among each row's rest
-    flat_keep = (prefix + torch.arange(b, device=device)[:, None] * rest + keep_rest).reshape(-1)
+
+    # the kept queries: their place among all tokens, and a padded [B, kept] layout for attention
+    count = torch.bincount(keep_rows, minlength=b)
+    kept = int(count.max())
+    rank = torch.arange(keep_rows.shape[0], device=device) - (torch.cumsum(count, 0) - count)[keep_rows]
+    keep_slot = keep_rows * kept + rank  # [M] in the padded [B * kept] layout
+    flat_keep = prefix + slot_of[keep_rows * rest + keep_cols - prefix]  # [M] among all tokens
     keep_cos, keep_sin = cos[flat_keep], sin[flat_keep]
-    keep_mask = rest_mask[keep_rest][:, None, None]  # [B, 1, 1, K, before + W]
+    keep_at = torch.full((b * kept,), prefix, dtype=torch.long, device=device)
+    keep_at[keep_slot] = keep_cols
+    keep_mask = rest_mask[keep_at.view(b, kept) - prefix][:, None, None]  # [B, 1, 1, kept, before + W]
+
+    def padded(t: Tensor, slots: Tensor, per_row: int) -> Tensor:
+        """Rows of ``t`` [N, ...] put at ``slots`` [N] of a zero [B, per_row, ...] layout."""
+        return t.new_zeros((b * per_row, *t.shape[1:])).index_copy(0, slots, t).view(b, per_row, *t.shape[1:])
 
     def shared_kv(t: Tensor, old: Tensor | None) -> Tensor | None:
         """Keys or values [KV, before + prefix, D] every row reads (the past's, then the prefix's),
@@ -337,10 +393,10 @@ def _forward(
     def rows(t: Tensor, shared: Tensor | None) -> Tensor:
         """Keys or values [N, KV, D] as [b, KV, before + prefix + rest, D]: the ``shared`` ones
         once, broadcast to every row."""
-        own = t[prefix:].view(b, rest, kv_heads, head_dim).transpose(1, 2)
+        mine = padded(t[prefix:], real, rest).transpose(1, 2)
         if shared is None:
-            return own
-        return torch.cat([shared.unsqueeze(0).expand(b, -1, -1, -1), own], dim=2)
+            return mine
+        return torch.cat([shared.unsqueeze(0).expand(b, -1, -1, -1), mine], dim=2)
 
     x = F.embedding(tokens, model.model.embed_tokens.weight)  # [N, C]
     layers = model.model.layers
@@ -367,12 +423,12 @@ def _forward(
             cache.keys[i][:, :, : before + width] = keys
             cache.values[i][:, :, : before + width] = values
         if last:
-            q_rows = q.view(b, kept, heads, head_dim).transpose(1, 2)
-            out = _attend(q_rows, keys, values, keep_mask).transpose(1, 2).reshape(b * kept, q_size)
+            q_rows = padded(q, keep_slot, kept).transpose(1, 2)
+            out = _attend(q_rows, keys, values, keep_mask).transpose(1, 2).reshape(b * kept, q_size).index_select(0, keep_slot)
             x = x[flat_keep]
         else:
-            q_rows = q[prefix:].view(b, rest, heads, head_dim).transpose(1, 2)
-            out = _attend(q_rows, keys, values, rest_mask).transpose(1, 2).reshape(b * rest, q_size)
+            q_rows = padded(q[prefix:], real, rest).transpose(1, 2)
+            out = _attend(q_rows, keys, values, rest_mask).transpose(1, 2).reshape(b * rest, q_size).index_select(0, real)
             if prefix:
                 q_pre = q[:prefix].transpose(0, 1).unsqueeze(0)
                 k_pre, v_pre = shared_k.unsqueeze(0), shared_v.unsqueeze(0)
@@ -381,5 +437,4 @@ def _forward(
         x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
         x = x + _mlp(_norm(x, layer.post_attention_layernorm), layer.mlp, gate_up)
     x = _norm(x, model.model.norm)
-    logits = F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
-    return logits.view(b, kept, -1)
+    return F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from fr_agents.config import AUTOCAST_DTYPES
-from fr_agents.models.compact import compact_logits, compact_reason
+from fr_agents.models.compact import compact_logits_at, compact_reason
 from fr_agents.tree.attention import (
     TREE_MIN_SAVING,
     supports_tree_attention,
@@ -130,11 +130,10 @@ def shared_prefix(ids: Tensor, attn: Tensor, limit: int) -> int:
     return int(torch.argmin(same.to(torch.int8)))
 
 
-def policy_logits(
-    model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor, compact: bool = False
-) -> tuple[int, Tensor]:
-    """The logits a step needs for rows ``ids`` [B, W]: ``(first, logits)`` where ``logits[:, j]``
-    predicts column ``first + j`` and ``first`` is the first column holding a policy token.
+def policy_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor) -> tuple[int, Tensor]:
+    """The logits a step needs for rows ``ids`` [B, W] through transformers' forward: ``(first,
+    logits)`` where ``logits[:, j]`` predicts column ``first + j`` and ``first`` is the first
+    column holding a policy token.
 
     Two exact savings over ``model(ids).logits``, both of which leave the loss and its gradient
     unchanged (tested against the plain forward):
@@ -146,10 +145,7 @@ def policy_logits(
       a one-row forward whose key/value cache is repeated for the batch; autograd sums the rows'
       gradients back through the repeat. The prefix stops before the first policy token.
 
-    ``compact``: the caller checked :func:`~fr_agents.models.compact.compact_reason`; right-padded
-    rows then take :func:`~fr_agents.models.compact.compact_logits`, which also runs the last layer
-    only at the kept columns (the same logits and gradients up to float rounding, tested).
-
+    A model the compact forward takes goes through :func:`policy_token_logits` instead.
     A model without ``logits_to_keep`` or a repeatable cache gets the plain forward. A float64
     model never shares the prefix: float64 is the reference precision of the equality tests, and
     transformers' RMSNorm computes in float32, so summing the rows' gradients before it instead
@@ -162,8 +158,6 @@ def policy_logits(
     keep = torch.arange(first - 1, w - 1, device=ids.device)
     exact = next(model.parameters()).dtype == torch.float64
     prefix = shared_prefix(ids, attn, first - 1) if b > 1 and not exact else 0
-    if compact and bool((attn[:, 1:] <= attn[:, :-1]).all()):  # right-padded rows
-        return first, compact_logits(model, ids, keep, prefix if prefix >= 2 else 0)
     try:
         if prefix >= 2:
             head = model(input_ids=ids[:1, :prefix], use_cache=True, logits_to_keep=1)
@@ -185,6 +179,22 @@ def policy_logits(
         return first, out.logits
     except TypeError:  # a model whose forward takes neither
         return first, model(input_ids=ids, attention_mask=attn.long()).logits[:, first - 1 : w - 1]
+
+
+def policy_token_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The logits a step needs for right-padded rows ``ids`` [B, W] through the compact forward
+    (:func:`~fr_agents.models.compact.compact_logits_at`; check
+    :func:`~fr_agents.models.compact.compact_reason` first): ``(rows, cols, logits)`` where
+    ``logits[m]`` [M, V] is row ``rows[m]``'s at column ``cols[m]``, which predicts the policy
+    token at ``cols[m] + 1``, for every policy token after column 0.
+
+    Only those columns reach the output head, and each row runs only through its last one: in a
+    batch of replies of different lengths no padding is computed (most of a step, when one reply
+    runs to the token limit and the rest stop early). The prefix every row shares runs once.
+    """
+    rows, cols = action_mask[:, 1:].nonzero(as_tuple=True)
+    prefix = shared_prefix(ids, attn, int(cols.min())) if ids.shape[0] > 1 and rows.numel() else 0
+    return rows, cols, compact_logits_at(model, ids, rows, cols, prefix if prefix >= 2 else 0)
 
 
 class PolicyForward:
@@ -235,8 +245,10 @@ class PolicyForward:
         ids = flat.token_ids[rows, :width].to(device)
         attn = am[:, :width].to(device)
         action_mask = flat.action_mask[rows, :width].to(device)
+        if self.compact_reason is None and bool((attn[:, 1:] <= attn[:, :-1]).all()) and bool(action_mask[:, 1:].any()):
+            return self._flat_compact(rows, ids, attn, action_mask, device, entropies)
         with self.autocast_context(device):
-            first, logits = policy_logits(self.model, ids, attn, action_mask, compact=self.compact_reason is None)
+            first, logits = policy_logits(self.model, ids, attn, action_mask)
         scaled = self.scale(logits)  # predicts columns first..width-1
         lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device)
         lp = torch.cat([lp[:, :first], token_logprobs(scaled, ids[:, first:])], dim=1)
@@ -244,6 +256,24 @@ class PolicyForward:
         if entropies:
             ent = torch.cat([torch.zeros_like(lp[:, :first]), _entropy(scaled)], dim=1).detach()
         return ChunkLogprobs(rows, width, lp, action_mask, ent, ids.numel())
+
+    def _flat_compact(self, rows: Tensor, ids: Tensor, attn: Tensor, action_mask: Tensor, device: torch.device,
+                      entropies: bool) -> ChunkLogprobs:
+        """The compact forward of right-padded rows: logits only where they predict a policy token."""
+        with self.autocast_context(device):
+            at_rows, at_cols, logits = policy_token_logits(self.model, ids, attn, action_mask)
+        scaled = self.scale(logits)  # [M, V]
+        where = (at_rows, at_cols + 1)
+        lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device).index_put(where, token_logprobs(scaled, ids[where]))
+        ent = None
+        if entropies:
+            ent = torch.zeros(ids.shape, dtype=scaled.dtype, device=device).index_put(where, _entropy(scaled))
+        # the tokens it ran: the shared prefix once, then each row through its last asked column
+        prefix = shared_prefix(ids, attn, int(at_cols.min())) if ids.shape[0] > 1 else 0
+        prefix = prefix if prefix >= 2 else 0
+        ends = torch.full((ids.shape[0],), prefix, dtype=torch.long, device=ids.device)
+        ran = prefix + int((ends.scatter_reduce(0, at_rows, at_cols + 1, reduce="amax") - prefix).sum())
+        return ChunkLogprobs(rows, ids.shape[1], lp, action_mask, ent, ran)
 
     # ----------------------------------------------------------------------- packed roots
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from fr_agents.models.compact import compact_logits, compact_reason
+from fr_agents.models.compact import compact_logits, compact_logits_at, compact_reason
 
 torch.set_num_threads(1)
 
@@ -101,6 +101,83 @@ def test_compact_logits_one_layer_model_and_prefix_bounds() -> None:
     keep = torch.arange(4, ids.shape[1] - 1)
     with pytest.raises(ValueError, match="prefix"):
         compact_logits(model, ids, keep, 5)
+
+
+def multi_turn_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded rows sharing a 4-token opening whose policy tokens come in two replies with an
+    observation between them, one row much longer than the rest (most of the batch is padding)."""
+    g = torch.Generator().manual_seed(seed)
+    spans = [(3, 2, 1, 2), (2, 1, 2, 1), (4, 3, 2, 30), (1, 2, 1, 1), (3, 1, 3, 2)]  # prompt, reply, obs, reply
+    width = 4 + max(sum(x) for x in spans) + 5
+    ids = torch.zeros(len(spans), width, dtype=torch.long)
+    attn = torch.zeros_like(ids, dtype=torch.bool)
+    act = torch.zeros_like(attn)
+    for r, parts in enumerate(spans):
+        n = 4 + sum(parts)
+        ids[r, :4] = torch.arange(5, 9)
+        ids[r, 4:n] = torch.randint(10, VOCAB, (n - 4,), generator=g)
+        attn[r, :n] = True
+        at = 4 + parts[0]
+        act[r, at : at + parts[1]] = True
+        at += parts[1] + parts[2]
+        act[r, at : at + parts[3]] = True
+    return ids, attn, act
+
+
+@pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
+@pytest.mark.parametrize("prefix", [0, 4])
+def test_logits_at_the_policy_columns_and_gradients_equal_transformers_forward(build, prefix: int) -> None:
+    """compact_logits_at (the learner's flat forward): the logits that predict each policy token of
+    multi-turn rows of very different lengths, and every parameter's gradient through them, match
+    transformers' forward of the padded batch."""
+    model = build()
+    ids, attn, act = multi_turn_rows()
+    rows, cols = act[:, 1:].nonzero(as_tuple=True)
+    weights = torch.linspace(-1, 1, rows.shape[0])
+    got = {}
+    for name, run in (("compact", lambda: compact_logits_at(model, ids, rows, cols, prefix)),
+                      ("transformers", lambda: model(input_ids=ids, attention_mask=attn.long()).logits[rows, cols])):
+        model.zero_grad(set_to_none=True)
+        logits = run()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[rows, cols + 1, None])[:, 0]
+        (lp * weights).sum().backward()
+        got[name] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    torch.testing.assert_close(got["compact"][0], got["transformers"][0], rtol=1e-5, atol=1e-5)
+    for name, want in got["transformers"][1].items():
+        close(got["compact"][1][name], want, name)
+
+
+def test_logits_at_compute_no_padding_and_refuse_bad_columns_by_name() -> None:
+    """The products a batch costs do not grow with the padding after its rows (each row runs only
+    through its last asked column); one more real token does cost more. Unsorted, out-of-range or
+    pre-prefix columns are refused by name."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = qwen2()
+    ids, _, act = multi_turn_rows()
+    rows, cols = act[:, 1:].nonzero(as_tuple=True)
+
+    def flops(ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> int:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            compact_logits_at(model, ids, rows, cols, 4)
+        return counter.get_total_flops()
+
+    wider = torch.cat([ids, torch.zeros(ids.shape[0], 40, dtype=torch.long)], dim=1)
+    assert flops(wider, rows, cols) == flops(ids, rows, cols)
+    short = rows != 2  # drop the long row's last asked column: it runs one token less
+    last = int((rows == 2).nonzero()[-1])
+    fewer = torch.ones_like(rows, dtype=torch.bool)
+    fewer[last] = False
+    assert flops(ids, rows[fewer], cols[fewer]) < flops(ids, rows, cols)
+    assert flops(ids, rows[short], cols[short]) < flops(ids, rows[fewer], cols[fewer])
+    with pytest.raises(ValueError, match="sorted"):
+        compact_logits_at(model, ids, rows.flip(0), cols.flip(0))
+    with pytest.raises(ValueError, match="outside"):
+        compact_logits_at(model, ids, rows, cols + ids.shape[1])
+    with pytest.raises(ValueError, match="prefix"):
+        compact_logits_at(model, ids, rows, cols, int(cols.min()) + 1)
+    with pytest.raises(ValueError, match="rows"):
+        compact_logits_at(model, ids, rows[:0], cols[:0])
 
 
 def test_compact_reason_names_what_it_does_not_handle() -> None:

@@ -80,14 +80,15 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_follows_the_float32_
     assert cosine > 0.95, cosine
     assert all(math.isfinite(stats[a]["loss"]) for a in stats)
     # the forward's products run in bfloat16 inside the learner's context, in float32 without it
-    from fr_agents.models.forward import policy_logits
+    from fr_agents.models.forward import policy_token_logits
 
     flat = build_flat(trajs)
     ids, attn, act = flat.token_ids, flat.attention_mask, flat.action_mask
     for autocast, dtype in (("", torch.float32), ("bfloat16", torch.bfloat16)):
         learner = Learner(tiny_model().to(torch.float32), autocast=autocast)
+        assert learner.compact_reason is None
         with learner.policy.autocast_context(torch.device("cpu")):
-            _, logits = policy_logits(learner.model, ids, attn, act, compact=learner.compact_reason is None)
+            _, _, logits = policy_token_logits(learner.model, ids, attn, act)
         assert logits.dtype == dtype
     with pytest.raises(ValueError, match="autocast"):
         Learner(tiny_model().to(torch.float32), autocast="float16")
