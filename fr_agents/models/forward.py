@@ -11,7 +11,9 @@ of each prediction)::
 
 Which forward runs is decided here; all give the same log-probs and gradients (tested):
 
-* flat rows: the compact forward (:func:`fr_agents.models.compact.compact_logits`) where
+* flat rows: the compact forward (:func:`policy_token_logits`, through
+  :func:`fr_agents.models.compact.compact_logits_at`: each row only through its last policy token,
+  the output head only where a logit predicts one) where
   :func:`~fr_agents.models.compact.compact_reason` allows and the rows are right-padded; else
   transformers' forward with a prefix every row shares run once and the output head only on the
   columns that can hold a policy token (:func:`policy_logits`); else, for a model that takes
