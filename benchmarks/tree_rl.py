@@ -384,7 +384,7 @@ def main() -> None:
         for seed in a.seeds:
             run = Path(a.out) / f"tree-{seed}"
             step = int((run / "checkpoints" / "LATEST").read_text().strip().rsplit("_", 1)[-1])
-            costs.append(learner_costs(run, step, shared_cfg.rollout.temperature, task, shared_cfg.trainer.autocast))
+            costs.append(learner_costs(run, step, shared_cfg.rollout.temperature, task, shared_cfg.learner_autocast))
             print(f"seed {seed}: {cost_line(costs[-1])}", flush=True)
         cost_summary(costs)
         return
@@ -437,7 +437,7 @@ def main() -> None:
                     break
                 steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
                 tree = train(run, a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
-            costs = learner_costs(run, tree["steps"], tree["temperature"], task, shared_cfg.trainer.autocast)
+            costs = learner_costs(run, tree["steps"], tree["temperature"], task, shared_cfg.learner_autocast)
             slim(run)  # the last model stays, for --cost-only
             trees[baseline] = (tree, costs)
             print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "

@@ -35,10 +35,11 @@ What is held equal, for either preset:
   math-tiny: temperature 1, top-p 1, 6 new tokens, constant lr 1e-4, grad clip 1.0; TRL 64
   completions per step (16 prompts x 4 generations), fp32.
   math-smollm2: temperature 0.7, top-p 1, 128 new tokens, constant lr 1e-5, grad clip 1.0; TRL 32
-  completions per step (8 prompts x 4 generations), ``bf16=True`` (float32 weights and Adam, bfloat16
-  autocast on CPU: what the preset's ``trainer.autocast: bfloat16`` learner does). The preset's
-  rollout engine also samples from a bfloat16 copy (``rollout.dtype``); TRL samples with the float32
-  model it trains (under the same autocast), so that part is TRL's own way, not mirrored.
+  completions per step (8 prompts x 4 generations), ``bf16`` as the preset's learner resolves
+  ``trainer.autocast: auto`` on this machine (float32 weights and Adam, bfloat16 autocast on CPU
+  where the CPU has bfloat16 instructions, fp32 otherwise). The preset's rollout engine samples
+  from a copy in ``rollout.dtype`` (``auto`` likewise); TRL samples with the float32 model it trains
+  (under the same autocast), so that part is TRL's own way, not mirrored.
 * **Same wall time.** ``--minutes`` of RL on each side: fr-agents through ``trainer.max_minutes``
   (``trainer.steps`` set out of reach), TRL through a callback that stops training once the time
   is spent. completions/s = completions sampled during RL / RL seconds (fr-agents: every episode in
@@ -106,17 +107,24 @@ class Preset:
     bench: str  # the ``fr-agents eval --bench`` of its held-out problems, with the prompt training uses
     prompts_per_step: int  # TRL: prompts x generations = completions per optimizer step (trainer.batch_size)
     generations: int
-    bf16: bool  # TRL's bf16 (CPU autocast): the preset's learner runs under trainer.autocast bfloat16
     minutes: float  # default --minutes of RL per side
 
     @property
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.generations
 
+    @property
+    def bf16(self) -> bool:
+        """TRL's bf16 (CPU autocast): where the preset's learner runs its products in bfloat16 on this
+        machine (``trainer.autocast``, ``auto`` resolved as the run resolves it)."""
+        from fr_agents.config import load_config
+
+        return load_config(self.name).learner_autocast == "bfloat16"
+
 
 PRESETS = {p.name: p for p in (
-    Preset("math-tiny", bench="arithmetic", prompts_per_step=16, generations=4, bf16=False, minutes=5.0),
-    Preset("math-smollm2", bench="preset:math-smollm2", prompts_per_step=8, generations=4, bf16=True, minutes=10.0),
+    Preset("math-tiny", bench="arithmetic", prompts_per_step=16, generations=4, minutes=5.0),
+    Preset("math-smollm2", bench="preset:math-smollm2", prompts_per_step=8, generations=4, minutes=10.0),
 )}
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json", "chat_template.jinja")

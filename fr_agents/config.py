@@ -60,6 +60,8 @@ from fr_agents.objective_config import positive as _positive
 
 PACKED_MODES = ("auto", "always", "never")
 AUTOCAST_DTYPES = ("", "bfloat16")
+#: trainer.autocast's values: a dtype, off, or auto (bfloat16 where the device runs it in hardware)
+AUTOCAST_CHOICES = (*AUTOCAST_DTYPES, "auto")
 WARM_START_SCHEDULES = ("constant", "cosine")
 #: what a preset's recipe is tuned for (model.tuned_for): undeclared, the in-code tiny model, a pretrained model
 MODEL_KINDS = ("", "tiny", "pretrained")
@@ -153,7 +155,9 @@ class RolloutConfig:
                       "evaluations (hf and vllm); bfloat16 halves what each decode step reads and runs the products ~2x faster "
                       "on a CPU with bfloat16 instructions (benchmarks/rollout.py --real); each sampled token's log-prob is that "
                       "of the bfloat16 distribution it was drawn from, and the learner's importance ratios correct for the "
-                      "difference; empty: model.dtype", choices=("", "float32", "bfloat16", "float16"))
+                      "difference; auto: bfloat16 where trainer.device runs bfloat16 products in hardware (AVX512-BF16/AMX CPUs, "
+                      "CUDA with bfloat16), else model.dtype (fr_agents/models/precision.py: emulated bfloat16 is ~70x slower); "
+                      "empty: model.dtype", choices=("", "auto", "float32", "bfloat16", "float16"))
     temperature: float = _opt(defaults.TEMPERATURE, help="sampling temperature; behaviour log-probs are taken after it",
                               rule=_positive)
     top_p: float = _opt(1.0, help="nucleus truncation; < 1 only with objective.importance_sampling=false")
@@ -249,8 +253,9 @@ class TrainerConfig:
     autocast: str = _opt("", help="bfloat16: the learner's forward runs its matrix products in bfloat16 (torch.autocast; "
                          "the backward follows them), while the parameters, their gradients and the optimizer stay in "
                          "model.dtype: ~2x faster on a CPU with bfloat16 instructions, at the cost of bfloat16 rounding in "
-                         "the recomputed log-probs (the importance ratios and the trust region see it as noise); empty: off",
-                         choices=AUTOCAST_DTYPES)
+                         "the recomputed log-probs (the importance ratios and the trust region see it as noise); auto: bfloat16 "
+                         "where trainer.device runs bfloat16 products in hardware, else off (fr_agents/models/precision.py); "
+                         "empty: off", choices=AUTOCAST_CHOICES)
     checkpoint_every: int = _opt(25, help="steps between checkpoints (0: only at the start and the end)", rule=_at_least(0))
     eval_every: int = _opt(0, help="also evaluate every N steps (greedy figures, and avg@k when eval_k > 0); 0: before and after only",
                            rule=_at_least(0))
@@ -336,9 +341,19 @@ class TrainConfig:
 
     @property
     def engine_dtype(self) -> str:
-        """The dtype the rollout engine and the evaluations sample with (``rollout.dtype``, else
-        ``model.dtype``)."""
-        return self.rollout.dtype or self.model.dtype
+        """The dtype the rollout engine and the evaluations sample with (``rollout.dtype``, ``auto``
+        resolved for ``trainer.device``; else ``model.dtype``)."""
+        from fr_agents.models.precision import resolve_dtype
+
+        return resolve_dtype(self.rollout.dtype, self.trainer.device, model_dtype=self.model.dtype)[0]
+
+    @property
+    def learner_autocast(self) -> str:
+        """The dtype the learner's products run in under autocast (``trainer.autocast``, ``auto``
+        resolved for ``trainer.device``); ``""``: off."""
+        from fr_agents.models.precision import resolve_autocast
+
+        return resolve_autocast(self.trainer.autocast, self.trainer.device)[0]
 
 
 def field_help(dotted: str) -> str:

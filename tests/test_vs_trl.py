@@ -34,7 +34,7 @@ def test_each_row_matches_its_preset(name: str) -> None:
     row, cfg = _script().PRESETS[name], load_config(name)
     assert row.name == name
     assert row.completions_per_step == cfg.trainer.batch_size
-    assert row.bf16 == (cfg.trainer.autocast == "bfloat16")
+    assert row.bf16 == (cfg.learner_autocast == "bfloat16")
     bench, own = resolve_bench(row.bench), bench_from_config(cfg)
     assert [i.options for i in bench.items] == [i.options for i in own.items]
     assert (bench.env_id, bench.env_kwargs, bench.system_prompt, bench.examples, bench.max_new_tokens) == (

@@ -188,7 +188,7 @@ class Learner:
             optim=cfg.optim,
             chunking=Chunking(micro_batch_tokens=t.micro_batch_tokens, packed=t.packed),
             forward=ForwardConfig(temperature=cfg.rollout.temperature, compact_forward=cfg.model.compact_forward,
-                                  autocast=t.autocast),
+                                  autocast=cfg.learner_autocast),
             before_micro_batch=before_micro_batch,
         )
         opt = cfg.optim

@@ -308,14 +308,45 @@ def recipe_warning(cfg: TrainConfig) -> str | None:
     return text + f". Set those keys for this model, then model.tuned_for={kind} to declare it."
 
 
+def precision_notes(cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """``(plan, warnings)`` on the dtypes the run samples and learns in, for ``trainer.device``
+    (:mod:`fr_agents.models.precision`): ``plan`` says what ``auto`` became and why; ``warnings``
+    names each key that asks for bfloat16 explicitly on a device that only emulates it."""
+    from fr_agents.models.precision import bfloat16_support, resolve_autocast, resolve_dtype
+
+    device = cfg.trainer.device
+    plan, warnings = [], []
+    dtype, why = resolve_dtype(cfg.rollout.dtype, device, model_dtype=cfg.model.dtype)
+    if why:
+        plan.append(f"precision: the rollout engine and the evaluations sample in {dtype} (rollout.dtype=auto: {why})")
+    autocast, why = resolve_autocast(cfg.trainer.autocast, device)
+    if why:
+        plan.append(f"precision: the learner's products run in {autocast or cfg.model.dtype} "
+                    f"(trainer.autocast=auto{', off' if not autocast else ''}: {why})")
+    explicit = [f"{key}=bfloat16" for key, value in (("model.dtype", cfg.model.dtype), ("rollout.dtype", cfg.rollout.dtype),
+                                                    ("trainer.autocast", cfg.trainer.autocast)) if value == "bfloat16"]
+    if explicit:
+        fast, why = bfloat16_support(device)
+        if not fast:
+            warnings.append(f"{', '.join(explicit)} on {device}, but {why}; set the dtype keys to auto (bfloat16 only "
+                            "where it runs in hardware) or float32 / empty")
+    return plan, warnings
+
+
 def warn_recipe(cfg: TrainConfig) -> str | None:
-    """Log :func:`recipe_warning` as a WARNING (the run's loops call this before any work) and
-    return it."""
+    """Log :func:`recipe_warning` and :func:`precision_notes`' warnings as WARNINGs and its plan
+    as INFO (the run's loops call this before any work); return the recipe warning."""
     import logging
 
+    logger = logging.getLogger(__name__)
+    plan, warnings = precision_notes(cfg)
+    for line in plan:
+        logger.info("%s", line)
+    for line in warnings:
+        logger.warning("precision: %s", line)
     why = recipe_warning(cfg)
     if why:
-        logging.getLogger(__name__).warning("recipe: %s", why)
+        logger.warning("recipe: %s", why)
     return why
 
 
@@ -370,8 +401,9 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
             else f"cpu pinning: none ({why_not_pinned(cfg)})"
         )
     lines.append(forward_plan(cfg))
-    if cfg.trainer.autocast:
-        lines.append(f"autocast: the learner's forward runs its products in {cfg.trainer.autocast} (trainer.autocast); "
+    lines += precision_notes(cfg)[0]
+    if cfg.learner_autocast:
+        lines.append(f"autocast: the learner's forward runs its products in {cfg.learner_autocast} (trainer.autocast); "
                      f"parameters, gradients and the optimizer stay {cfg.model.dtype}")
     if cfg.env.examples:
         lines.append(f"prompt: {len(cfg.env.examples)} example turn(s) before each first observation (env.examples), "
@@ -441,8 +473,9 @@ def dry_run_report(cfg: TrainConfig, pf: Preflight | None = None) -> str:
     out = ["# resolved config (each value with its help)", annotated_yaml(cfg), "", "# checks"]
     for c in pf.checks:
         out.append(f"{'ok         ' if c.ok else 'UNAVAILABLE'}  {c.what:<15} {c.detail}")
-    if why := recipe_warning(cfg):
-        out += ["", "# recipe", f"WARNING  {why}"]
+    warnings = [*precision_notes(cfg)[1], *filter(None, [recipe_warning(cfg)])]
+    if warnings:
+        out += ["", "# recipe", *(f"WARNING  {why}" for why in warnings)]
     out += ["", "# placement plan", *(f"- {line}" for line in placement_plan(cfg))]
     out += ["", "dry run: nothing was started" + ("" if pf.ok else " (the real run would refuse to start)")]
     return "\n".join(out)

@@ -97,9 +97,10 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_follows_the_float32_
 
 
 def test_math_smollm2_takes_a_real_rl_step_of_smollm2_in_seconds(tmp_path) -> None:
-    """The preset as shipped (its prompt, bfloat16 engine and autocast learner), cut to two
-    episodes of eight tokens: SmolLM2-135M samples, is graded, and the learner steps its float32
-    weights; the dry-run plan names every part."""
+    """The preset as shipped (its prompt, its engine and learner dtypes resolved for this CPU), cut
+    to two episodes of eight tokens: SmolLM2-135M samples, is graded, and the learner steps its
+    float32 weights; the dry-run plan names every part."""
+    from fr_agents.models.precision import bfloat16_support
     from trainer.preflight import dry_run_report
     from trainer.train import main_train
 
@@ -108,10 +109,13 @@ def test_math_smollm2_takes_a_real_rl_step_of_smollm2_in_seconds(tmp_path) -> No
                  "trainer.checkpoint_every=1000", "trainer.plot_every=1000",
                  f"run.out_dir={tmp_path}", "run.name=r"]
     cfg = load_config("math-smollm2", overrides)
-    assert cfg.model.tuned_for == "pretrained" and cfg.engine_dtype == "bfloat16" and cfg.trainer.autocast == "bfloat16"
+    assert cfg.model.tuned_for == "pretrained" and (cfg.rollout.dtype, cfg.trainer.autocast) == ("auto", "auto")
+    fast = bfloat16_support("cpu")[0]
+    assert (cfg.engine_dtype, cfg.learner_autocast) == (("bfloat16", "bfloat16") if fast else ("float32", ""))
     report = dry_run_report(cfg)
     assert "WARNING" not in report
-    assert "autocast: the learner's forward runs its products in bfloat16" in report
+    assert f"precision: the rollout engine and the evaluations sample in {cfg.engine_dtype} (rollout.dtype=auto" in report
+    assert ("autocast: the learner's forward runs its products in bfloat16" in report) == fast
     assert "prompt: 2 example turn(s)" in report
     assert main_train("math-smollm2", overrides) == 0
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
