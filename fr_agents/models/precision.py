@@ -30,7 +30,7 @@ import torch
 AUTO = "auto"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bfloat16_support(device: str) -> tuple[bool, str]:
     """``(fast, why)``: whether ``device`` (``cpu`` or ``cuda``) runs bfloat16 products natively,
     and the reason in words for logs and the dry run."""
