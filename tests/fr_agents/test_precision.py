@@ -79,3 +79,19 @@ def test_an_unknown_dtype_is_refused_naming_the_key() -> None:
         load_config("math-tiny", ["trainer.autocast=float8"])
     with pytest.raises(ConfigError, match="rollout.dtype"):
         load_config("math-tiny", ["rollout.dtype=automatic"])
+
+
+def test_the_benchmark_prints_each_dtype_the_ratio_and_the_verdict() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "precision.py"
+    out = subprocess.run([sys.executable, str(script), "--repeat", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if "GFLOP/s" in line]
+    assert len(rows) == 2 and all("float32" in r and "bfloat16 / float32" in r for r in rows)
+    fast = precision.bfloat16_support("cpu")[0]
+    assert f"auto takes {'bfloat16' if fast else 'float32'}" in out.stdout and "load average" in out.stdout
+    bad = subprocess.run([sys.executable, str(script), "--threads", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--threads" in bad.stderr
