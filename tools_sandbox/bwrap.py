@@ -26,13 +26,16 @@ reaper uses to find sandboxes whose owner died.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from tools_sandbox.cgroups import SessionCgroup
@@ -237,6 +240,39 @@ class PipeTransport(Transport):
                 pass
 
 
+def _all_pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def _parent(pid: int) -> int | None:
+    """``pid``'s parent, from /proc (None once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the command name may hold spaces and parentheses
+
+
+def _kill_children(parent: int, candidates: Iterable[int]) -> int:
+    """SIGKILL each of ``candidates`` whose parent is ``parent``; returns how many. The check and the
+    signal go through one pidfd, so a pid freed and reused in between is never hit."""
+    killed = 0
+    for pid in candidates:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone already (or pidfds unsupported: the caller falls back)
+            continue
+        try:
+            if _parent(pid) == parent:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                killed += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return killed
+
+
 class BwrapState(SessionState):
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -246,6 +282,17 @@ class BwrapState(SessionState):
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        # Inside out. bwrap's child is the init of the session's pid namespace: killed, it takes every
+        # process of the namespace down with it (the kernel reaps them), and bwrap, our child, reaps it
+        # and exits. Every process is then reaped by its own parent, and nothing of the session is
+        # left when this returns. Killing bwrap first (below, the fallback) orphans that init
+        # (--die-with-parent kills it): its zombie waits for the host's pid 1, which on some hosts
+        # reaps every ~2 s, and holds the session's cgroup until then.
+        if proc.poll() is None:
+            candidates = self.cgroup.pids() if self.cgroup is not None else _all_pids()
+            if _kill_children(proc.pid, candidates):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=1.0)
         try:
             proc.kill()  # bwrap; --die-with-parent takes the namespace (and all in it) down
             proc.wait(timeout=2)

@@ -197,16 +197,19 @@ class SessionCgroup:
                     time.sleep(0.01)
         return ok
 
+    def pids(self) -> set[int]:
+        """The processes in the cgroup (any controller's), zombies not yet reaped included."""
+        out: set[int] = set()
+        for d in self.dirs.values():
+            with contextlib.suppress(OSError, ValueError):
+                out.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+        return out
+
     def kill_all(self) -> None:
         """SIGKILL every process still in the cgroup."""
-        for d in self.dirs.values():
-            try:
-                pids = (d / "cgroup.procs").read_text().split()
-            except OSError:
-                continue
-            for p in pids:
-                with contextlib.suppress(OSError, ValueError):
-                    os.kill(int(p), 9)
+        for p in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(p, 9)
 
     def destroy(self, wait_s: float = 2.0) -> bool:
         self.kill_all()

@@ -114,6 +114,41 @@ def test_close_removes_everything_and_is_idempotent(backend) -> None:
         assert not any(ident.startswith(c) for c in docker_containers_of_this_process())
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (its children, theirs...), read from /proc's parent links."""
+    parent_of = {}
+    for name in os.listdir("/proc"):
+        try:
+            parent_of[int(name)] = int(open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError):
+            continue
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parent_of.items() if parent in frontier} - out
+        out |= frontier
+    return out
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("use_cgroups", [True, False], ids=["cgroup", "no-cgroup"])
+def test_bwrap_close_leaves_no_process_not_even_a_zombie_for_the_hosts_init(use_cgroups) -> None:
+    """Every process of the session is reaped by its own parent before close() returns: none is left
+    as a zombie orphaned to the host's pid 1 (which reaps when it gets to it; ~2 s on some hosts),
+    and the session's cgroup can go at once."""
+    require("bwrap")
+    from tools_sandbox.bwrap import BwrapSandbox
+
+    sb = BwrapSandbox(TEST_LIMITS, use_cgroups=use_cgroups)
+    try:
+        sb.run_python("x = 1")
+        bwrap = sb._st.proc.pid
+        session = _descendants(bwrap) | {bwrap}
+    finally:
+        sb.close()
+    assert len(session) == 3  # bwrap, the namespace's init (bwrap's child), the worker
+    assert [p for p in session if os.path.exists(f"/proc/{p}")] == []
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_garbage_collected_session_is_torn_down(backend) -> None:
     require(backend)
