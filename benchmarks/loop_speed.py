@@ -10,7 +10,9 @@ processes (held-out evaluations off: it measures the loop, not learning), and pr
   load, the first batch and the first weight push are not the steady state);
 * **step s**: the learner's median step time (forward, backward, optimizer) over the same steps;
 * **cores busy**: CPU seconds of the whole process tree per wall second of the whole command;
-* the load average before and after, since any other process on the cores slows every figure.
+* the load average before and after, since any other process on the cores slows every figure;
+* **ceiling**: the most tokens/s this machine could give that loop, were every core doing nothing but
+  the step's matrix products at their peak (see :func:`ceiling`), and the share of it the run reached.
 
 A variant is a name, ``key=value`` overrides of the preset, and optionally ``@DIR``: a checkout whose
 code runs it (a ``git worktree`` of an older commit), so a change is measured against its parent in
@@ -27,6 +29,7 @@ Each variant's run directory is kept under ``--out`` (metrics.jsonl, the log).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -87,6 +90,85 @@ def steady(run_dir: Path, skip: int) -> dict[str, Any]:
             "tokens_per_step": tokens / len(used), "step_s": statistics.median(r["step_seconds"] for r in used)}
 
 
+def model_products(model_name: str) -> dict[str, int]:
+    """The parameters of ``model_name``'s matrix products, read from its config (no weights loaded):
+    ``body``, the decoder layers' linear maps, which every token the model runs goes through;
+    ``head``, the output head, run only where logits are read; and the products' widths."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fr_agents.models.resolve import resolve_model
+
+    hf = AutoConfig.from_pretrained(resolve_model(model_name))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    out = model.get_output_embeddings()
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not out)
+    return {"body": body, "head": out.weight.numel(), "hidden": hf.hidden_size, "mlp": hf.intermediate_size}
+
+
+def _product_gflops(rows: int, k: int, n: int, dtype: str, repeat: int) -> float:
+    """One core's best GFLOP/s for ``rows x k @ k x n`` in ``dtype`` (``benchmarks/precision.py``'s timer)."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("precision_benchmark", Path(__file__).with_name("precision.py"))
+    assert spec is not None and spec.loader is not None
+    timer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timer)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return timer.gflops(rows, k, n, getattr(torch, dtype), repeat)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def ceiling(run_dir: Path, skip: int, cores: int, repeat: int = 3) -> dict[str, Any]:
+    """The most policy tokens/s the run's loop could reach on this machine, and what bounds it.
+
+    From the run's own steps after the first ``skip``: the learner ran ``forward_tokens`` through the
+    body and read logits at ``policy_tokens``; the rollout sampled ``sampled_tokens``. A product of
+    ``p`` parameters costs 2p FLOP a token forward and 4p backward (the input's gradient and the
+    weight's), so the learner's step is ~6 (body x forward + head x policy) FLOP and the rollout's
+    ~2 (body x forward + head x sampled): the engine runs the same prompts and replies once (the
+    shared opening counted once, as the learner does). Attention, sampling, grading and all Python
+    are left out, so the real bound is lower. Each side's products are timed on one core at their
+    peak in the run's dtypes (the learner's chunk at 1,024 rows; the engine's decode step at
+    ``rollout.concurrency`` rows, its best case), and all ``cores`` are taken to run them:
+
+        ceiling = sampled tokens / ((learner FLOP / learner peak + rollout FLOP / rollout peak) / cores)
+
+    ``no_weight_grad_ceiling`` is the same with a learner that computes no weight gradients (4 instead
+    of 6: what training only small adapters, e.g. LoRA, at best saves). Empty when the run's steps do
+    not log the counts (a checkout older than them)."""
+    from fr_agents.config import load_config
+
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    used = [r for r in rows if r.get("kind") == "step"][skip + 1 :]
+    if not used or any("forward_tokens" not in r or "policy_tokens" not in r for r in used):
+        return {}
+    cfg = load_config(str(run_dir / "config.yaml"))
+    forward = sum(r["forward_tokens"] for r in used)
+    policy = sum(r["policy_tokens"] for r in used)
+    sampled = sum(r.get("sampled_tokens", r["tokens"]) for r in used)
+    m = model_products(cfg.model.name)
+    learner_dtype, engine_dtype = cfg.learner_autocast or "float32", cfg.engine_dtype
+    learner_peak = _product_gflops(1024, m["hidden"], m["mlp"], learner_dtype, repeat) * 1e9
+    engine_peak = _product_gflops(cfg.rollout.concurrency, m["hidden"], m["mlp"], engine_dtype, repeat) * 1e9
+    pass_flop = m["body"] * forward + m["head"] * policy  # one forward pass of the learner's tokens
+    rollout_flop = 2 * (m["body"] * forward + m["head"] * sampled)
+
+    def bound(learner_factor: int) -> float:
+        cpu_s = learner_factor * pass_flop / learner_peak + rollout_flop / engine_peak
+        return sampled / (cpu_s / cores)
+
+    return {"gflop_per_token": (6 * pass_flop + rollout_flop) / sampled / 1e9,
+            "learner_share": 6 * pass_flop / (6 * pass_flop + rollout_flop),
+            "learner_peak_gflops": learner_peak / 1e9, "engine_peak_gflops": engine_peak / 1e9,
+            "learner_dtype": learner_dtype, "engine_dtype": engine_dtype,
+            "ceiling": bound(6), "no_weight_grad_ceiling": bound(4)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="math-smollm2", help="preset every variant trains (default math-smollm2)")
@@ -110,17 +192,28 @@ def main() -> int:
         wall, cpu = run(a.preset, overrides, code, out / name, a.minutes)
         fig = steady(out / name, a.skip)
         load1 = os.getloadavg()
+        bound = ceiling(out / name, a.skip, len(os.sched_getaffinity(0)))
+        fig.update(bound or {"ceiling": float("nan")})
         fig.update(name=name, overrides=overrides, code=str(code), wall_s=wall, cores_busy=cpu / wall,
                    load_before=load0[0], load_after=load1[0])
         results.append(fig)
         print(f"{name}: {fig['tokens_per_s']:.1f} tokens/s, {fig['tokens_per_step']:.0f} tokens a step, "
               f"learner step {fig['step_s']:.2f} s (median), {fig['steps']} steps, cores busy {fig['cores_busy']:.2f}, "
               f"load {load0[0]:.2f} -> {load1[0]:.2f}", flush=True)
-    print("\n| variant | code | overrides | tokens/s | learner step s | cores busy | load before -> after |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+        if not bound:
+            print("  no ceiling: this run's steps do not log forward_tokens and policy_tokens", flush=True)
+            continue
+        print(f"  ceiling {fig['ceiling']:.1f} tokens/s ({fig['tokens_per_s'] / fig['ceiling']:.0%} reached): "
+              f"{fig['gflop_per_token']:.2f} GFLOP of products a sampled token ({fig['learner_share']:.0%} the "
+              f"learner's), one core's peak {fig['learner_peak_gflops']:.1f} GFLOP/s ({fig['learner_dtype']}, "
+              f"learner) / {fig['engine_peak_gflops']:.1f} ({fig['engine_dtype']}, engine); without weight "
+              f"gradients {fig['no_weight_grad_ceiling']:.1f}", flush=True)
+    print("\n| variant | code | overrides | tokens/s | ceiling | learner step s | cores busy | load before -> after |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for f in results:
         print(f"| {f['name']} | {f['code']} | {' '.join(f['overrides']) or '-'} | {f['tokens_per_s']:.1f} | "
-              f"{f['step_s']:.2f} | {f['cores_busy']:.2f} | {f['load_before']:.2f} -> {f['load_after']:.2f} |")
+              f"{f['ceiling']:.1f} | {f['step_s']:.2f} | {f['cores_busy']:.2f} | "
+              f"{f['load_before']:.2f} -> {f['load_after']:.2f} |")
     base = results[0]["tokens_per_s"]
     for f in results[1:]:
         print(f"{f['name']} / {results[0]['name']}: {f['tokens_per_s'] / base:.2f}x tokens/s")
