@@ -29,6 +29,7 @@ Each variant's run directory is kept under ``--out`` (metrics.jsonl, the log).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,18 +109,24 @@ def model_products(model_name: str) -> dict[str, int]:
     return {"body": body, "head": out.weight.numel(), "hidden": hf.hidden_size, "mlp": hf.intermediate_size}
 
 
+@functools.cache
+def _precision_script() -> ModuleType:
+    """``benchmarks/precision.py``, loaded once: its timer of matrix products."""
+    spec = importlib.util.spec_from_file_location("precision_benchmark", Path(__file__).with_name("precision.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _product_gflops(rows: int, k: int, n: int, dtype: str, repeat: int) -> float:
     """One core's best GFLOP/s for ``rows x k @ k x n`` in ``dtype`` (``benchmarks/precision.py``'s timer)."""
     import torch
 
-    spec = importlib.util.spec_from_file_location("precision_benchmark", Path(__file__).with_name("precision.py"))
-    assert spec is not None and spec.loader is not None
-    timer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timer)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return timer.gflops(rows, k, n, getattr(torch, dtype), repeat)
+        return _precision_script().gflops(rows, k, n, getattr(torch, dtype), repeat)
     finally:
         torch.set_num_threads(threads)
 

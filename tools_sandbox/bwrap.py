@@ -40,7 +40,7 @@ from pathlib import Path
 
 from tools_sandbox.cgroups import SessionCgroup
 from tools_sandbox.limits import SandboxLimits
-from tools_sandbox.owner import new_bwrap_label
+from tools_sandbox.owner import new_bwrap_label, proc_parent
 from tools_sandbox.session import SANDBOX_ENV, SANDBOX_UID, WORKER_SOURCE, Sandbox, SessionState, Transport
 
 log = logging.getLogger(__name__)
@@ -244,15 +244,6 @@ def _all_pids() -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
-def _parent(pid: int) -> int | None:
-    """``pid``'s parent, from /proc (None once it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])  # the command name may hold spaces and parentheses
-
-
 def _kill_children(parent: int, candidates: Iterable[int]) -> int:
     """SIGKILL each of ``candidates`` whose parent is ``parent``; returns how many. The check and the
     signal go through one pidfd, so a pid freed and reused in between is never hit."""
@@ -263,7 +254,7 @@ def _kill_children(parent: int, candidates: Iterable[int]) -> int:
         except OSError:  # gone already (or pidfds unsupported: the caller falls back)
             continue
         try:
-            if _parent(pid) == parent:
+            if proc_parent(pid) == parent:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
                 killed += 1
         except OSError:

@@ -19,16 +19,27 @@ _counter = itertools.count(1)
 _owner_cache: dict[int, str] = {}
 
 
-def proc_start_time(pid: int) -> str | None:
-    """The start time (clock ticks since boot) of ``pid``, or None when no such process exists."""
+def _stat_after_name(pid: int) -> list[str] | None:
+    """Fields 3 on of ``/proc/<pid>/stat`` (None when no such process exists). The command name (field
+    2) may hold spaces and parentheses, so the split is after the last ')'."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read().decode(errors="replace")
     except OSError:
         return None
-    # Field 22; the command name (field 2) may hold spaces and parentheses, so split after the last ')'.
-    rest = stat[stat.rfind(")") + 2 :].split()
-    return rest[19] if len(rest) > 19 else None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The start time (clock ticks since boot) of ``pid``, or None when no such process exists."""
+    rest = _stat_after_name(pid)
+    return rest[19] if rest is not None and len(rest) > 19 else None  # field 22
+
+
+def proc_parent(pid: int) -> int | None:
+    """The parent pid of ``pid``, or None when no such process exists."""
+    rest = _stat_after_name(pid)
+    return int(rest[1]) if rest is not None and len(rest) > 1 else None  # field 4
 
 
 def owner_id() -> str:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,7 +120,7 @@ def _descendants(pid: int) -> set[int]:
     parent_of = {}
     for name in os.listdir("/proc"):
         try:
-            parent_of[int(name)] = int(open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[1])
+            parent_of[int(name)] = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (ValueError, OSError):
             continue
     out, frontier = set(), {pid}
