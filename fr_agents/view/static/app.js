@@ -14,8 +14,12 @@ const state = {
   tab: "trees",
   summary: null,
   poll: null, // last /api/poll answer
-  roots: { offset: 0, total: 0, query: {} },
-  tree: { root: null, offset: 0, total: 0, parents: new Map(), depth: new Map(), collapsed: new Set(), loading: false },
+  // `asked` counts the root-list requests; an answer to any but the latest is dropped, since
+  // answers can arrive out of order (the first unfiltered list after a quick filter submit)
+  roots: { offset: 0, total: 0, asked: 0 },
+  // `gen` counts opened roots; `loading` is the gen whose chunk is in flight (null: none), so
+  // opening another root while one loads starts the new load instead of waiting behind the old
+  tree: { root: null, gen: 0, offset: 0, total: 0, parents: new Map(), depth: new Map(), collapsed: new Set(), loading: null },
   selected: null,
   compare: [],
   heatMode: "lp",
@@ -235,8 +239,10 @@ function filterQuery() {
 async function loadRoots(resetPage) {
   if (resetPage) state.roots.offset = 0;
   const q = new URLSearchParams({ ...filterQuery(), offset: state.roots.offset, limit: ROOTS_PAGE });
+  const asked = ++state.roots.asked;
   let d;
-  try { d = await api("/api/roots?" + q); } catch (e) { showError($("#roots tbody"), e); return; }
+  try { d = await api("/api/roots?" + q); } catch (e) { if (asked === state.roots.asked) showError($("#roots tbody"), e); return; }
+  if (asked !== state.roots.asked) return; // a newer request was made meanwhile: its answer wins
   state.roots.total = d.total;
   $("#roots-count").textContent = d.total ? `${d.offset + 1}–${d.offset + d.rows.length} of ${d.total} roots` : "no roots match";
   $("#roots-prev").disabled = d.offset === 0;
@@ -258,7 +264,7 @@ async function loadRoots(resetPage) {
 // ------------------------------------------------------------------ one tree
 async function openRoot(root) {
   const t = state.tree;
-  Object.assign(t, { root, offset: 0, total: 0, parents: new Map(), depth: new Map(), collapsed: new Set() });
+  Object.assign(t, { root, gen: t.gen + 1, offset: 0, total: 0, parents: new Map(), depth: new Map(), collapsed: new Set() });
   state.compare = [];
   updateCompareButton();
   for (const tr of document.querySelectorAll("#roots tbody tr")) tr.classList.toggle("selected", Number(tr.dataset.root) === root);
@@ -270,11 +276,12 @@ async function openRoot(root) {
 
 async function loadTreeChunk() {
   const t = state.tree;
-  if (t.loading || t.root === null) return;
-  t.loading = true;
+  if (t.loading === t.gen || t.root === null) return;
+  const gen = t.gen;
+  t.loading = gen;
   try {
     const d = await api(`/api/tree/${t.root}?offset=${t.offset}&limit=${TREE_CHUNK}`);
-    if (d.root !== t.root) return;
+    if (gen !== t.gen) return; // another root was opened meanwhile
     t.total = d.total_nodes;
     const title = $("#tree-title");
     clear(title).append(`root #${d.root} · `, el("span", { id: "tree-leaves" }, String(d.total_leaves)), " leaves · ",
@@ -287,9 +294,9 @@ async function loadTreeChunk() {
     more.textContent = `load more (${t.offset} of ${t.total} nodes shown)`;
     box.dataset.shown = String(t.offset);
   } catch (e) {
-    showError($("#tree"), e);
+    if (gen === t.gen) showError($("#tree"), e);
   } finally {
-    t.loading = false;
+    if (t.loading === gen) t.loading = null;
   }
 }
 

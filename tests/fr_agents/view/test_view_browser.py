@@ -231,6 +231,71 @@ def test_demo_tokens_and_pruned_leaves_are_marked(text_store, page, serving) -> 
         _no_problems(page)
 
 
+# ====================================================================== answers out of order
+def _hold_first(page, pattern: str, want) -> list:
+    """Route ``pattern`` through the browser: the first request for which ``want(url)`` holds is
+    kept unanswered (returned in the list) until the test continues it; every other one goes on."""
+    held: list = []
+
+    def route(r) -> None:
+        if not held and want(r.request.url):
+            held.append(r)
+        else:
+            r.continue_()
+
+    page.route(pattern, route)
+    return held
+
+
+def _wait_held(page, held: list) -> None:
+    for _ in range(100):
+        if held:
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError("the page never made the request the test holds")
+
+
+def test_a_late_answer_to_the_unfiltered_list_does_not_replace_the_filtered_one(text_store, page, serving) -> None:
+    """The page asks for the unfiltered root list on load; a filter submitted before that answer
+    arrives asks again. Whatever order the answers come in, the list shows the latest request."""
+    path, ids = text_store
+    held = _hold_first(page, "**/api/roots?*", lambda u: "pruned=" not in u)
+    with serving(path, MODEL) as url:
+        page.goto(url + "#trees")
+        _wait_held(page, held)
+        page.select_option("#filters select[name='pruned']", "yes")
+        page.click("#filters button[type='submit']")
+        page.wait_for_selector("#roots-count:text('1–1 of 1 roots')")
+        with page.expect_response(lambda r: "/api/roots?" in r.url and "pruned=" not in r.url):
+            held[0].continue_()
+        page.wait_for_timeout(500)  # let the page handle the late answer
+        assert page.inner_text("#roots-count") == "1–1 of 1 roots"
+        assert [int(x) for x in page.locator("#roots tbody tr").evaluate_all("rs => rs.map((r) => r.dataset.root)")] == [ids["c"]]
+        _no_problems(page)
+
+
+def test_opening_a_root_while_another_still_loads_shows_the_one_opened_last(text_store, page, serving) -> None:
+    """A click on a second root while the first root's tree is still on its way: the second tree
+    loads (it does not wait behind the first), and the first one's late answer draws nothing."""
+    path, ids = text_store
+    held = _hold_first(page, "**/api/tree/*", lambda u: f"/api/tree/{ids['a']}?" in u)
+    with serving(path, MODEL) as url:
+        page.goto(url + "#trees")
+        page.click(f"#roots tbody tr[data-root='{ids['a']}']")
+        _wait_held(page, held)
+        page.click(f"#roots tbody tr[data-root='{ids['b']}']")
+        page.wait_for_selector(f"#tree .node[data-node='{ids['demo']}']", timeout=10_000)
+        with page.expect_response(lambda r: f"/api/tree/{ids['a']}?" in r.url):
+            held[0].continue_()
+        page.wait_for_timeout(500)  # let the page handle the late answer
+        assert page.inner_text("#tree-title").startswith(f"root #{ids['b']} ")
+        with TrajectoryTree.open(path) as t:
+            b_nodes = {n for lf in t.leaf_ids() if t.trajectory(lf).root_id == ids["b"] for n in t.trajectory(lf).path}
+        shown = {int(x) for x in page.locator("#tree .node").evaluate_all("rs => rs.map((r) => r.dataset.node)")}
+        assert shown == b_nodes
+        _no_problems(page)
+
+
 # ====================================================================== 10k leaves
 def test_ten_thousand_leaves_load_in_chunks(big_store, page, serving, screenshot) -> None:
     path, root = big_store
