@@ -14,9 +14,7 @@ const state = {
   tab: "trees",
   summary: null,
   poll: null, // last /api/poll answer
-  // `asked` counts the root-list requests; an answer to any but the latest is dropped, since
-  // answers can arrive out of order (the first unfiltered list after a quick filter submit)
-  roots: { offset: 0, total: 0, asked: 0 },
+  roots: { offset: 0, total: 0 },
   // `gen` counts opened roots; `loading` is the gen whose chunk is in flight (null: none), so
   // opening another root while one loads starts the new load instead of waiting behind the old
   tree: { root: null, gen: 0, offset: 0, total: 0, parents: new Map(), depth: new Map(), collapsed: new Set(), loading: null },
@@ -64,6 +62,16 @@ async function api(path) {
   const body = await r.json();
   if (!r.ok) throw new Error(body.error || r.statusText);
   return body;
+}
+// Answers can arrive out of order (the server answers each request on its own thread): the
+// unfiltered root list asked for on load can land after the filtered one submitted right after.
+// `ask(kind)` numbers a request of one kind and returns `isLatest()`, true while no newer request
+// of that kind was made; only the latest answer is drawn.
+const asked = {};
+function ask(kind) {
+  const n = (asked[kind] || 0) + 1;
+  asked[kind] = n;
+  return () => asked[kind] === n;
 }
 function showError(where, err) { clear(where).append(el("p", { class: "err" }, String(err.message || err))); }
 
@@ -130,8 +138,10 @@ async function loadSummary() {
 // ------------------------------------------------------------------ run page
 async function loadRun() {
   state.runDirty = false;
+  const isLatest = ask("run");
   let d;
-  try { d = await api("/api/run"); } catch (e) { showError($("#charts"), e); return; }
+  try { d = await api("/api/run"); } catch (e) { if (isLatest()) showError($("#charts"), e); return; }
+  if (!isLatest()) return;
   const c = d.curves, last = c.last || {}, st = d.stats || {};
   const cards = clear($("#run-cards"));
   const card = (label, v, id) => cards.append(el("div", { class: "card", id }, el("div", { class: "v" }, v), el("div", { class: "l" }, label)));
@@ -239,10 +249,10 @@ function filterQuery() {
 async function loadRoots(resetPage) {
   if (resetPage) state.roots.offset = 0;
   const q = new URLSearchParams({ ...filterQuery(), offset: state.roots.offset, limit: ROOTS_PAGE });
-  const asked = ++state.roots.asked;
+  const isLatest = ask("roots");
   let d;
-  try { d = await api("/api/roots?" + q); } catch (e) { if (asked === state.roots.asked) showError($("#roots tbody"), e); return; }
-  if (asked !== state.roots.asked) return; // a newer request was made meanwhile: its answer wins
+  try { d = await api("/api/roots?" + q); } catch (e) { if (isLatest()) showError($("#roots tbody"), e); return; }
+  if (!isLatest()) return;
   state.roots.total = d.total;
   $("#roots-count").textContent = d.total ? `${d.offset + 1}–${d.offset + d.rows.length} of ${d.total} roots` : "no roots match";
   $("#roots-prev").disabled = d.offset === 0;
@@ -432,8 +442,10 @@ async function showCompare() {
   const [a, b] = state.compare;
   const box = $("#compare");
   box.hidden = false;
+  const isLatest = ask("compare");
   let d;
-  try { d = await api(`/api/compare?a=${a}&b=${b}`); } catch (e) { showError(box, e); return; }
+  try { d = await api(`/api/compare?a=${a}&b=${b}`); } catch (e) { if (isLatest()) showError(box, e); return; }
+  if (!isLatest()) return;
   clear(box);
   const close = el("button", { id: "compare-close" }, "close");
   close.addEventListener("click", () => { box.hidden = true; });

@@ -296,6 +296,30 @@ def test_opening_a_root_while_another_still_loads_shows_the_one_opened_last(text
         _no_problems(page)
 
 
+def test_a_late_answer_to_an_earlier_compare_does_not_replace_the_latest(text_store, page, serving) -> None:
+    """Compare two leaves, then, before that answer arrives, pick another pair and compare again:
+    the panel ends up showing the pair asked for last."""
+    path, ids = text_store
+    held = _hold_first(page, "**/api/compare?*", lambda u: True)
+    with serving(path, MODEL) as url:
+        page.goto(url + "#trees")
+        page.click(f"#roots tbody tr[data-root='{ids['a']}']")
+        for leaf in ("five", "six"):
+            page.check(f"#tree .node[data-node='{ids[leaf]}'] input.cmp")
+        page.click("#compare-btn")
+        _wait_held(page, held)
+        page.check(f"#tree .node[data-node='{ids['tool']}'] input.cmp")  # drops "five", the oldest pick
+        page.click("#compare-btn")
+        page.wait_for_selector(f"#compare .side-b[data-node='{ids['tool']}']")
+        with page.expect_response(lambda r: "/api/compare?" in r.url):
+            held[0].continue_()
+        page.wait_for_timeout(500)  # let the page handle the late answer
+        assert page.get_attribute("#compare .side-a", "data-node") == str(ids["six"])
+        assert page.get_attribute("#compare .side-b", "data-node") == str(ids["tool"])
+        assert page.get_attribute("#compare-split", "data-node") == str(ids["a"])
+        _no_problems(page)
+
+
 # ====================================================================== 10k leaves
 def test_ten_thousand_leaves_load_in_chunks(big_store, page, serving, screenshot) -> None:
     path, root = big_store
