@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ from tools_sandbox import (
     open_sandbox,
     resolve_backend,
 )
-from tools_sandbox.owner import LABEL, OWNER_LABEL
+from tools_sandbox.owner import LABEL, OWNER_LABEL, proc_parent
 from tools_sandbox.reaper import _bwrap_processes, leftovers
 from tools_sandbox.reaper import gc as reaper_gc
 
@@ -119,10 +118,9 @@ def _descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (its children, theirs...), read from /proc's parent links."""
     parent_of = {}
     for name in os.listdir("/proc"):
-        try:
-            parent_of[int(name)] = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (ValueError, OSError):
-            continue
+        parent = proc_parent(int(name)) if name.isdigit() else None
+        if parent is not None:
+            parent_of[int(name)] = parent
     out, frontier = set(), {pid}
     while frontier:
         frontier = {p for p, parent in parent_of.items() if parent in frontier} - out

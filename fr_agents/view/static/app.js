@@ -65,13 +65,20 @@ async function api(path) {
 }
 // Answers can arrive out of order (the server answers each request on its own thread): the
 // unfiltered root list asked for on load can land after the filtered one submitted right after.
-// `ask(kind)` numbers a request of one kind and returns `isLatest()`, true while no newer request
-// of that kind was made; only the latest answer is drawn.
+// `apiLatest(kind, path, errorBox)` numbers each request of a kind and gives its answer only
+// while no newer request of that kind was made (null otherwise, or on an error, which it shows
+// in `errorBox` under the same rule): only the latest answer is drawn.
 const asked = {};
-function ask(kind) {
+async function apiLatest(kind, path, errorBox) {
   const n = (asked[kind] || 0) + 1;
   asked[kind] = n;
-  return () => asked[kind] === n;
+  try {
+    const d = await api(path);
+    return asked[kind] === n ? d : null;
+  } catch (e) {
+    if (asked[kind] === n) showError(errorBox, e);
+    return null;
+  }
 }
 function showError(where, err) { clear(where).append(el("p", { class: "err" }, String(err.message || err))); }
 
@@ -138,10 +145,8 @@ async function loadSummary() {
 // ------------------------------------------------------------------ run page
 async function loadRun() {
   state.runDirty = false;
-  const isLatest = ask("run");
-  let d;
-  try { d = await api("/api/run"); } catch (e) { if (isLatest()) showError($("#charts"), e); return; }
-  if (!isLatest()) return;
+  const d = await apiLatest("run", "/api/run", $("#charts"));
+  if (!d) return;
   const c = d.curves, last = c.last || {}, st = d.stats || {};
   const cards = clear($("#run-cards"));
   const card = (label, v, id) => cards.append(el("div", { class: "card", id }, el("div", { class: "v" }, v), el("div", { class: "l" }, label)));
@@ -249,10 +254,8 @@ function filterQuery() {
 async function loadRoots(resetPage) {
   if (resetPage) state.roots.offset = 0;
   const q = new URLSearchParams({ ...filterQuery(), offset: state.roots.offset, limit: ROOTS_PAGE });
-  const isLatest = ask("roots");
-  let d;
-  try { d = await api("/api/roots?" + q); } catch (e) { if (isLatest()) showError($("#roots tbody"), e); return; }
-  if (!isLatest()) return;
+  const d = await apiLatest("roots", "/api/roots?" + q, $("#roots tbody"));
+  if (!d) return;
   state.roots.total = d.total;
   $("#roots-count").textContent = d.total ? `${d.offset + 1}–${d.offset + d.rows.length} of ${d.total} roots` : "no roots match";
   $("#roots-prev").disabled = d.offset === 0;
@@ -442,10 +445,8 @@ async function showCompare() {
   const [a, b] = state.compare;
   const box = $("#compare");
   box.hidden = false;
-  const isLatest = ask("compare");
-  let d;
-  try { d = await api(`/api/compare?a=${a}&b=${b}`); } catch (e) { if (isLatest()) showError(box, e); return; }
-  if (!isLatest()) return;
+  const d = await apiLatest("compare", `/api/compare?a=${a}&b=${b}`, box);
+  if (!d) return;
   clear(box);
   const close = el("button", { id: "compare-close" }, "close");
   close.addEventListener("click", () => { box.hidden = true; });
