@@ -125,3 +125,21 @@ def test_a_step_grows_onto_a_slot_lent_while_it_runs(tmp_path: Path) -> None:
     assert [n for n, _ in tr.step_seconds] == [1, 1, 2]  # step 2 began on 1 slot, step 3 on 2
     st = tr.pool.stats
     assert st.admitted == st.finished == 3 * cfg.trainer.batch_size
+
+
+def test_slot_engines_get_the_configured_batch_size_and_distinct_seeds() -> None:
+    """Each slot engine the elastic hooks add copies the base engine's batch size and takes its own
+    seed (trainer.seed + slot), so the slots do not sample the same streams."""
+    from fr_agents.models.resolve import load_policy
+    from fr_agents.policy.hf import HFEngine
+
+    torch.set_num_threads(1)
+    cfg = load_config("math-tiny", [*BASE, "trainer.seed=5"])
+    model, tok = load_policy("tiny")
+    base = HFEngine(model, tok, max_batch_size=7, seed=cfg.trainer.seed)
+    pool = ElasticHooks(cfg, devices=3, rollout=2).engine(base, tok)
+    engines = {name: dev.engine for name, dev in pool.devices.items()}
+    assert set(engines) == {"cpu0", "cpu1", "cpu2"}
+    assert [engines[d].max_batch_size for d in ("cpu0", "cpu1", "cpu2")] == [7, 7, 7]
+    seeds = [engines[d]._gen.initial_seed() for d in ("cpu0", "cpu1", "cpu2")]
+    assert seeds == [5, 6, 7]

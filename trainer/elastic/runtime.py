@@ -123,7 +123,10 @@ class ElasticHooks(TrainerHooks):
         engines: dict[str, HFEngine] = {"cpu0": base}
         for i in range(1, self.n_devices):
             engines[f"cpu{i}"] = HFEngine(
-                copy.deepcopy(base.model), tokenizer,  # base's model is already in rollout.dtype max_batch_size=base.max_batch_size, seed=self.cfg.trainer.seed + i,
+                copy.deepcopy(base.model),  # base's model is already in rollout.dtype
+                tokenizer,
+                max_batch_size=base.max_batch_size,
+                seed=self.cfg.trainer.seed + i,
                 compact=self.cfg.model.compact_forward,
             )
         self.t0 = time.perf_counter()
