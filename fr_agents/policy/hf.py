@@ -20,7 +20,11 @@ steps (prefilled into the places finished rows left), so the batch stays full as
 go instead of draining to its slowest row. A joiner whose prompt starts with the opening a group of
 prompts was seen to share (a chat template, a system prompt, example turns) prefills only what
 follows it: the opening's keys and values are kept across joins and recomputed after each weight
-swap (:mod:`fr_agents.policy.opening`). Any other model runs transformers' forward with left
+swap (:mod:`fr_agents.policy.opening`). A request that continues a finished row (a multi-turn
+episode's next turn, whose prompt is the whole conversation so far; a fork of a stored branch)
+prefills only what follows that row's tokens: finished rows leave their keys and values in
+:class:`~fr_agents.policy.opening.Continuations` (``keep_tokens`` bounds them), so a turn costs
+what was added since the last one, not the episode's history. Any other model runs transformers' forward with left
 padding and its ``DynamicCache`` (``_TransformersWave``), whose rows only leave. Both give the same
 logits up to float rounding.
 
@@ -64,7 +68,7 @@ from fr_agents.models.compact import (
     fused_weights,
 )
 from fr_agents.policy.base import Engine, Generation, SamplingOptions
-from fr_agents.policy.opening import Opening, shared_start
+from fr_agents.policy.opening import Continuations, Opening, shared_start
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +117,7 @@ class HFEngine(Engine):
         version: int = 0,
         on_token: Callable[[int], None] | None = None,
         compact: bool = True,
+        keep_tokens: int = 32768,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -137,12 +142,13 @@ class HFEngine(Engine):
         self._start_lock = threading.Lock()
         self._closed = False
         self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "joined": 0, "shared_prefill_tokens": 0,
-                      "opening_tokens": 0}
+                      "opening_tokens": 0, "prefill_tokens": 0, "continued_tokens": 0}
         self.on_token = on_token
         # None: waves run fr_agents.models.compact's prefill and decode; else why they do not
         self.compact_reason = compact_reason(model) if compact else "compact is off"
         self._fused: list | None = None  # fused_weights of the live weights, built on first use
         self.opening = Opening()  # compact waves: the prompts' shared opening, kept across joins
+        self.continuations = Continuations(keep_tokens)  # compact waves: finished rows, for their next turn
 
     def fused(self) -> list:
         """The compact forward's fused projections of the live weights (rebuilt after a swap)."""
@@ -218,6 +224,7 @@ class HFEngine(Engine):
                 self.model.load_state_dict(state_dict, strict=True)
             self._fused = None
             self.opening.forget()
+            self.continuations.forget()
             self.version = version
             log.debug("weights swapped to version %d", version)
         finally:
@@ -330,6 +337,7 @@ class HFEngine(Engine):
                     if reason is None:
                         keep.append(row)
                     else:
+                        wave.keep(row, r, version)
                         r.resolve(True, Generation(token_ids=r.token_ids, logprobs=r.logprobs, version=min(r.versions),
                                                    finish_reason=reason, versions=r.versions,
                                                    entropies=r.entropies))
@@ -432,7 +440,8 @@ class HFEngine(Engine):
 class _TransformersWave:
     """A wave through transformers' forward: left-padded prompts after the shared opening (run
     once as a one-row forward whose cache is repeated for the rows; the padding sits between it
-    and each row's rest, masked out, with the positions running on from it) and its DynamicCache."""
+    and each row's rest, masked out, with the positions running on from it) and its DynamicCache.
+    Its rows' keys and values are not kept for continuations (:meth:`keep` does nothing)."""
 
     joinable = False  # its left-padded cache has no place for a newcomer's prompt
 
@@ -457,6 +466,10 @@ class _TransformersWave:
             self.input_ids[i, longest - len(rest) :] = torch.tensor(rest, dtype=torch.long, device=dev)
             self.mask[i, shared + longest - len(rest) :] = 1
         self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        engine.stats["prefill_tokens"] += shared + sum(len(x) for x in rests)
+
+    def keep(self, row: int, req: _Request, version: int) -> None:
+        """Nothing is kept (see the class docstring)."""
 
     def first_logits(self) -> torch.Tensor:
         out = self.model(input_ids=self.input_ids, attention_mask=self.mask, position_ids=self.positions,
@@ -510,28 +523,67 @@ class _CompactWave:
     def admit(self, reqs: list[_Request], shared: int) -> torch.Tensor:
         """Prefill ``reqs`` into the next free rows; their first logits ``[len(reqs), V]``.
 
-        What every prompt starts with of the engine's kept :class:`Opening` is not computed again
-        (its keys and values are copied in); what the group shares beyond it runs once; a longer
-        opening this group shares is kept for the joins after it."""
+        A request that continues a kept row (:class:`~fr_agents.policy.opening.Continuations`)
+        prefills only what follows that row's tokens, alone. The others prefill together: what
+        every prompt starts with of the engine's kept :class:`Opening` is not computed again (its
+        keys and values are copied in); what the group shares beyond it runs once; a longer opening
+        this group shares is kept for the joins after it. ``reqs`` is reordered in place to the
+        rows' order (the fresh group first, then each continuation); ``shared`` is what all of
+        ``reqs`` share."""
         need = self.live + len(reqs)
         rows = min(self.engine.max_batch_size, max(need, 2 * self.cache.keys[0].shape[0]))
         self.cache.grow(rows, self._slots(reqs))
         opening = self.engine.opening
-        kept = opening.match([r.prompt_ids for r in reqs])
-        past = opening.past(self.model, kept, self.engine.fused()) if kept else None
+        found = {id(r): self.engine.continuations.find(r.prompt_ids) for r in reqs}
+        goes_on = {id(r): found[id(r)][0] > opening.match([r.prompt_ids]) for r in reqs}
+        fresh = [r for r in reqs if not goes_on[id(r)]]
+        going_on = [r for r in reqs if goes_on[id(r)]]
+        parts = []
+        if fresh:
+            if len(fresh) < len(reqs):
+                shared = HFEngine._shared_len(fresh)
+            parts.append(self._prefill(fresh, shared))
+        for r in going_on:
+            n, past = found[id(r)]
+            parts.append(self._prefill([r], 0, (n, past)))
+            self.engine.stats["continued_tokens"] += n
+        reqs[:] = fresh + going_on
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _prefill(self, reqs: list[_Request], shared: int, continued: tuple[int, Past] | None = None) -> torch.Tensor:
+        """Prefill ``reqs`` into the next free rows, after the kept opening or the one
+        ``continued`` ``(tokens, keys and values)`` they start with."""
+        opening = self.engine.opening
+        if continued is None:
+            kept = opening.match([r.prompt_ids for r in reqs])
+            past = opening.past(self.model, kept, self.engine.fused()) if kept else None
+            self.engine.stats["opening_tokens"] += kept * len(reqs)
+        else:
+            kept, past = continued
         lengths = [len(r.prompt_ids) - kept for r in reqs]
         ids = torch.full((len(reqs), max(lengths)), self.engine.pad_id, dtype=torch.long, device=self.device)
         for i, r in enumerate(reqs):
             ids[i, : lengths[i]] = torch.tensor(r.prompt_ids[kept:], dtype=torch.long, device=self.device)
         rows = self.cache.rows(self.live, self.live + len(reqs))
+        prefix = max(0, shared - kept)
         logits = compact_prefill(self.model, ids, torch.tensor(lengths, dtype=torch.long, device=self.device),
-                                 max(0, shared - kept), rows, self.engine.fused(), past)
-        self.engine.stats["opening_tokens"] += kept * len(reqs)
-        if shared > kept:
+                                 prefix, rows, self.engine.fused(), past)
+        self.engine.stats["prefill_tokens"] += prefix + sum(n - prefix for n in lengths)
+        if continued is None and shared > kept:
             opening.remember(reqs[0].prompt_ids[:shared],
                              Past([k[0, :, :shared].clone() for k in rows.keys], [v[0, :, :shared].clone() for v in rows.values]))
         self.live += len(reqs)
         return logits
+
+    def keep(self, row: int, req: _Request, version: int) -> None:
+        """Row ``row`` finished: keep its keys and values (its prompt and all but its last sampled
+        token) for a request that continues it, when every token of it ran on the live weights."""
+        if self.engine.continuations.max_tokens == 0 or any(v != version for v in req.versions):
+            return
+        n = int(self.cache.lengths[row])
+        tokens = (req.prompt_ids + req.token_ids)[:n]
+        self.engine.continuations.keep(
+            tokens, Past([k[row, :, :n].clone() for k in self.cache.keys], [v[row, :, :n].clone() for v in self.cache.values]))
 
     def select(self, keep: list[int]) -> list[int]:
         """Keep rows ``keep`` (ascending) as the first ``len(keep)`` rows: each finished place among

@@ -14,10 +14,20 @@ those ``n`` tokens, as long as the weights that computed them are the live ones:
 them at every weight swap (:meth:`Opening.forget`), and the next join that needs them computes
 them again under the new weights. A prompt's prefill therefore always runs on one weight version,
 as before, and the logits equal those of prefilling the whole prompt up to float rounding.
+
+:class:`Continuations` does the same for one episode's own history: a multi-turn episode asks for
+its next turn with the whole conversation so far as the prompt, and a fork of the trajectory tree
+asks with its parent's. When a row finishes, the engine keeps the keys and values it computed
+(its prompt and all but its last sampled token); a later request whose prompt starts with those
+tokens prefills only what follows (the env's answer, the next turn's template). The same rule
+holds: they are kept only for a row that ran on the live weights from its prefill to its end,
+and all are dropped at a swap. So an episode's turn ``t`` costs the tokens added since turn
+``t - 1``, not its whole history.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -73,3 +83,79 @@ class Opening:
     def forget(self) -> None:
         """The weights changed: the kept keys and values are stale (the tokens stay)."""
         self._past = None
+
+
+class Continuations:
+    """Keys and values of finished rows, by their tokens, for requests that continue them.
+
+    A request may continue any kept row it shares a start with: a token's keys and values depend
+    only on the tokens before it, so the first ``n`` of a row serve every prompt that starts with
+    those ``n`` tokens (an episode's next turn shares all of its last row, a fork its parent's part
+    of a sibling's row). An entry that a newer one extends is therefore dropped when the newer one
+    is kept (an episode holds one entry at a time), and ``max_tokens`` bounds the tokens held in
+    all (least recently used out first). Per token this costs ``2 * layers * kv_heads * head_dim``
+    numbers of the engine's dtype (46 KB for SmolLM2-135M in float32)."""
+
+    def __init__(self, max_tokens: int = 32768) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[int, tuple[torch.Tensor, Past]] = OrderedDict()
+        self._next = 0
+        self._held = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens whose keys and values are held now."""
+        return self._held
+
+    @staticmethod
+    def _common(a: torch.Tensor, b: torch.Tensor) -> int:
+        n = min(a.shape[0], b.shape[0])
+        differ = (a[:n] != b[:n]).nonzero()
+        return int(differ[0, 0]) if differ.shape[0] else n
+
+    def find(self, prompt: Sequence[int]) -> tuple[int, Past | None]:
+        """The longest start ``prompt`` shares with a kept row, leaving ``prompt`` at least one
+        token of its own: ``(its length, its keys and values)``, or ``(0, None)`` below
+        :data:`MIN_SHARED`."""
+        if not self._entries:
+            return 0, None
+        ids = torch.tensor(prompt[:-1], dtype=torch.long)
+        best, found = 0, None
+        for key, (tokens, _) in self._entries.items():
+            n = self._common(ids, tokens)
+            if n > best:
+                best, found = n, key
+        if found is None or best < MIN_SHARED:
+            return 0, None
+        self._entries.move_to_end(found)
+        return best, self._entries[found][1].head(best)
+
+    def keep(self, tokens: Sequence[int], past: Past) -> None:
+        """Keep ``past``, the keys and values of ``tokens`` under the live weights."""
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        n = ids.shape[0]
+        if n < MIN_SHARED or n > self.max_tokens:
+            return
+        for key, (old, _) in list(self._entries.items()):
+            common = self._common(ids, old)
+            if common == old.shape[0]:  # the new row extends it
+                self._held -= old.shape[0]
+                del self._entries[key]
+            elif common == n:  # it already holds all of the new row
+                return
+        self._entries[self._next] = (ids, past)
+        self._next += 1
+        self._held += n
+        while self._held > self.max_tokens:
+            _, (old, _) = self._entries.popitem(last=False)
+            self._held -= old.shape[0]
+
+    def forget(self) -> None:
+        """The weights changed: every kept entry is stale."""
+        self._entries.clear()
+        self._held = 0
