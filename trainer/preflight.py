@@ -136,7 +136,7 @@ def check_env(cfg: TrainConfig, *, import_module: bool = True) -> Check:
 
 
 def check_tasks(cfg: TrainConfig) -> Check:
-    """Does the task source exist (without loading its data)?"""
+    """Does the task source exist, and take its parameters (built, without loading its data)?"""
     try:
         tasks_mod = importlib.import_module("envs.tasks")
     except Exception as e:  # noqa: BLE001
@@ -154,6 +154,12 @@ def check_tasks(cfg: TrainConfig) -> Check:
         return Check("tasks.source", True, f"{cfg.tasks.source} (the source list is not enumerable; checked at start)")
     if cfg.tasks.source not in names:
         return Check("tasks.source", False, f"unknown task source {cfg.tasks.source!r}; available: {', '.join(sorted(names))}")
+    from fr_agents.plugins import load_object
+
+    try:  # a source checks its parameters when built (ALFWorld: the games the run needs) and loads no split
+        load_object(cfg.tasks.provider, key="tasks.provider")(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
+    except ConfigError as e:
+        return Check("tasks.params", False, str(e))
     return Check("tasks.source", True, cfg.tasks.source)
 
 

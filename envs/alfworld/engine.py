@@ -42,6 +42,7 @@ learner's process, where the held-out games are replayed after the warm start's 
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -88,6 +89,10 @@ class TextWorldEngine:
             self._env = _build_stack(facts)
 
     def load(self, game: str | dict) -> None:
+        """Load a ``game.tw-pddl`` (path or parsed). A path is read here: ``PddlEnv.load`` would
+        ``json.load(open(path))`` and leave the file to the garbage collector (a ResourceWarning)."""
+        if not isinstance(game, dict):
+            game = json.loads(Path(game).read_text())
         with ENGINE_LOCK:
             self._env.load(game)
 

@@ -41,6 +41,7 @@ INVALID_HINT = (
     "(That is not an admissible command here. Reply with exactly one command from the admissible "
     "list, e.g. 'look', 'inventory' or 'go to <receptacle>'.)"
 )
+INVALID_HINT_UNLISTED = "(That is not a valid command here.)"  # list_admissible=False: there is no list to point at
 FORMAT_HINT = "Reply with one command inside <action>...</action>."
 
 
@@ -71,7 +72,7 @@ class ALFWorldEnv(TextEnv):
         render_mode: ``"ansi"`` returns the transcript from ``render()``.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}  # one transcript per turn; gymnasium's checker asks for a rate
 
     def __init__(
         self,
@@ -165,7 +166,7 @@ class ALFWorldEnv(TextEnv):
         won = bool(self._state["won"])
         feedback = self._state["feedback"].strip()
         if invalid:
-            feedback = f"{feedback} {INVALID_HINT}"
+            feedback = f"{feedback} {INVALID_HINT if self.list_admissible else INVALID_HINT_UNLISTED}"
         terminated = won
         truncated = not won and self._turn >= self.max_turns
         self._done = terminated or truncated

@@ -17,8 +17,11 @@ Order: each split lists its games round-robin over the task types (the first gam
 type order, then the second of each, ...), so any prefix of a split covers the types evenly; the
 trainer's warm start takes the first ``warm_start.examples`` train games as its demos.
 
-Parameters: ``games_dir``, ``task_types`` (a list of the six type names; default all), ``limit``
-(at most this many games a split, spread over the types; default all).
+Parameters: ``games_dir`` (``~`` is expanded), ``task_types`` (a list of the six type names;
+default all), ``limit`` (at most this many games a split, spread over the types; default all),
+``require`` (``{split: count}``: the games each split must hold, checked when the source is built,
+before any work; short of them, :class:`MissingGames` names the exact ``fr-agents alfworld
+generate`` command that writes them).
 """
 
 from __future__ import annotations
@@ -28,6 +31,19 @@ from pathlib import Path
 
 from envs.tasks.base import Task, TaskSource, make_task
 from fr_agents.config import ConfigError
+
+CLI_SPLIT_FLAGS = {"train": "--n", "valid_seen": "--seen", "valid_unseen": "--unseen"}
+
+
+class MissingGames(ConfigError):
+    """A run needs more ALFWorld games than its games folder holds (the message names the command)."""
+
+
+def generate_command(games_dir: str, require: dict[str, int], seed: int = 0) -> str:
+    """The ``fr-agents alfworld generate`` command that writes ``require``'s games into ``games_dir``."""
+    counts = {"train": 0, "valid_seen": 0, "valid_unseen": 0, **require}
+    flags = " ".join(f"{CLI_SPLIT_FLAGS[s]} {n}" for s, n in counts.items())
+    return f"fr-agents alfworld generate --out {games_dir} {flags} --seed {seed}"
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 
@@ -75,8 +91,12 @@ class AlfworldSource(TaskSource):
         games_dir: str | None = None,
         task_types: list[str] | None = None,
         limit: int | None = None,
+        require: dict[str, int] | None = None,
     ) -> None:
         super().__init__(seed)
+        games_dir = str(Path(games_dir).expanduser()) if games_dir is not None else None
+        if require:
+            self._check_required(games_dir, dict(require))
         if games_dir is not None and not Path(games_dir).is_dir():
             raise ConfigError(f"tasks.params.games_dir: no such folder {games_dir}")
         if limit is not None and limit < 1:
@@ -90,6 +110,29 @@ class AlfworldSource(TaskSource):
                 raise ConfigError(
                     f"tasks.params.task_types: unknown {', '.join(unknown)}; choose from {', '.join(TASK_TYPES)}"
                 )
+
+    @staticmethod
+    def _check_required(games_dir: str | None, require: dict[str, int]) -> None:
+        """Raise :class:`MissingGames` unless ``games_dir`` holds ``require[split]`` games of each split."""
+        from envs.alfworld.generate import find_games
+
+        bad = sorted(set(require) - set(CLI_SPLIT_FLAGS))
+        if bad:
+            raise ConfigError(f"tasks.params.require: unknown split {bad[0]!r} (use {', '.join(SPLITS)})")
+        if games_dir is None:
+            raise ConfigError("tasks.params.require needs tasks.params.games_dir (the folder the games are written to)")
+        have = {s: len(find_games(games_dir, s)) if (Path(games_dir) / s).is_dir() else 0 for s in require}
+        short = {s: n for s, n in require.items() if have[s] < n}
+        if short:
+            seed = 0
+            manifest = Path(games_dir) / "manifest.json"
+            if manifest.exists():
+                seed = int(json.loads(manifest.read_text()).get("seed", 0))
+            what = ", ".join(f"{s}: {have[s]} of {n}" for s, n in short.items())
+            raise MissingGames(
+                f"tasks.params.games_dir {games_dir} lacks ALFWorld games ({what}); write them once "
+                f"(cached there, games already written are kept) with:\n    {generate_command(games_dir, require, seed)}"
+            )
 
     def _load_split(self, split: str) -> list[Task]:
         from envs.alfworld.sources import resolve_games

@@ -8,7 +8,7 @@ from pathlib import Path
 import gymnasium
 import pytest
 
-from envs.alfworld.env import INVALID_HINT, ALFWorldEnv, parse_action
+from envs.alfworld.env import INVALID_HINT, INVALID_HINT_UNLISTED, ALFWorldEnv, parse_action
 from envs.alfworld.expert import ExpertAgent
 from envs.alfworld.generate import find_games
 from envs.alfworld.sampling import TASK_TYPES
@@ -65,6 +65,14 @@ def test_invalid_action_gets_nothing_happens_and_a_hint(games_root: str) -> None
     assert obs.startswith("Nothing happens.") and info["invalid_action"]
     obs, _, _, _, info = env.step("I will look around.\nlook")
     assert not info["invalid_action"] and not obs.startswith("Nothing happens.")
+
+
+def test_without_the_list_the_hint_points_at_no_list(games_root: str) -> None:
+    env = ALFWorldEnv(games_dir=games_root, list_admissible=False)
+    env.reset(seed=1)
+    obs, *_ = env.step("<action>fly to the moon</action>")
+    assert obs == f"Nothing happens. {INVALID_HINT_UNLISTED}"
+    env.close()
 
 
 def test_parse_action() -> None:
@@ -198,3 +206,21 @@ def test_engine_pool_counts_hits_and_misses_keeps_the_newest_and_clears() -> Non
     pool.clear()
     assert len(pool) == 0 and pool.take("game1.tw-pddl") is None and (pool.hits, pool.misses) == (2, 2)
     engines[2].close()
+
+
+def test_gymnasium_check_env_passes_without_a_warning(games_root: str) -> None:
+    """gymnasium's own checker, render check included, on the registered env: no warning at all
+    (the engine reads game files itself, so none is left open for the garbage collector)."""
+    import gc
+    import warnings
+
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = gymnasium.make("fr_agents/ALFWorld-v0", games_dir=games_root, list_admissible=False, render_mode="ansi")
+        check_env(env.unwrapped)
+        env.close()
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
