@@ -16,6 +16,16 @@ its engine returned to the pool at the end, once for each ``--capacity``. Prints
 seconds per episode, and the ratio against the first capacity given::
 
     python benchmarks/alfworld.py --schedule --games-dir DIR --demos 48 --batch 8 --episodes 160 --capacity 32 128
+
+``--split`` measures where an RL step's rollout goes on ``--preset`` (default alfworld-smollm2, its
+real model and prompt): one step's episodes (``--batch``, all live at once, the preset's first RL
+games) played by the preset's engine, once with the engine's continuations off (every turn
+prefills the whole conversation, as the engine did before it kept finished rows) and once on.
+For each it prints the wall time, the seconds inside ALFWorld's engine (under its process-wide
+lock, by call), the rest (generation, tokenizing, tree writes), and the prefill tokens per sampled
+token. ``--run DIR`` adds that run's learner step (median seconds, from its ``metrics.jsonl``)::
+
+    python benchmarks/alfworld.py --split --games-dir DIR [--batch 16] [--run RUN_DIR]
 """
 
 from __future__ import annotations
@@ -73,6 +83,56 @@ def schedule(a: argparse.Namespace) -> None:
     ENGINE_POOL.clear()
 
 
+def split(a: argparse.Namespace) -> None:
+    """Where one RL step's rollout time goes, continuations off and on (see the module docstring)."""
+    import asyncio
+    import json
+
+    import torch
+
+    from envs.alfworld.engine import ENGINE_CLOCK, ENGINE_POOL
+    from fr_agents.config import load_config
+    from fr_agents.policy.opening import Continuations
+    from trainer.parts import build_rollout_side
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    cfg = load_config(a.preset, [f"tasks.params.games_dir={a.games_dir}", f"trainer.batch_size={a.batch}",
+                                 f"rollout.concurrency={a.batch}"])
+    print(f"# {a.preset}: one step of {a.batch} episodes, all live at once, max_turns {cfg.env.max_turns}, "
+          f"{len(os.sched_getaffinity(0))} cores (load average {os.getloadavg()[0]:.1f})")
+    for mode, keep in (("continuations off", 0), ("continuations on", Continuations().max_tokens)):
+        with tempfile.TemporaryDirectory() as run:
+            side = build_rollout_side(cfg, Path(run), with_engine=True)
+            engine = side.runner.engine
+            engine.continuations = Continuations(keep)
+            ENGINE_POOL.clear()
+            ENGINE_CLOCK.clear()
+            specs = side.schedule.episodes(0)
+
+            async def play(specs=specs, side=side):
+                return await asyncio.gather(*(side.runner.run(spec) for spec in specs))
+
+            t0 = time.perf_counter()
+            outcomes = asyncio.run(play())
+            wall = time.perf_counter() - t0
+            side.close()
+        st = engine.stats
+        sampled = st["tokens"]
+        turns = sum(o.turns for o in outcomes)
+        inside = ENGINE_CLOCK.total()
+        calls = ", ".join(f"{k} {v:.1f} s/{ENGINE_CLOCK.calls[k]}" for k, v in sorted(ENGINE_CLOCK.seconds.items()))
+        print(f"{mode:>18}: wall {wall:.1f} s | ALFWorld engine {inside:.1f} s ({inside / wall:.0%}; {calls}) | "
+              f"rest {wall - inside:.1f} s | {turns} turns, {sampled} sampled tokens, {st['prefill_tokens']} prefilled "
+              f"({st['prefill_tokens'] / max(1, sampled):.1f} per sampled token; {st['continued_tokens']} continued) | "
+              f"mean reward {sum(o.reward for o in outcomes) / len(outcomes):.3f}", flush=True)
+    if a.run:
+        steps = [json.loads(line) for line in (Path(a.run) / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in steps if r.get("kind") == "step" and "step_s" in r]
+        if steps:
+            med = statistics.median(r["step_s"] for r in steps)
+            print(f"learner ({a.run}): median step {med:.1f} s over {len(steps)} steps")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--games", type=int, default=6, help="games to generate (valid_seen, one per task type)")
@@ -80,13 +140,23 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7, help="generation seed; --schedule: trainer.seed and tasks.seed (default 7; presets use 0)")
     ap.add_argument("--schedule", action="store_true", help="the engine pool on a training schedule (needs --games-dir)")
     ap.add_argument("--demos", type=int, default=48, help="--schedule: train games kept for the warm start")
-    ap.add_argument("--batch", type=int, default=8, help="--schedule: episodes a step")
+    ap.add_argument("--batch", type=int, default=None, help="episodes a step (--schedule: default 8; --split: 16)")
     ap.add_argument("--episodes", type=int, default=160, help="--schedule: episodes in all")
     ap.add_argument("--capacity", type=int, nargs="+", default=[32, 128], help="--schedule: pool capacities to compare")
+    ap.add_argument("--split", action="store_true", help="where an RL step's rollout time goes (needs --games-dir)")
+    ap.add_argument("--preset", default="alfworld-smollm2", help="--split: the preset whose model and prompt play")
+    ap.add_argument("--run", default=None, help="--split: a run of the preset whose learner steps to report")
     a = ap.parse_args()
+    if a.split:
+        if not a.games_dir:
+            ap.error("--split needs --games-dir (a folder from `fr-agents alfworld generate`)")
+        a.batch = a.batch or 16
+        split(a)
+        return
     if a.schedule:
         if not a.games_dir:
             ap.error("--schedule needs --games-dir (a folder from `fr-agents alfworld generate`)")
+        a.batch = a.batch or 8
         schedule(a)
         return
 

@@ -377,7 +377,14 @@ def _cmd_alfworld(a: argparse.Namespace) -> int:
     for name, n in (("--n", counts["train"]), ("--seen", a.seen), ("--unseen", a.unseen)):
         if n < 0:
             raise ConfigError(f"{name} must be >= 0, got {n}")
-    records = generate(a.out, counts, seed=a.seed, workers=a.workers)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("[bold]games"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:  # stdout keeps the one JSON line
+        job = bar.add_task("games", total=sum(counts.values()))
+        records = generate(a.out, counts, seed=a.seed, workers=a.workers, on_game=lambda _: bar.advance(job))
     manifest = json.loads((Path(a.out) / "manifest.json").read_text())
     by_split: dict[str, int] = {}
     for r in records:

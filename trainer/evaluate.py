@@ -17,6 +17,7 @@ reward, and the mean turns and tool calls per episode; the samples land in
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,8 +65,16 @@ class HeldOutEval:
         """Evaluate ``model`` now: ``{success, reward, turns, tool_calls, episodes, seconds}``, plus
         ``by_group`` (per task type: tasks, success, mean reward, turns) when the bench's problems
         have groups (ALFWorld)."""
+        total, done, started = len(self.bench.items), [0], time.perf_counter()
+
+        def progress(_row: dict) -> None:  # a 134-game ALFWorld evaluation takes minutes: say how far it is
+            done[0] += 1
+            if done[0] % max(1, total // 4) == 0 and done[0] < total:
+                log.info("held-out %s: %d/%d episodes in %.0f s", name, done[0], total, time.perf_counter() - started)
+
         res = evaluate_live(
-            model, tokenizer, self.bench, self.settings, label=f"{name}_step{step:06d}", out_dir=self.out_dir
+            model, tokenizer, self.bench, self.settings, label=f"{name}_step{step:06d}", out_dir=self.out_dir,
+            on_sample=progress,
         )
         per_episode = res.extra["per_episode"]
         figures = {

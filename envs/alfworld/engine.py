@@ -44,7 +44,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,37 @@ def data_files() -> tuple[str, str]:
 
 ENGINE_LOCK = threading.RLock()
 """Held by every call into TextWorld's PDDL engine in this process (see the module docstring)."""
+
+
+class EngineClock:
+    """Seconds spent inside the engine, under :data:`ENGINE_LOCK`, by kind of call (``load``,
+    ``reset``, ``step``, ``plan``), and the calls: what ``benchmarks/alfworld.py --split`` reports as
+    the engine's share of a rollout. Every engine call adds to it (one clock read each)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    @contextmanager
+    def timed(self, kind: str) -> Iterator[None]:
+        with ENGINE_LOCK:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - t0
+                self.calls[kind] = self.calls.get(kind, 0) + 1
+
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def clear(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
+ENGINE_CLOCK = EngineClock()
+"""This process's :class:`EngineClock`."""
 
 
 def _build_stack(facts: bool) -> Any:
@@ -85,7 +119,7 @@ class TextWorldEngine:
     :meth:`plan` is Fast Downward's plan from the current state."""
 
     def __init__(self, facts: bool = False) -> None:
-        with ENGINE_LOCK:
+        with ENGINE_CLOCK.timed("build"):
             self._env = _build_stack(facts)
 
     def load(self, game: str | dict) -> None:
@@ -93,15 +127,15 @@ class TextWorldEngine:
         ``json.load(open(path))`` and leave the file to the garbage collector (a ResourceWarning)."""
         if not isinstance(game, dict):
             game = json.loads(Path(game).read_text())
-        with ENGINE_LOCK:
+        with ENGINE_CLOCK.timed("load"):
             self._env.load(game)
 
     def reset(self) -> Any:
-        with ENGINE_LOCK:
+        with ENGINE_CLOCK.timed("reset"):
             return self._env.reset()
 
     def step(self, command: str) -> tuple[Any, float, bool]:
-        with ENGINE_LOCK:
+        with ENGINE_CLOCK.timed("step"):
             return self._env.step(command)
 
     def plan(self) -> list[str]:
@@ -111,7 +145,7 @@ class TextWorldEngine:
         ``AlfredExpert(expert_type="planner")`` returns); calling it on demand avoids re-planning after
         every step.
         """
-        with ENGINE_LOCK:
+        with ENGINE_CLOCK.timed("plan"):
             inner = pddl_env(self._env)
             return list(inner._pddl_state.replan(inner._entity_infos))
 

@@ -19,13 +19,14 @@ Layout (the one ``AlfredTWEnv.collect_game_files`` walks)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -219,11 +220,13 @@ def generate(
     counts: dict[str, int] | None = None,
     seed: int = 0,
     workers: int | None = None,
+    on_game: Callable[[GameRecord], None] | None = None,
 ) -> list[GameRecord]:
     """Write ``counts[split]`` games per split under ``out`` (games already there are reused).
 
     ``workers`` > 1 uses processes (games are independent; the result does not depend on it).
-    A ``manifest.json`` lists every game and the set's :func:`content_hash`.
+    ``on_game`` is called with each game's record as it is done (in the set's order: a progress
+    bar). A ``manifest.json`` lists every game and the set's :func:`content_hash`.
     """
     counts = dict(DEFAULT_COUNTS if counts is None else counts)
     for split, n in counts.items():
@@ -236,11 +239,13 @@ def generate(
     jobs = [(str(out), seed, split, i) for split, n in counts.items() for i in range(n)]
     workers = workers or min(len(jobs), os.cpu_count() or 1) or 1
     t0 = time.perf_counter()
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            records = list(pool.map(_write_one, jobs, chunksize=4))
-    else:
-        records = [_write_one(j) for j in jobs]
+    records = []
+    with ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext() as pool:
+        done = pool.map(_write_one, jobs) if pool is not None else map(_write_one, jobs)
+        for record in done:
+            records.append(record)
+            if on_game is not None:
+                on_game(record)
     manifest = {
         "seed": seed,
         "counts": counts,

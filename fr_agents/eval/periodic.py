@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,15 @@ log = logging.getLogger(__name__)
 
 
 def evaluate_live(
-    model: Any, tokenizer: Any, bench: Bench, settings: EvalSettings, *, label: str, out_dir: str | Path
+    model: Any, tokenizer: Any, bench: Bench, settings: EvalSettings, *, label: str, out_dir: str | Path,
+    on_sample: Callable[[dict[str, Any]], None] | None = None,
 ) -> BenchResult:
     """:func:`~fr_agents.eval.runner.run_bench` with the current weights of ``model`` (an
     :class:`~fr_agents.policy.hf.HFEngine` over the live model, not a copy, unless ``settings.dtype``
     asks for a copy in another dtype, as ``rollout.dtype`` does), in eval mode; the
     model's training mode is restored after. Training's held-out and periodic evaluations both
-    come through here, so they mean what ``fr-agents eval`` means."""
+    come through here, so they mean what ``fr-agents eval`` means. ``on_sample``: as
+    :func:`~fr_agents.eval.runner.run_bench_async`'s (progress)."""
     import torch
 
     from fr_agents.policy.hf import HFEngine
@@ -55,7 +58,7 @@ def evaluate_live(
         sampler = copy.deepcopy(model).to(getattr(torch, settings.dtype))  # rollout.dtype: sample as the rollout does
     engine = HFEngine(sampler, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed, compact=settings.compact)
     try:
-        return run_bench(engine, tokenizer, bench, settings, label=label, out_dir=out_dir)
+        return run_bench(engine, tokenizer, bench, settings, label=label, out_dir=out_dir, on_sample=on_sample)
     finally:
         engine.close_sync()
         model.train(was_training)

@@ -1,0 +1,115 @@
+"""The alfworld-smollm2 preset: what SmolLM2 sees at turn 0 and turn 3, where the warm start's loss
+falls on an ALFWorld demo, the error short of games, and one real RL step on a generated game."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fr_agents.config import ConfigError, load_config
+from trainer.parts import build_rollout_side
+from trainer.preflight import run_preflight
+from trainer.warm_start import DEMO_STORE, _collate, expert_demos
+
+PRESET = "alfworld-smollm2"
+
+
+def overrides(games_root: str, *more: str) -> list[str]:
+    """The preset on the tests' small set: its valid_seen games stand in for train games."""
+    return [f"tasks.params={{games_dir: {games_root}}}", "tasks.train_split=valid_seen", *more]
+
+
+@pytest.fixture(scope="module")
+def demos(games_root: str, tmp_path_factory: pytest.TempPathFactory):
+    torch.set_num_threads(1)
+    run = tmp_path_factory.mktemp("run")
+    cfg = load_config(PRESET, overrides(games_root, "warm_start.examples=2", "rollout.concurrency=2"))
+    side = build_rollout_side(cfg, run, with_engine=False)
+    made = expert_demos(cfg, side.runner, side.demo_tasks, run / DEMO_STORE)
+    yield cfg, side, made
+    side.close()
+
+
+def text(tok, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def test_what_the_model_sees_at_turn_0_and_turn_3(demos) -> None:
+    """Turn 0: SmolLM2's chat template with the preset's system message (the command vocabulary)
+    and the room and goal, no admissible list. Turn 3: the same conversation with the three replies
+    as assistant turns and the engine's feedback as user turns, ending in the generation prompt."""
+    cfg, side, made = demos
+    tok = side.tokenizer
+    demo = next(d for d in made if len(d.spans) >= 4)
+    turn0 = text(tok, demo.ids[: demo.spans[0][0]])
+    assert turn0.startswith(f"<|im_start|>system\n{cfg.env.system_prompt}<|im_end|>\n<|im_start|>user\n")
+    assert "-= Welcome to TextWorld, ALFRED! =-" in turn0 and "Your task is to: " in turn0
+    assert "Admissible commands" not in turn0
+    assert turn0.endswith("Reply with one command inside <action>...</action>.<|im_end|>\n<|im_start|>assistant\n")
+
+    turn3 = text(tok, demo.ids[: demo.spans[3][0]])
+    replies = [text(tok, demo.ids[s:e]) for s, e in demo.spans[:3]]
+    assert all(r.startswith("<action>") and r.endswith("</action><|im_end|>") for r in replies)
+    messages = [{"role": "system", "content": cfg.env.system_prompt}]
+    rest = turn3[len(turn0):]
+    first_obs = turn0.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>", 1)[0]
+    messages.append({"role": "user", "content": first_obs})
+    for r in replies:  # each reply, then the engine's answer to it
+        messages.append({"role": "assistant", "content": r.removesuffix("<|im_end|>")})
+        rest = rest.split(r, 1)[1]
+        feedback = rest.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        messages.append({"role": "user", "content": feedback})
+        assert "Admissible commands" not in feedback and "Reply with one command" not in feedback
+    assert turn3 == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_the_warm_start_loss_falls_on_the_expert_commands_only(demos) -> None:
+    _, side, made = demos
+    ids, attn, labels = _collate(made, side.runner.pad_id)
+    for i, demo in enumerate(made):
+        on = {j for s, e in demo.spans for j in range(s, e)}
+        assert [j for j in range(labels.shape[1]) if labels[i, j] != -100] == sorted(on)
+        assert int(attn[i].sum()) == len(demo.ids)
+        for s, e in demo.spans:  # a span is one command and the end of the turn: nothing the env wrote
+            reply = text(side.tokenizer, demo.ids[s:e])
+            assert reply.startswith("<action>") and reply.endswith("</action><|im_end|>")
+            assert "\n" not in reply
+
+
+def test_a_run_short_of_games_stops_before_any_work_with_the_command(tmp_path: Path) -> None:
+    games = tmp_path / "games"
+    cfg = load_config(PRESET, [f"tasks.params.games_dir={games}"])
+    pf = run_preflight(cfg, import_env=False)
+    want = f"fr-agents alfworld generate --out {games} --n 200 --seen 0 --unseen 134 --seed 0"
+    assert not pf.ok and any(want in c.detail for c in pf.checks if not c.ok)
+    with pytest.raises(ConfigError, match="train: 0 of 200, valid_unseen: 0 of 134"):
+        pf.raise_if_failed()
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fr_agents.cli", "train", PRESET, f"tasks.params.games_dir={games}",
+                           "--run-dir", str(run)], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and want in done.stderr + done.stdout
+    assert not (run / "store.sqlite").exists()
+
+
+@pytest.mark.slow
+def test_one_real_smollm2_rl_step_on_a_generated_game(games_root: str, tmp_path: Path) -> None:
+    """The preset's RL on SmolLM2 itself: two episodes of one generated game, one optimizer step."""
+    from trainer.loop import Trainer
+
+    cfg = load_config(PRESET, overrides(games_root, "tasks.params.limit=1", "warm_start.examples=0",
+                                        "trainer.batch_size=2", "rollout.concurrency=2", "trainer.steps=1",
+                                        "trainer.max_minutes=0", "trainer.eval_episodes=0", "trainer.eval_every=0",
+                                        "trainer.backend=local", "trainer.threads=1", "env.max_turns=2",
+                                        "trainer.checkpoint_every=0"))
+    res = Trainer(cfg, tmp_path, console=False).run()
+    assert res.ok and res.steps == 1
+    from fr_agents.tree import TrajectoryTree
+
+    with TrajectoryTree.open(tmp_path / "store.sqlite") as tree:
+        leaves = tree.trajectories(tree.leaf_ids())
+    assert len(leaves) == 2 and all(any(t.policy_mask) for t in leaves)
+    assert all(0.0 <= t.reward <= 1.0 and t.info["task_type"] for t in leaves)
