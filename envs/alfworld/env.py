@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 from envs.alfworld.engine import ENGINE_POOL, make_textworld_env, plan
+from envs.alfworld.expert import search_step
 from envs.alfworld.progress import FactIndex, partial_score
 from envs.alfworld.sources import resolve_games
 from envs.base import TextEnv
@@ -69,6 +70,9 @@ class ALFWorldEnv(TextEnv):
         task_types: restrict to some of the six task types.
         max_turns: steps before truncation.
         list_admissible: list the admissible commands in each observation.
+        expert: what :meth:`expert_action` plays: ``planner`` (the walkthrough, else a plan from the
+            current state) or ``search`` (:func:`envs.alfworld.expert.search_step` until the task's
+            object is in view, then a plan).
         render_mode: ``"ansi"`` returns the transcript from ``render()``.
     """
 
@@ -82,11 +86,14 @@ class ALFWorldEnv(TextEnv):
         task_types: list[str] | None = None,
         max_turns: int = 50,
         list_admissible: bool = True,
+        expert: str = "planner",
         render_mode: str | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.check_render_mode(render_mode, "render_mode must be None or 'ansi', got {!r}")
+        if expert not in ("planner", "search"):
+            raise ValueError(f"expert must be 'planner' or 'search', got {expert!r}")
         if split not in ("train", "valid_seen", "valid_unseen"):
             raise ValueError(f"split must be train, valid_seen or valid_unseen, got {split!r}")
         if games_dir is not None and not Path(games_dir).is_dir():
@@ -96,6 +103,9 @@ class ALFWorldEnv(TextEnv):
         self._games: list[str] | None = None
         self.max_turns = max_turns
         self.list_admissible = list_admissible
+        self.expert = expert
+        self._plan: list[str] = []  # the expert's last plan, made after self._plan_at actions
+        self._plan_at = 0
         self.init_text(render_mode)
         self._tw: Any = None
         self._loaded: str | None = None
@@ -153,6 +163,7 @@ class ALFWorldEnv(TextEnv):
         self._state = self._tw.reset()
         self._initial_facts = FactIndex(self._state["_facts"])  # what held before the agent acted
         self._actions, self._turn, self._done = [], 0, False
+        self._plan, self._plan_at = [], 0
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
@@ -220,14 +231,22 @@ class ALFWorldEnv(TextEnv):
         return list(self._walkthrough)
 
     def expert_action(self) -> str:
-        """The expert's next command: the walkthrough while on it, else a fresh plan from here."""
+        """The expert's next command (see ``expert`` in the class docstring): with ``planner`` the
+        walkthrough while on it, else a plan from here; with ``search`` a search for the task's
+        object until it is in view, then a plan. A plan is followed while the episode stays on it."""
         if self._done:
             raise RuntimeError("expert_action() on a finished episode")
         n = len(self._actions)
-        if self._walkthrough[:n] == self._actions and n < len(self._walkthrough):
+        if self.expert == "search":
+            step = search_step(self._traj, self._transcript[0][1], self._transcript, self._actions)
+            if step is not None:
+                return step
+        elif self._walkthrough[:n] == self._actions and n < len(self._walkthrough):
             return self._walkthrough[n]
-        steps = plan(self._tw)
-        return steps[0] if steps else "look"
+        k = n - self._plan_at
+        if not (self._plan and 0 <= k < len(self._plan) and self._actions[self._plan_at:] == self._plan[:k]):
+            self._plan, self._plan_at, k = plan(self._tw), n, 0
+        return self._plan[k] if k < len(self._plan) else "look"
 
     def expert_reply(self) -> str:
         """:meth:`expert_action` as a reply in the format the task asks for (what SFT demos teach)."""

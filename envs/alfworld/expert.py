@@ -2,6 +2,8 @@
 
 :class:`ExpertAgent` plays the game's stored planner walkthrough; once the episode has left it (the
 agent was driven by someone else first), it asks Fast Downward for a plan from the current state.
+With ``ALFWorldEnv(expert="search")`` the expert first searches for the task's object as a person
+in the room would (:func:`search_step`), then plans.
 It needs the env itself (not only the observation), so it works with any env that exposes
 ``expert_action()`` on ``env.unwrapped``::
 
@@ -15,7 +17,58 @@ It needs the env itself (not only the observation), so it works with any env tha
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_ROOM = re.compile(r"Looking quickly around you, you see (.*?)\.\s*$", re.MULTILINE)
+_CLOSED = re.compile(r"^The (.+?) is closed\.", re.MULTILINE)
+
+
+def room_receptacles(first_observation: str) -> list[str]:
+    """The receptacles the first observation lists, in its order (``["bed 1", "desk 1", ...]``)."""
+    m = _ROOM.search(first_observation)
+    if not m:
+        return []
+    items = re.split(r",\s*(?:and\s+)?|\s+and\s+", m.group(1))
+    return [re.sub(r"^an? ", "", item.strip()) for item in items if item.strip()]
+
+
+def search_step(traj: dict, first_observation: str, transcript: list[tuple[str, str]], actions: list[str]) -> str | None:
+    """The searching expert's next command while the task's object has not been seen, else None.
+
+    It knows what a person in the room knows: the receptacles in view (the first observation) and
+    ALFRED's rules of where an object of a type may start (a receptacle type that can hold it, not
+    the goal's, not a fridge, microwave or basin: :func:`envs.alfworld.sampling.target_start_excluded`),
+    never where the object is. It goes to each such receptacle in the order the room lists them,
+    opening a closed one, until an observation names an object of the task's type; then the
+    planner takes over (:meth:`ALFWorldEnv.expert_action`). Demos of it show a search, which a
+    policy that cannot see the game's state can imitate; the planner's own walkthrough goes
+    straight to the object."""
+    import alfworld.gen.constants as c
+
+    from envs.alfworld.sampling import target_start_excluded
+
+    params = traj["pddl_params"]
+    target = params["object_target"].lower()
+    seen = re.compile(rf"\b{re.escape(target)} \d+\b")
+    if any(seen.search(text) for who, text in transcript if who == "game"):
+        return None
+    excluded = target_start_excluded(params.get("parent_target", ""))
+    upper = c.OBJECTS_LOWER_TO_UPPER
+
+    def may_hold(receptacle: str) -> bool:
+        rtype = upper.get(receptacle.rsplit(" ", 1)[0], "")
+        return rtype not in excluded and params["object_target"] in c.VAL_RECEPTACLE_OBJECTS.get(rtype, ())
+
+    last = transcript[-1][1] if transcript else ""
+    closed = _CLOSED.search(last)
+    if actions and actions[-1].startswith("go to ") and closed and f"open {closed.group(1)}" not in actions:
+        return f"open {closed.group(1)}"
+    visited = {a.removeprefix("go to ") for a in actions if a.startswith("go to ")}
+    for receptacle in room_receptacles(first_observation):
+        if receptacle not in visited and may_hold(receptacle):
+            return f"go to {receptacle}"
+    return None
 
 
 class ExpertAgent:

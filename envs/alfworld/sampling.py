@@ -106,6 +106,13 @@ def _targets(task_type: str, scene: Scene, rng: random.Random) -> tuple[str, str
     return obj, parent, ""
 
 
+def target_start_excluded(parent_target: str) -> set[str]:
+    """Receptacle types a target object never starts in: the goal's (the game would be won at the
+    start), and the fridge, microwave and basins (ALFRED counts what was in them as already cold,
+    hot or clean)."""
+    return {parent_target, "Fridge", "Microwave", "SinkBasin", "BathtubBasin"} - {""}
+
+
 def _start_places(scene: Scene, otype: str, excluded: set[str]) -> list[Receptacle]:
     """Where an object of ``otype`` may start: a receptacle that holds it, not of an excluded type."""
     return [r for r in scene.holders_of(otype) if r.type not in excluded]
@@ -120,7 +127,7 @@ def sample_task(task_type: str, scene: Scene, rng: random.Random) -> TaskSample:
     c = constants()
     obj_t, parent_t, toggle_t = _targets(task_type, scene, rng)
     sample = TaskSample(task_type, scene, obj_t, parent_t, toggle_t)
-    target_excluded = {parent_t, "Fridge", "Microwave", "SinkBasin", "BathtubBasin"} - {""}
+    target_excluded = target_start_excluded(parent_t)
 
     for otype in scene.object_types:
         if otype == obj_t:
