@@ -261,6 +261,9 @@ class TrainerConfig:
                            rule=_at_least(0))
     eval_episodes: int = _opt(200, help="held-out problems per evaluation, one greedy reply per turn, any env (0: no held-out evaluation)",
                               rule=_at_least(0))
+    eval_before: bool = _opt(True, help="also evaluate held out before the warm start (the untouched model); false skips "
+                                        "it where it is known and costly (an untrained model plays every ALFWorld game to "
+                                        "the turn limit at full reply length: fr-agents eval measures it once)")
     eval_k: int = _opt(0, help="> 0: every eval_every steps also avg@k of k sampled replies per problem", rule=_at_least(0))
     eval_bench: str = _opt("", help="bench of the eval_k evaluation (fr-agents eval --list); empty: this config's test split")
     eval_temperature: float = _opt(1.0, help="sampling temperature of the eval_k replies", rule=_positive)

@@ -18,13 +18,13 @@ from trainer.parts import LearnerSide, RolloutSide
 def before_rl(
     cfg: TrainConfig, learner: LearnerSide, rollout: RolloutSide, state: TrainerState, run_dir: Path
 ) -> dict[str, dict[str, float]]:
-    """Evaluate held out (``before``), warm start on ``warm_start.examples`` demos (every core
+    """Evaluate held out (``before``, unless ``trainer.eval_before`` is false), warm start on ``warm_start.examples`` demos (every core
     this process may use: nothing runs beside it), evaluate again (``after_warm_start``). Returns
     the evaluations, also kept in ``state.extra["evals"]`` for the checkpoint."""
     from trainer.warm_start import run_warm_start
 
     evals: dict[str, dict[str, float]] = {}
-    if ev := evaluate_held_out(learner, "before", 0):
+    if cfg.trainer.eval_before and (ev := evaluate_held_out(learner, "before", 0)):
         evals["before"] = ev
     if cfg.warm_start.examples > 0:
         with warm_start_cores():  # supervised steps with nothing beside them
