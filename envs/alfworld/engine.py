@@ -42,7 +42,11 @@ learner's process, where the held-out games are replayed after the warm start's 
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -65,23 +69,30 @@ ENGINE_LOCK = threading.RLock()
 
 
 class EngineClock:
-    """Seconds spent inside the engine, under :data:`ENGINE_LOCK`, by kind of call (``load``,
-    ``reset``, ``step``, ``plan``), and the calls: what ``benchmarks/alfworld.py --split`` reports as
-    the engine's share of a rollout. Every engine call adds to it (one clock read each)."""
+    """Seconds spent in the engine by kind of call (``build``, ``load``, ``reset``, ``step``,
+    ``plan``), and the calls: what ``benchmarks/alfworld.py --split`` reports as the engine's share
+    of a rollout. Every engine call adds to it (one clock read each): an in-process call its time
+    under :data:`ENGINE_LOCK`, a call to a :class:`RemoteEngine` its round trip to the worker."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     @contextmanager
     def timed(self, kind: str) -> Iterator[None]:
+        """Time a call made under :data:`ENGINE_LOCK` (taken here)."""
         with ENGINE_LOCK:
             t0 = time.perf_counter()
             try:
                 yield
             finally:
-                self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - t0
-                self.calls[kind] = self.calls.get(kind, 0) + 1
+                self.add(kind, time.perf_counter() - t0)
+
+    def add(self, kind: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
+            self.calls[kind] = self.calls.get(kind, 0) + 1
 
     def total(self) -> float:
         return sum(self.seconds.values())
@@ -117,6 +128,8 @@ class TextWorldEngine:
     """PddlEnv + AlfredDemangler + AlfredInfos (admissible commands and ``won`` requested), with
     every call made under :data:`ENGINE_LOCK`. ``load``/``reset``/``step`` behave as TextWorld's;
     :meth:`plan` is Fast Downward's plan from the current state."""
+
+    workers = 0  # where it runs: in this process (a RemoteEngine: its EngineWorkers' size)
 
     def __init__(self, facts: bool = False) -> None:
         with ENGINE_CLOCK.timed("build"):
@@ -154,6 +167,160 @@ class TextWorldEngine:
             self._env.close()
 
 
+def _portable(state: Any) -> dict[str, Any]:
+    """What :class:`~envs.alfworld.env.ALFWorldEnv` reads of a game state, as a plain dict (a
+    worker sends it back pickled; the whole state also carries the grammar and entity tables)."""
+    return {k: state[k] for k in ("feedback", "admissible_commands", "won", "_facts") if k in state}
+
+
+def _serve() -> None:
+    """A worker's loop (``python -m envs.alfworld.engine``): requests ``(engine id, method, args)``
+    pickled on stdin, answers ``(ok, value)`` on stdout, until stdin closes. It hosts any number
+    of engines, one call at a time."""
+    import pickle
+
+    inbox, outbox = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # whatever the engine prints must not corrupt the answers
+    engines: dict[int, TextWorldEngine] = {}
+    while True:
+        try:
+            eid, method, args = pickle.load(inbox)
+        except EOFError:
+            break
+        try:
+            if method == "new":
+                engines[eid] = TextWorldEngine(*args)
+                out: Any = None
+            elif method == "close":
+                engines.pop(eid).close()
+                out = None
+            else:
+                out = getattr(engines[eid], method)(*args)
+                if method == "reset":
+                    out = _portable(out)
+                elif method == "step":
+                    out = (_portable(out[0]), *out[1:])
+            answer = (True, out)
+        except Exception as e:  # noqa: BLE001 - the caller raises it
+            answer = (False, f"{type(e).__name__}: {e}")
+        pickle.dump(answer, outbox)
+        outbox.flush()
+
+
+class EngineWorkers:
+    """``n`` worker processes that host TextWorld engines for this process's episodes.
+
+    In one process every engine call waits for :data:`ENGINE_LOCK` and for the interpreter lock,
+    which the policy's engine thread and the rollout loop also need; in workers the engine's work
+    (a reset ~1 s, a step ~0.13 s, mostly TatSu parsing of the grammar's text) runs in parallel with
+    them and with each other. Each engine lives in one worker (chosen round-robin); calls to a
+    worker are one at a time. The workers are plain subprocesses (a daemonic rollout process may
+    start them), each ends when its pipe closes."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self._procs = [
+            subprocess.Popen([sys.executable, "-m", "envs.alfworld.engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             cwd=str(Path(__file__).resolve().parents[2]))
+            for _ in range(n)
+        ]
+        self._locks = [threading.Lock() for _ in range(n)]
+        self._ids = itertools.count()
+        self._turn = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    def new_engine(self, facts: bool) -> RemoteEngine:
+        return RemoteEngine(self, next(self._turn) % len(self._procs), next(self._ids), facts)
+
+    def call(self, worker: int, eid: int, method: str, *args: Any) -> Any:
+        import pickle
+
+        proc = self._procs[worker]
+        with self._locks[worker]:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ALFWorld engine worker {worker} exited with code {proc.returncode}")
+            pickle.dump((eid, method, args), proc.stdin)
+            proc.stdin.flush()
+            try:
+                ok, out = pickle.load(proc.stdout)
+            except EOFError:
+                raise RuntimeError(f"ALFWorld engine worker {worker} died during {method}") from None
+        if not ok:
+            raise RuntimeError(f"ALFWorld engine worker {worker}: {method} failed: {out}")
+        return out
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.stdin and not proc.stdin.closed:
+                proc.stdin.close()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for proc in self._procs:
+            if proc.stdout:
+                proc.stdout.close()
+
+
+class RemoteEngine:
+    """:class:`TextWorldEngine`'s interface, the engine itself in a worker of :class:`EngineWorkers`
+    (its ``reset``/``step`` states are the dicts of :func:`_portable`)."""
+
+    def __init__(self, workers: EngineWorkers, worker: int, eid: int, facts: bool) -> None:
+        self._workers, self._worker, self._id = workers, worker, eid
+        self.workers = len(workers)
+        self._call("build", "new", facts)
+
+    def _call(self, kind: str, method: str, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._workers.call(self._worker, self._id, method, *args)
+        finally:
+            ENGINE_CLOCK.add(kind, time.perf_counter() - t0)
+
+    def load(self, game: str | dict) -> None:
+        self._call("load", "load", game)
+
+    def reset(self) -> Any:
+        return self._call("reset", "reset")
+
+    def step(self, command: str) -> tuple[Any, float, bool]:
+        return self._call("step", "step", command)
+
+    def plan(self) -> list[str]:
+        return self._call("plan", "plan")
+
+    def close(self) -> None:
+        self._call("close", "close")
+
+
+_WORKERS: dict[int, EngineWorkers] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def engine_workers(n: int) -> EngineWorkers:
+    """This process's :class:`EngineWorkers` of ``n`` workers (started on first use, ended at exit)."""
+    with _WORKERS_LOCK:
+        if n not in _WORKERS:
+            _WORKERS[n] = EngineWorkers(n)
+            if len(_WORKERS) == 1:
+                atexit.register(_close_workers)
+        return _WORKERS[n]
+
+
+def _close_workers() -> None:
+    ENGINE_POOL.clear()
+    with _WORKERS_LOCK:
+        for workers in _WORKERS.values():
+            workers.close()
+        _WORKERS.clear()
+
+
 POOL_CAPACITY = 128
 """Idle loaded engines :data:`ENGINE_POOL` keeps in one process (up to ~1.3 GB; see the module docstring)."""
 
@@ -166,16 +333,17 @@ class EnginePool:
         self.capacity = capacity
         self.hits = 0
         self.misses = 0
-        self._idle: OrderedDict[int, tuple[str, TextWorldEngine]] = OrderedDict()
+        self._idle: OrderedDict[int, tuple[str, TextWorldEngine | RemoteEngine]] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()
 
-    def take(self, game_file: str) -> TextWorldEngine | None:
-        """An idle engine that holds ``game_file`` (removed from the pool), else None; counted in
+    def take(self, game_file: str, workers: int = 0) -> TextWorldEngine | RemoteEngine | None:
+        """An idle engine that holds ``game_file`` (removed from the pool), in this process
+        (``workers`` 0) or in this process's ``workers`` workers, else None; counted in
         :attr:`hits` / :attr:`misses`."""
         with self._lock:
             for key, (game, engine) in reversed(self._idle.items()):
-                if game == game_file:
+                if game == game_file and engine.workers == workers:
                     del self._idle[key]
                     self.hits += 1
                     return engine
@@ -190,7 +358,7 @@ class EnginePool:
         for engine in idle:
             engine.close()
 
-    def give(self, game_file: str, engine: TextWorldEngine) -> None:
+    def give(self, game_file: str, engine: TextWorldEngine | RemoteEngine) -> None:
         """Keep ``engine`` (which holds ``game_file``) for a later episode of that game."""
         evicted = []
         with self._lock:
@@ -209,9 +377,12 @@ ENGINE_POOL = EnginePool()
 """The process's pool of idle loaded engines (:class:`EnginePool`)."""
 
 
-def make_textworld_env(facts: bool = False) -> TextWorldEngine:
-    """A fresh :class:`TextWorldEngine` (one game at a time; ``load`` then ``reset``)."""
-    return TextWorldEngine(facts)
+def make_textworld_env(facts: bool = False, workers: int = 0) -> TextWorldEngine | RemoteEngine:
+    """A fresh engine (one game at a time; ``load`` then ``reset``): a :class:`TextWorldEngine` in
+    this process, or with ``workers`` > 0 a :class:`RemoteEngine` in one of this process's
+    :func:`engine_workers`."""
+    return engine_workers(workers).new_engine(facts) if workers > 0 else TextWorldEngine(facts)
+
 
 
 def pddl_env(tw_env: Any) -> Any:
@@ -232,3 +403,6 @@ def task_types() -> tuple[str, ...]:
 
     return TASK_TYPES
 
+
+if __name__ == "__main__":
+    _serve()

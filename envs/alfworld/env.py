@@ -73,6 +73,9 @@ class ALFWorldEnv(TextEnv):
         expert: what :meth:`expert_action` plays: ``planner`` (the walkthrough, else a plan from the
             current state) or ``search`` (:func:`envs.alfworld.expert.search_step` until the task's
             object is in view, then a plan).
+        engine_workers: 0 plays the game in this process (every env of the process takes turns at
+            one lock); N > 0 in the process's N engine worker processes
+            (:class:`envs.alfworld.engine.EngineWorkers`), beside the policy and each other.
         render_mode: ``"ansi"`` returns the transcript from ``render()``.
     """
 
@@ -87,11 +90,14 @@ class ALFWorldEnv(TextEnv):
         max_turns: int = 50,
         list_admissible: bool = True,
         expert: str = "planner",
+        engine_workers: int = 0,
         render_mode: str | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.check_render_mode(render_mode, "render_mode must be None or 'ansi', got {!r}")
+        if engine_workers < 0:
+            raise ValueError(f"engine_workers must be >= 0, got {engine_workers}")
         if expert not in ("planner", "search"):
             raise ValueError(f"expert must be 'planner' or 'search', got {expert!r}")
         if split not in ("train", "valid_seen", "valid_unseen"):
@@ -104,6 +110,7 @@ class ALFWorldEnv(TextEnv):
         self.max_turns = max_turns
         self.list_admissible = list_admissible
         self.expert = expert
+        self.engine_workers = engine_workers
         self._plan: list[str] = []  # the expert's last plan, made after self._plan_at actions
         self._plan_at = 0
         self.init_text(render_mode)
@@ -155,9 +162,9 @@ class ALFWorldEnv(TextEnv):
         self._traj = json.loads((Path(game_file).parent / "traj_data.json").read_text())
         if self._loaded != game_file:  # load() translates the PDDL; a replay of the same game skips it
             self._release_engine()
-            self._tw = ENGINE_POOL.take(game_file)  # an engine an ended episode left holding this game
+            self._tw = ENGINE_POOL.take(game_file, self.engine_workers)  # an ended episode left it holding this game
             if self._tw is None:
-                self._tw = make_textworld_env()
+                self._tw = make_textworld_env(workers=self.engine_workers)
                 self._tw.load(game_file)
             self._loaded = game_file
         self._state = self._tw.reset()
