@@ -138,8 +138,10 @@ def test_no_method_reassignment_on_another_object_in_trainer() -> None:
     assert not bad, "\n".join(bad)
 
 
-# ---------------------------------------------------------------- modules of one concern (issue #49)
-MAX_MODULE_LINES = 600
+# ---------------------------------------------------------------- a smell alarm on module length
+# A module holds one concept, whatever its length; this limit is only an alarm for one that grew
+# past what a reader takes in (a line budget is not a reason to split a concept).
+MAX_MODULE_LINES = 1000
 SIZED_PACKAGES = ("fr_agents", "trainer", "envs", "tools_sandbox")
 LONG_BY_DESIGN = {  # one concern that is long by nature
     ROOT / "fr_agents" / "cli.py",  # the CLI's argument parsing
@@ -154,9 +156,9 @@ def _lines(path: Path) -> int:
     return len(path.read_text(encoding="utf-8").splitlines())
 
 
-def test_no_module_over_600_lines() -> None:
-    """Each module one concern: none of fr_agents/, trainer/, envs/, tools_sandbox/ is over
-    600 lines, except those long by design and the known exceptions above."""
+def test_no_module_over_the_alarm_limit() -> None:
+    """None of fr_agents/, trainer/, envs/, tools_sandbox/ is over MAX_MODULE_LINES, except those
+    long by design and the known exceptions above."""
     bad = [
         f"{path.relative_to(ROOT)}: {_lines(path)} lines"
         for package in SIZED_PACKAGES
@@ -167,8 +169,8 @@ def test_no_module_over_600_lines() -> None:
 
 
 def test_the_rollout_is_a_package_of_short_modules() -> None:
-    """The rollout (issue 49, item 6) is a package of single-concern modules, each at most 600
-    lines, not one module that holds them all."""
+    """The rollout (issue 49, item 6) is a package of single-concern modules, each under the alarm
+    limit, not one module that holds them all."""
     package = ROOT / "fr_agents" / "rollout"
     assert not (ROOT / "fr_agents" / "rollout.py").exists(), "fr_agents/rollout.py is back beside the package"
     assert (package / "__init__.py").is_file(), "fr_agents/rollout is not a package"
