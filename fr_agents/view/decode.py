@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("env", "policy", "demo")
+_ROLE_LINES = {"system", "user", "assistant"}  # what a chat template's role header leaves once its markers are gone
 
 
 class TokenText:
@@ -84,8 +85,25 @@ class TokenText:
                 start = k
         return out
 
-    def _decode(self, ids: list[int]) -> str:
+    def turns(self, ids: Sequence[int], kinds: Sequence[str]) -> list[dict[str, str]]:
+        """A trajectory as turns to read: ``[{kind, text}]``, one per run of a kind (the env's
+        prompt and observations, the policy's or a demo's replies), decoded without the chat
+        template's special tokens and without the role names they leave on a line of their own
+        (``system``, ``user``, ``assistant``); empty turns are left out."""
+        out: list[dict[str, str]] = []
+        start = 0
+        for k in range(1, len(ids) + 1):
+            if k == len(ids) or kinds[k] != kinds[start]:
+                known = [int(i) for i in ids[start:k] if 0 <= int(i) < self.vocab]
+                lines = self._decode(known, special=False).split("\n")
+                text = "\n".join(ln for ln in lines if ln.strip() not in _ROLE_LINES).strip()
+                if text:
+                    out.append({"kind": kinds[start], "text": text})
+                start = k
+        return out
+
+    def _decode(self, ids: list[int], special: bool = True) -> str:
         with self._lock:
             if hasattr(self.tok, "get_vocab_size"):  # tokenizers.Tokenizer
-                return str(self.tok.decode(ids, skip_special_tokens=False))
-            return str(self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+                return str(self.tok.decode(ids, skip_special_tokens=not special))
+            return str(self.tok.decode(ids, skip_special_tokens=not special, clean_up_tokenization_spaces=False))

@@ -296,7 +296,8 @@ class StoreReader:
 
     def node(self, node: int, decoder: TokenText) -> dict[str, Any]:
         """One node in full: per-token id, text piece, kind, behaviour log-prob and policy
-        version; its text runs; its path; and, for a leaf, its outcome, info and consumer."""
+        version; its text runs; its path; and, for a leaf, its outcome, info, consumer and the
+        whole episode as a transcript of turns."""
         with self.snapshot() as c:
             row = c.execute("SELECT root FROM nodes WHERE id = ?", (node,)).fetchone()
         if row is None:
@@ -338,9 +339,22 @@ class StoreReader:
                 info = c.execute("SELECT info FROM leaves WHERE id = ?", (node,)).fetchone()
             out["info"] = json.loads(info[0]) if info and info[0] else {}
             out["episodes"] = self._ledger_rows(node)
+            out["transcript"] = self._transcript(shape, decoder, node)
         if node == shape.root:
             out["meta"] = self._meta(node)
         return out
+
+    def _transcript(self, shape: RootShape, decoder: TokenText, leaf: int) -> list[dict[str, Any]]:
+        """The whole root-to-leaf trajectory as turns to read (:meth:`TokenText.turns`)."""
+        path = shape.path(leaf)
+        blobs = self._blobs(path)
+        ids: list[int] = []
+        kinds: list[str] = []
+        for n in path:
+            tokens, _, mask, _ = blobs[n]
+            ids += tokens.tolist()
+            kinds += _kinds(mask, shape.demo.get(n, []))
+        return decoder.turns(ids, kinds)
 
     def compare(self, a: int, b: int, decoder: TokenText) -> dict[str, Any]:
         """Two nodes of one root side by side from their split point (deepest common node)."""

@@ -389,6 +389,14 @@ async function openNode(id) {
     add("trajectory", `${d.leaf.length} tokens, policy versions ${d.leaf.versions.join("…")}`);
   }
   box.append(el("h3", {}, d.leaf ? `Leaf #${d.id}` : d.parent === null ? `Root #${d.id}` : `Node #${d.id}`), kv);
+  if (d.transcript && d.transcript.length) {
+    // the whole episode, turn by turn: what the env said, what the policy (or a demo) replied
+    const who = { env: "env", policy: "policy", demo: "demo" };
+    const head = `reward ${fmt(d.leaf.reward)} · partial score ${fmt(d.leaf.partial_score)} · ${d.transcript.filter((t) => t.kind !== "env").length} replies`;
+    box.append(el("h2", {}, "Transcript"), el("div", { class: "hint", id: "transcript-head" }, head),
+      el("div", { class: "transcript", id: "transcript" }, d.transcript.map((t) =>
+        el("div", { class: "turn k-" + t.kind }, el("b", {}, who[t.kind] || t.kind), el("pre", {}, t.text)))));
+  }
   box.append(el("h2", {}, "Text"), runsNode(d.runs, "fulltext"));
   box.lastChild.id = "detail-text";
   // heat map

@@ -3,6 +3,7 @@ falls on an ALFWorld demo, the error short of games, and one real RL step on a g
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ def demos(games_root: str, tmp_path_factory: pytest.TempPathFactory):
     cfg = load_config(PRESET, overrides(games_root, "warm_start.examples=2", "rollout.concurrency=2"))
     side = build_rollout_side(cfg, run, with_engine=False)
     made = expert_demos(cfg, side.runner, side.demo_tasks, run / DEMO_STORE)
-    yield cfg, side, made
+    yield cfg, side, made, run
     side.close()
 
 
@@ -42,7 +43,7 @@ def test_what_the_model_sees_at_turn_0_and_turn_3(demos) -> None:
     """Turn 0: SmolLM2's chat template with the preset's system message (the command vocabulary)
     and the room and goal, no admissible list. Turn 3: the same conversation with the three replies
     as assistant turns and the engine's feedback as user turns, ending in the generation prompt."""
-    cfg, side, made = demos
+    cfg, side, made, _ = demos
     tok = side.tokenizer
     demo = next(d for d in made if len(d.spans) >= 4)
     turn0 = text(tok, demo.ids[: demo.spans[0][0]])
@@ -68,7 +69,7 @@ def test_what_the_model_sees_at_turn_0_and_turn_3(demos) -> None:
 
 
 def test_the_warm_start_loss_falls_on_the_expert_commands_only(demos) -> None:
-    _, side, made = demos
+    _, side, made, _ = demos
     ids, attn, labels = _collate(made, side.runner.pad_id)
     for i, demo in enumerate(made):
         on = {j for s, e in demo.spans for j in range(s, e)}
@@ -143,3 +144,25 @@ def test_eval_of_a_run_plays_the_alfworld_bench_as_the_run_did(games_root: str, 
     dump_config(load_config(PRESET, overrides(games_root, "env.max_turns=5")), other / "config.yaml")
     with pytest.raises(ConfigError, match="played their benches differently"):
         _run_config([str(run), str(other)])
+
+
+def test_the_viewer_shows_an_episode_as_a_transcript(demos) -> None:
+    """`fr-agents view` on an ALFWorld store: a leaf's whole episode as turns to read, the room and
+    goal first, then each command and the engine's answer, without the chat template's markers."""
+    from fr_agents.models import resolve_model
+    from fr_agents.tree import TrajectoryTree
+    from fr_agents.view.decode import TokenText
+    from fr_agents.view.reader import StoreReader
+
+    cfg, _, _, run = demos
+    store = run / DEMO_STORE
+    dec = TokenText.load(resolve_model(cfg.model.name))
+    with TrajectoryTree.open(store) as tree:
+        leaf = max(tree.leaf_ids(), key=lambda i: len(tree.trajectory(i).token_ids))
+    turns = StoreReader(store).node(leaf, dec)["transcript"]
+    assert turns[0]["kind"] == "env" and turns[0]["text"].startswith(cfg.env.system_prompt)
+    assert "Your task is to: " in turns[0]["text"] and "<|im_start|>" not in turns[0]["text"]
+    assert [t["kind"] for t in turns[1:]] == ["demo", "env"] * ((len(turns) - 1) // 2) + ["demo"] * ((len(turns) - 1) % 2)
+    replies = [t["text"] for t in turns if t["kind"] == "demo"]
+    assert all(re.fullmatch(r"<action>[a-z0-9 /]+</action>", r) for r in replies), replies
+    assert not any(t["text"].splitlines()[0] in ("user", "assistant") for t in turns)
