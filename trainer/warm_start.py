@@ -20,6 +20,7 @@ A demo is exactly what a perfect rollout would produce, in one of two kinds (``w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -105,6 +106,7 @@ def warm_start(
     seed: int = 0,
     max_minutes: float = 0.0,
     schedule: str = "constant",
+    autocast: str = "",
 ) -> WarmStartResult:
     """Train ``model`` in place on ``demos`` with AdamW and token cross-entropy on their loss spans
     (a pair's target, a :class:`SpanDemo`'s spans).
@@ -116,7 +118,9 @@ def warm_start(
     decays to zero settles them.
 
     Its optimizer is private (discarded afterwards): the RL optimizer starts fresh, as it would
-    from any pretrained checkpoint.
+    from any pretrained checkpoint. ``autocast`` (``"bfloat16"``): the forward's products run in
+    that dtype under ``torch.autocast``, as the learner's do (``trainer.autocast``); the loss,
+    gradients and optimizer stay in the parameters' dtype.
     """
     if not demos:
         return WarmStartResult(0, 0, float("nan"), 0.0)
@@ -135,7 +139,8 @@ def warm_start(
         for start in range(0, len(order), batch_size):
             chunk = [demos[i] for i in order[start : start + batch_size]]
             ids, attn, labels = (t.to(device) for t in _collate(chunk, pad_id))
-            out = model(input_ids=ids, attention_mask=attn)
+            with torch.autocast(device.type, dtype=getattr(torch, autocast)) if autocast else contextlib.nullcontext():
+                out = model(input_ids=ids, attention_mask=attn)
             logits = out.logits[:, :-1].float()
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
@@ -245,6 +250,7 @@ def run_warm_start(
         seed=cfg.trainer.seed,
         max_minutes=ws.max_minutes,
         schedule=ws.schedule,
+        autocast=cfg.learner_autocast,
     )
     model.train()
     threads = torch.get_num_threads()
