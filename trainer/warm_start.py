@@ -138,15 +138,8 @@ def warm_start(
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
             chunk = [demos[i] for i in order[start : start + batch_size]]
-            ids, attn, labels = (t.to(device) for t in _collate(chunk, pad_id))
-            with torch.autocast(device.type, dtype=getattr(torch, autocast)) if autocast else contextlib.nullcontext():
-                out = model(input_ids=ids, attention_mask=attn)
-            logits = out.logits[:, :-1].float()
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
-            )
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = _demo_loss_backward(model, chunk, pad_id, device, autocast)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
@@ -161,6 +154,54 @@ def warm_start(
         break
     model.eval()
     return WarmStartResult(len(demos), steps, loss_value, time.perf_counter() - started)
+
+
+SFT_CHUNK_TOKENS = 4096
+"""A warm-start batch of more (padded) tokens than this is run a few demos at a time, with the
+vocabulary projection only at the loss positions: whole ALFWorld episodes (8 x ~1,300 tokens) put
+SmolLM2's 49k-way logits of every position in memory at once, ~20 GB in float32. A smaller batch
+runs in one piece, exactly as before."""
+
+
+def _demo_loss_backward(
+    model: torch.nn.Module, chunk: Sequence[Demo], pad_id: int, device: torch.device, autocast: str
+) -> torch.Tensor:
+    """Backpropagate the mean token cross-entropy over the loss spans of ``chunk``; return it.
+
+    At most :data:`SFT_CHUNK_TOKENS` padded tokens in one forward: a batch over that is split into
+    groups of demos whose gradients add up to the whole batch's (each group's summed loss over the
+    batch's count of loss tokens), the logits taken at the loss positions only."""
+    cast = (lambda: torch.autocast(device.type, dtype=getattr(torch, autocast))) if autocast else contextlib.nullcontext
+    ids, attn, labels = (t.to(device) for t in _collate(chunk, pad_id))
+    if ids.numel() <= SFT_CHUNK_TOKENS:
+        with cast():
+            out = model(input_ids=ids, attention_mask=attn)
+        logits = out.logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
+        loss.backward()
+        return loss.detach()
+    rows = [_as_span_demo(d) for d in chunk]
+    count = sum(e - s - (1 if s == 0 else 0) for r in rows for s, e in r.spans)  # targets have a token before them
+    total = torch.zeros((), device=device)
+    groups: list[list[Demo]] = [[]]
+    for demo, row in zip(chunk, rows, strict=True):
+        widest = max([len(row.ids)] + [len(_as_span_demo(d).ids) for d in groups[-1]])
+        if groups[-1] and widest * (len(groups[-1]) + 1) > SFT_CHUNK_TOKENS:
+            groups.append([])
+        groups[-1].append(demo)
+    for group in groups:
+        ids, attn, labels = (t.to(device) for t in _collate(group, pad_id))
+        targets = labels[:, 1:]
+        where = targets != -100
+        with cast():
+            hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+            logits = model.get_output_embeddings()(hidden[where])
+        part = torch.nn.functional.cross_entropy(logits.float(), targets[where], reduction="sum") / count
+        part.backward()
+        total += part.detach()
+    return total
 
 
 WARMUP_SHARE = 0.05
