@@ -103,6 +103,8 @@ class HFEngine(Engine):
     cache, the last layer of the prefill only at each row's last token) where
     :func:`~fr_agents.models.compact.compact_reason` allows (``.compact_reason`` None), else
     transformers' forward with its cache; both give the same logits up to float rounding.
+    ``keep_tokens`` bounds the tokens of finished rows kept for requests that continue them
+    (:class:`~fr_agents.policy.opening.Continuations`; 0 keeps none).
     """
 
     def __init__(
