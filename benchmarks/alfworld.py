@@ -147,18 +147,13 @@ def main() -> None:
     ap.add_argument("--preset", default="alfworld-smollm2", help="--split: the preset whose model and prompt play")
     ap.add_argument("--run", default=None, help="--split: a run of the preset whose learner steps to report")
     a = ap.parse_args()
-    if a.split:
-        if not a.games_dir:
-            ap.error("--split needs --games-dir (a folder from `fr-agents alfworld generate`)")
-        a.batch = a.batch or 16
-        split(a)
-        return
-    if a.schedule:
-        if not a.games_dir:
-            ap.error("--schedule needs --games-dir (a folder from `fr-agents alfworld generate`)")
-        a.batch = a.batch or 8
-        schedule(a)
-        return
+    for flag, mode, batch in (("--split", split, 16), ("--schedule", schedule, 8)):
+        if getattr(a, flag[2:]):
+            if not a.games_dir:
+                ap.error(f"{flag} needs --games-dir (a folder from `fr-agents alfworld generate`)")
+            a.batch = a.batch or batch
+            mode(a)
+            return
 
     from envs.alfworld.env import ALFWorldEnv
     from envs.alfworld.generate import generate
