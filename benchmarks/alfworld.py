@@ -25,7 +25,7 @@ For each it prints the wall time, the seconds inside ALFWorld's engine (under it
 lock, by call), the rest (generation, tokenizing, tree writes), and the prefill tokens per sampled
 token. ``--run DIR`` adds that run's learner step (median seconds, from its ``metrics.jsonl``)::
 
-    python benchmarks/alfworld.py --split --games-dir DIR [--batch 16] [--run RUN_DIR]
+    python benchmarks/alfworld.py --split --games-dir DIR [--batch 16] [--run RUN_DIR] [model.name=CHECKPOINT]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def split(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     cfg = load_config(a.preset, [f"tasks.params.games_dir={a.games_dir}", f"trainer.batch_size={a.batch}",
-                                 f"rollout.concurrency={a.batch}"])
+                                 f"rollout.concurrency={a.batch}", *a.overrides])
     print(f"# {a.preset}: one step of {a.batch} episodes, all live at once, max_turns {cfg.env.max_turns}, "
           f"{len(os.sched_getaffinity(0))} cores (load average {os.getloadavg()[0]:.1f})")
     for mode, keep in (("continuations off", 0), ("continuations on", Continuations().max_tokens)):
@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--split", action="store_true", help="where an RL step's rollout time goes (needs --games-dir)")
     ap.add_argument("--preset", default="alfworld-smollm2", help="--split: the preset whose model and prompt play")
     ap.add_argument("--run", default=None, help="--split: a run of the preset whose learner steps to report")
+    ap.add_argument("overrides", nargs="*", help="--split: config overrides, e.g. model.name=RUN/checkpoints/step_000010")
     a = ap.parse_args()
     for flag, mode, batch in (("--split", split, 16), ("--schedule", schedule, 8)):
         if getattr(a, flag[2:]):
