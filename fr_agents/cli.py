@@ -647,16 +647,17 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
 def _add_play(p: argparse.ArgumentParser) -> None:
     p.add_argument("env_id", metavar="ENV_ID")
     who = p.add_mutually_exclusive_group()
-    who.add_argument("--model", default=None, help="play with this model (default: tiny)")
+    who.add_argument("--model", default=None, help="play with this model (default: tiny); a run directory plays its "
+                     "latest checkpoint with the run's prompt, env kwargs and limits (flags given here win)")
     who.add_argument("--human", action="store_true", help="you type the actions (stdin, pipes work)")
     who.add_argument("--agent", choices=["expert"], default=None, help="expert: the env's expert_action() plays")
-    p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE)
-    p.add_argument("--max-new-tokens", type=int, default=defaults.MAX_NEW_TOKENS)
-    p.add_argument("--max-context", type=int, default=defaults.MAX_CONTEXT)
-    p.add_argument("--max-turns", type=int, default=defaults.MAX_TURNS)
+    p.add_argument("--temperature", type=float, default=None, help=f"default {defaults.TEMPERATURE} (a run: its own)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"default {defaults.MAX_NEW_TOKENS} (a run: its own)")
+    p.add_argument("--max-context", type=int, default=None, help=f"default {defaults.MAX_CONTEXT} (a run: its own)")
+    p.add_argument("--max-turns", type=int, default=None, help=f"default {defaults.MAX_TURNS} (a run: its own)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system-prompt", default=None)
-    p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make")
+    p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make (over a run's own)")
 
 
 @command("play", "play one episode in the terminal, as a model or as a human (--human)")
@@ -664,28 +665,42 @@ def _add_play(p: argparse.ArgumentParser) -> None:
 def _cmd_play(a: argparse.Namespace) -> int:
     from fr_agents import play
     from fr_agents.models import ModelNotFoundError, load_policy
-    from fr_agents.rollout import RolloutOptions
+    from fr_agents.rollout import RolloutOptions, example_turns
 
+    run_config = _run_config([a.model]) if a.model else None
+    ran: dict = {}
+    if run_config is not None:  # a run plays as it trained, unless a flag here says otherwise
+        from fr_agents.config import load_config
+
+        cfg = load_config(str(run_config))
+        if cfg.env.id != a.env_id:
+            raise ConfigError(f"--model: the run trained on {cfg.env.id}, not {a.env_id}")
+        ran = {"env_kwargs": dict(cfg.env.kwargs), "temperature": cfg.rollout.temperature,
+               "max_new_tokens": cfg.rollout.max_new_tokens, "max_context": cfg.rollout.max_context,
+               "max_turns": cfg.env.max_turns, "system_prompt": cfg.env.system_prompt,
+               "examples": example_turns(cfg.env.examples)}
+    max_turns = a.max_turns or ran.get("max_turns", defaults.MAX_TURNS)
     try:
-        make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
+        make_env = _make_env_factory(a.env_id, {**ran.get("env_kwargs", {}), **_json_kwargs(a.env_kwargs, "--env-kwargs")})
     except _EnvIdError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     env = make_env()
     if a.human or a.agent == "expert":
         try:
-            return (play.play_human if a.human else play.play_expert)(env, a.seed, a.max_turns)
+            return (play.play_human if a.human else play.play_expert)(env, a.seed, max_turns)
         finally:
             env.close()
     try:
         opts = RolloutOptions(
-            temperature=a.temperature,
-            max_new_tokens=a.max_new_tokens,
-            max_context=a.max_context,
-            max_turns=a.max_turns,
-            system_prompt=a.system_prompt,
+            temperature=a.temperature if a.temperature is not None else ran.get("temperature", defaults.TEMPERATURE),
+            max_new_tokens=a.max_new_tokens or ran.get("max_new_tokens", defaults.MAX_NEW_TOKENS),
+            max_context=a.max_context or ran.get("max_context", defaults.MAX_CONTEXT),
+            max_turns=max_turns,
+            system_prompt=a.system_prompt if a.system_prompt is not None else ran.get("system_prompt"),
+            examples=ran.get("examples", ()),
         )
-        model, tokenizer = load_policy(a.model or "tiny")
+        model, tokenizer = load_policy(_eval_checkpoint(a.model, "hf") if a.model else "tiny")
     except (ValueError, ModelNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
