@@ -127,10 +127,12 @@ def split(a: argparse.Namespace) -> None:
               f"mean reward {sum(o.reward for o in outcomes) / len(outcomes):.3f}", flush=True)
     if a.run:
         steps = [json.loads(line) for line in (Path(a.run) / "metrics.jsonl").read_text().splitlines()]
-        steps = [r for r in steps if r.get("kind") == "step" and "step_s" in r]
+        steps = [r for r in steps if r.get("kind") == "step" and "step_seconds" in r]
         if steps:
-            med = statistics.median(r["step_s"] for r in steps)
-            print(f"learner ({a.run}): median step {med:.1f} s over {len(steps)} steps")
+            med = statistics.median(r["step_seconds"] for r in steps)
+            wall = statistics.median(b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:], strict=False))
+            print(f"learner ({a.run}): median step {med:.1f} s (forward, backward, optimizer) of a median "
+                  f"{wall:.1f} s between steps, over {len(steps)} steps")
 
 
 def main() -> None:
