@@ -130,7 +130,7 @@ def split(a: argparse.Namespace) -> None:
         steps = [r for r in steps if r.get("kind") == "step" and "step_seconds" in r]
         if steps:
             med = statistics.median(r["step_seconds"] for r in steps)
-            wall = statistics.median(b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:], strict=False))
+            wall = statistics.median(y["elapsed_s"] - x["elapsed_s"] for x, y in zip(steps, steps[1:], strict=False))
             print(f"learner ({a.run}): median step {med:.1f} s (forward, backward, optimizer) of a median "
                   f"{wall:.1f} s between steps, over {len(steps)} steps")
 
