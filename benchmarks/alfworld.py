@@ -26,6 +26,12 @@ lock, by call), the rest (generation, tokenizing, tree writes), and the prefill 
 token. ``--run DIR`` adds that run's learner step (median seconds, from its ``metrics.jsonl``)::
 
     python benchmarks/alfworld.py --split --games-dir DIR [--batch 16] [--run RUN_DIR] [model.name=CHECKPOINT]
+
+``--paid RUN_DIR`` reads what a run's RL episodes that ended unwon but partially paid actually did:
+how many there were, their partial scores, and ``--sample`` of them (seeded) as command lists, with
+the conditions they met (to check that the partial score pays only for progress)::
+
+    python benchmarks/alfworld.py --paid RUN_DIR [--sample 12]
 """
 
 from __future__ import annotations
@@ -135,6 +141,39 @@ def split(a: argparse.Namespace) -> None:
                   f"{wall:.1f} s between steps, over {len(steps)} steps")
 
 
+def paid(a: argparse.Namespace) -> None:
+    """What the run's unwon but partially paid RL episodes did (see the module docstring)."""
+    import collections
+    import random
+    import re
+
+    from fr_agents.config import load_config
+    from fr_agents.models import resolve_model
+    from fr_agents.run_layout import CONFIG_FILE
+    from fr_agents.tree import TrajectoryTree
+    from fr_agents.view.decode import TokenText
+
+    cfg = load_config(str(Path(a.paid) / CONFIG_FILE))
+    dec = TokenText.load(resolve_model(cfg.model.name))
+    with TrajectoryTree.open(Path(a.paid) / "store.sqlite") as tree:
+        leaves = [t for t in tree.trajectories(tree.leaf_ids()) if t.status != "aborted"]
+        kind = {t.leaf_id: ((tree.root_meta(t.root_id) or {}).get("task") or {}).get("metadata", {}).get("task_type")
+                for t in leaves}
+    unwon = [t for t in leaves if not t.info.get("won")]
+    paid_leaves = [t for t in unwon if (t.partial_score or 0) > 0]
+    print(f"# {a.paid}: {len(leaves)} RL episodes, {len(leaves) - len(unwon)} won, {len(unwon)} unwon, "
+          f"{len(paid_leaves)} of those partially paid")
+    print("partial scores of the paid:", dict(sorted(collections.Counter(round(t.partial_score, 2) for t in paid_leaves).items())))
+    print("by task type:", dict(collections.Counter(kind[t.leaf_id] for t in paid_leaves)))
+    for t in random.Random(0).sample(paid_leaves, min(a.sample, len(paid_leaves))):
+        kinds = ["policy" if m else "env" for m in t.policy_mask]
+        turns = dec.turns(list(t.token_ids), kinds)
+        goal = re.search(r"Your task is to: (.*)", turns[0]["text"])
+        cmds = [re.sub(r"</?action>", "", x["text"]) for x in turns if x["kind"] == "policy"]
+        print(f"\n[{kind[t.leaf_id]}] partial {t.partial_score:.2f}, {t.status}: {goal.group(1) if goal else '?'}")
+        print("  " + " | ".join(cmds))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--games", type=int, default=6, help="games to generate (valid_seen, one per task type)")
@@ -148,8 +187,13 @@ def main() -> None:
     ap.add_argument("--split", action="store_true", help="where an RL step's rollout time goes (needs --games-dir)")
     ap.add_argument("--preset", default="alfworld-smollm2", help="--split: the preset whose model and prompt play")
     ap.add_argument("--run", default=None, help="--split: a run of the preset whose learner steps to report")
+    ap.add_argument("--paid", default=None, help="a run directory: what its unwon but partially paid RL episodes did")
+    ap.add_argument("--sample", type=int, default=12, help="--paid: episodes to print")
     ap.add_argument("overrides", nargs="*", help="--split: config overrides, e.g. model.name=RUN/checkpoints/step_000010")
     a = ap.parse_args()
+    if a.paid:
+        paid(a)
+        return
     for flag, mode, batch in (("--split", split, 16), ("--schedule", schedule, 8)):
         if getattr(a, flag[2:]):
             if not a.games_dir:
