@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 from envs.alfworld.engine import ENGINE_POOL, make_textworld_env, plan
-from envs.alfworld.expert import search_step
+from envs.alfworld.expert import after_search, search_step
 from envs.alfworld.progress import FactIndex, partial_score
 from envs.alfworld.sources import resolve_games
 from envs.base import TextEnv
@@ -248,6 +248,11 @@ class ALFWorldEnv(TextEnv):
             step = search_step(self._traj, self._transcript[0][1], self._transcript, self._actions)
             if step is not None:
                 return step
+            if not self._plan:  # the object is in view: the walkthrough from there, no planning
+                target = self._traj["pddl_params"]["object_target"].lower()
+                rest = after_search(target, self._walkthrough, self._transcript[-1][1], self._actions)
+                if rest:
+                    self._plan, self._plan_at = rest, n
         elif self._walkthrough[:n] == self._actions and n < len(self._walkthrough):
             return self._walkthrough[n]
         k = n - self._plan_at

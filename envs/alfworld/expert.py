@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 _ROOM = re.compile(r"Looking quickly around you, you see (.*?)\.\s*$", re.MULTILINE)
-_CLOSED = re.compile(r"^The (.+?) is closed\.", re.MULTILINE)
+_CLOSED = re.compile(r"\bThe (\w+ \d+) is closed\.")  # "You arrive at cabinet 2. The cabinet 2 is closed."
 
 
 def room_receptacles(first_observation: str) -> list[str]:
@@ -91,3 +91,49 @@ def walkthrough(env: Any) -> list[str]:
 def has_expert(env: Any) -> bool:
     """Whether ``env`` offers an expert (``--agent expert`` checks this)."""
     return hasattr(getattr(env, "unwrapped", env), "expert_action")
+
+
+def after_search(target: str, walkthrough: list[str], last_observation: str, actions: list[str]) -> list[str] | None:
+    """The rest of the task once the search has found an object of type ``target`` in view: take
+    the instance the last observation names, then the stored walkthrough after its own take, with
+    that instance's name in place of the walkthrough's (the tool and goal receptacles stay the
+    walkthrough's). On ``pick_two_obj_and_place``, when the instance found is the walkthrough's
+    second one, the first is fetched where the walkthrough takes it. Opening what the search
+    opened and going where the agent stands are left out. None when there is no take to follow
+    (the planner takes over). Never plans: a plan from an arbitrary state can take Fast Downward
+    minutes."""
+    name = re.compile(rf"\b{re.escape(target)} \d+\b")
+    found = name.search(last_observation)
+    takes = [i for i, c in enumerate(walkthrough) if c.startswith("take ") and name.search(c)]
+    here = next((a.removeprefix("go to ") for a in reversed(actions) if a.startswith("go to ")), None)
+    if found is None or not takes or here is None:
+        return None
+    ours = found.group(0)
+
+    def rename(cmds: list[str], old: str, new: str) -> list[str]:
+        return [re.sub(rf"\b{re.escape(old)}\b", new, c) for c in cmds]
+
+    first = name.search(walkthrough[takes[0]]).group(0)
+    rest = [f"take {ours} from {here}"]
+    second = name.search(walkthrough[takes[1]]).group(0) if len(takes) > 1 else None
+    if second is not None and ours == second:  # place it, then fetch the walkthrough's first instance
+        j, k = takes[:2]
+        placed = next((i for i in range(j + 1, k) if walkthrough[i].startswith("move ")), None)
+        if placed is None:
+            return None
+        rest += rename(walkthrough[j + 1 : placed + 1], first, ours)  # to the goal, put it there
+        rest += walkthrough[:j + 1]  # to where the walkthrough takes the first one, take it
+        rest += rename(walkthrough[k + 1 :], second, first)  # to the goal again, put it there
+    else:
+        rest += rename(walkthrough[takes[0] + 1 :], first, ours)
+    opened = {a.removeprefix("open ") for a in actions if a.startswith("open ")}
+    out, at = [], here
+    for c in rest:
+        if c.startswith("open ") and c.removeprefix("open ") in opened:
+            continue
+        if c.startswith("go to "):
+            if c.removeprefix("go to ") == at:
+                continue
+            at = c.removeprefix("go to ")
+        out.append(c)
+    return out
