@@ -11,7 +11,7 @@ from pathlib import Path
 from fr_agents.config import TrainConfig
 from trainer.checkpoint import TrainerState
 from trainer.held_out import evaluate_held_out
-from trainer.os_tuning import warm_start_cores
+from trainer.os_tuning import release_freed_memory, warm_start_cores
 from trainer.parts import LearnerSide, RolloutSide
 
 
@@ -29,6 +29,7 @@ def before_rl(
     if cfg.warm_start.examples > 0:
         with warm_start_cores():  # supervised steps with nothing beside them
             run_warm_start(cfg, learner.model, rollout.runner, rollout.demo_tasks, learner.metrics, state, run_dir)
+        release_freed_memory()
         if ev := evaluate_held_out(learner, "after_warm_start", 0):
             evals["after_warm_start"] = ev
     state.extra["evals"] = evals

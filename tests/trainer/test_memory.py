@@ -86,3 +86,28 @@ def test_the_freeze_gc_key_decides(on):
     with freeze_gc(cfg):
         assert (gc.get_freeze_count() > 0) == on
     assert gc.get_freeze_count() == 0
+
+
+RELEASE = textwrap.dedent(
+    """
+    import torch
+    from trainer.os_tuning import keep_freed_memory, release_freed_memory
+    keep_freed_memory()
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+    held = [torch.ones((1 << 20) + 4096 * i) for i in range(200)]  # ~800 MiB of heap blocks
+    del held
+    kept = rss()
+    print(release_freed_memory(), kept, rss())
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc only")
+def test_release_freed_memory_hands_kept_blocks_back():
+    """What keep_freed_memory kept after a burst of large blocks (a warm start's) goes back to the
+    kernel when released."""
+    out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "True"
+    kept, released = int(out[1]), int(out[2])
+    assert kept > 500 and released < kept - 400, (kept, released)
