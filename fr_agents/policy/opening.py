@@ -88,12 +88,14 @@ class Opening:
 class Continuations:
     """Keys and values of finished rows, by their tokens, for requests that continue them.
 
-    A request may continue any kept row it shares a start with: a token's keys and values depend
-    only on the tokens before it, so the first ``n`` of a row serve every prompt that starts with
-    those ``n`` tokens (an episode's next turn shares all of its last row, a fork its parent's part
-    of a sibling's row). An entry that a newer one extends is therefore dropped when the newer one
-    is kept (an episode holds one entry at a time), and ``max_tokens`` bounds the tokens held in
-    all (least recently used out first). Per token this costs ``2 * layers * kv_heads * head_dim``
+    A request continues a kept row whose tokens all start its prompt (an episode's next turn
+    continues its last row; forks made together continue their parent's). Only whole rows: a
+    request whose prompt is a *part* of a kept row (an episode retried after an infrastructure
+    failure, with the same seed and prompt as the attempt that failed) prefills in full, as it did
+    without that attempt, so a retry samples exactly what a run without the failure samples. An
+    entry that a newer one extends is dropped when the newer one is kept (an episode holds one
+    entry at a time), and ``max_tokens`` bounds the tokens held in all (least recently used out
+    first). Per token this costs ``2 * layers * kv_heads * head_dim``
     numbers of the engine's dtype (46 KB for SmolLM2-135M in float32)."""
 
     def __init__(self, max_tokens: int = 32768) -> None:
@@ -119,16 +121,15 @@ class Continuations:
         return int(differ[0, 0]) if differ.shape[0] else n
 
     def find(self, prompt: Sequence[int]) -> tuple[int, Past | None]:
-        """The longest start ``prompt`` shares with a kept row, leaving ``prompt`` at least one
-        token of its own: ``(its length, its keys and values)``, or ``(0, None)`` below
-        :data:`MIN_SHARED`."""
+        """The longest kept row that ``prompt`` starts with, leaving ``prompt`` at least one token
+        of its own: ``(its length, its keys and values)``, or ``(0, None)``."""
         if not self._entries:
             return 0, None
         ids = torch.tensor(prompt[:-1], dtype=torch.long)
         best, found = 0, None
         for key, (tokens, _) in self._entries.items():
-            n = self._common(ids, tokens)
-            if n > best:
+            n = tokens.shape[0]
+            if best < n <= ids.shape[0] and self._common(ids, tokens) == n:
                 best, found = n, key
         if found is None or best < MIN_SHARED:
             return 0, None

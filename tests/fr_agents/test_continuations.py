@@ -63,25 +63,37 @@ def test_a_new_turn_prefills_what_was_added_not_the_history() -> None:
     whole.close_sync()
 
 
-def test_a_fork_continues_from_its_parents_row() -> None:
-    """Branches of one stored prefix prefill only what they add to it: the first its parent's last
-    token and observation, a second one at the same point its last prompt token (the first
-    branch's row holds all the rest), another answer to the parent's turn only that answer."""
+def test_forks_made_together_continue_from_their_parents_row() -> None:
+    """Branches of one stored prefix, asked for at once (as an episode forks), each prefill only
+    their parent's last token and the observation."""
     model = llama(seed=6)
-    engine = HFEngine(model, max_batch_size=4)
+    engine = HFEngine(model, max_batch_size=4, batch_wait_s=0.05, max_wait_s=0.2)
     first = list(range(10, 50))
     parent = engine.generate_sync(first, opts(0))
     held = first + parent.token_ids + observation(0)
-    costs = []
-    for b in range(2):
-        before = engine.stats["prefill_tokens"]
-        engine.generate_sync(held, opts(10 + b))
-        costs.append(engine.stats["prefill_tokens"] - before)
-    assert costs == [1 + len(observation(0)), 1]
-    other = [t + 1 if t + 1 < VOCAB else 10 for t in observation(0)]  # another answer to turn 0
     before = engine.stats["prefill_tokens"]
-    engine.generate_sync(first + parent.token_ids + other, opts(20))
-    assert engine.stats["prefill_tokens"] - before == len(other)  # the branches' rows hold the parent's reply
+    futures = [engine.submit(held, opts(10 + b)) for b in range(2)]
+    for f in futures:
+        f.result()
+    assert engine.stats["prefill_tokens"] - before == 2 * (1 + len(observation(0)))
+    engine.close_sync()
+
+
+def test_a_retried_prompt_prefills_in_full_as_without_the_failed_attempt() -> None:
+    """An episode retried after an infrastructure failure asks again with the prompt of the attempt
+    that failed: a part of that attempt's kept row. It prefills in full and samples exactly (bit
+    for bit) what an engine that never ran the failed attempt samples."""
+    model = llama(seed=8)
+    prompt = list(range(10, 40))
+    fresh = HFEngine(model, max_batch_size=4)
+    want = fresh.generate_sync(prompt, opts(3))
+    engine = HFEngine(model, max_batch_size=4)
+    engine.generate_sync(prompt, opts(3))  # the attempt that failed, its row kept
+    before = engine.stats["prefill_tokens"]
+    got = engine.generate_sync(prompt, opts(3))
+    assert engine.stats["prefill_tokens"] - before == len(prompt)
+    assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
+    fresh.close_sync()
     engine.close_sync()
 
 
@@ -112,9 +124,8 @@ def test_continuations_keep_one_entry_per_episode_within_their_bound() -> None:
     c.keep([1, 2, 3, 4, 5], past(5))  # the next turn of the same episode replaces the first
     assert len(c) == 1 and c.held_tokens == 5
     assert c.find([1, 2, 3, 4, 5, 6])[0] == 5
-    assert c.find([1, 2, 3, 4, 5])[0] == 4  # a prompt keeps a token of its own
-    assert c.find([1, 2, 3, 9, 9])[0] == 3  # a fork shares the row's start
-    assert c.find([1, 9, 9])[0] == 0  # below MIN_SHARED
+    assert c.find([1, 2, 3, 4, 5])[0] == 0  # a prompt keeps a token of its own
+    assert c.find([1, 2, 3, 9, 9])[0] == 0  # only a whole row is continued
     c.keep([1, 2, 3], past(3))  # already held within the longer row
     assert len(c) == 1
     c.keep([8, 9, 10, 11], past(4))
