@@ -72,7 +72,7 @@ class ALFWorldEnv(TextEnv):
         list_admissible: list the admissible commands in each observation.
         expert: what :meth:`expert_action` plays: ``planner`` (the walkthrough, else a plan from the
             current state) or ``search`` (:func:`envs.alfworld.expert.search_step` until the task's
-            object is in view, then a plan).
+            object is in view, then :func:`~envs.alfworld.expert.after_search`, a plan only past it).
         engine_workers: 0 plays the game in this process (every env of the process takes turns at
             one lock); N > 0 in the process's N engine worker processes
             (:class:`envs.alfworld.engine.EngineWorkers`), beside the policy and each other.

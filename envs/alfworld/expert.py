@@ -3,7 +3,7 @@
 :class:`ExpertAgent` plays the game's stored planner walkthrough; once the episode has left it (the
 agent was driven by someone else first), it asks Fast Downward for a plan from the current state.
 With ``ALFWorldEnv(expert="search")`` the expert first searches for the task's object as a person
-in the room would (:func:`search_step`), then plans.
+in the room would (:func:`search_step`), then takes it and follows the walkthrough (:func:`after_search`).
 It needs the env itself (not only the observation), so it works with any env that exposes
 ``expert_action()`` on ``env.unwrapped``::
 
@@ -40,8 +40,8 @@ def search_step(traj: dict, first_observation: str, transcript: list[tuple[str, 
     ALFRED's rules of where an object of a type may start (a receptacle type that can hold it, not
     the goal's, not a fridge, microwave or basin: :func:`envs.alfworld.sampling.target_start_excluded`),
     never where the object is. It goes to each such receptacle in the order the room lists them,
-    opening a closed one, until an observation names an object of the task's type; then the
-    planner takes over (:meth:`ALFWorldEnv.expert_action`). Demos of it show a search, which a
+    opening a closed one, until an observation names an object of the task's type; then
+    :func:`after_search` finishes the task (:meth:`ALFWorldEnv.expert_action`). Demos of it show a search, which a
     policy that cannot see the game's state can imitate; the planner's own walkthrough goes
     straight to the object."""
     import alfworld.gen.constants as c
