@@ -310,7 +310,7 @@ def warm_start_score(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     and a test holds the default preset's warm start above a floor.
     """
     from trainer.checkpoint import TrainerState
-    from trainer.os_tuning import warm_start_cores
+    from trainer.os_tuning import release_freed_memory, warm_start_cores
     from trainer.parts import build_learner_side, build_rollout_side
 
     if cfg.warm_start.examples <= 0:
@@ -324,6 +324,7 @@ def warm_start_score(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         with warm_start_cores():
             run_warm_start(cfg, learner_side.model, rollout_side.runner, rollout_side.demo_tasks,
                            learner_side.metrics, state, run_dir)
+        release_freed_memory()  # as fr-agents train does before its evaluation
         figures = learner_side.held_out.run("after_warm_start", 0, learner_side.model, learner_side.tokenizer)
     finally:
         rollout_side.close()
