@@ -495,6 +495,10 @@ class _TransformersWave:
         return out.logits[:, -1, :]
 
 
+SLOT_STEP = 256
+"""A compact wave's cache grows its token slots in steps of this many (see :meth:`_CompactWave._slots`)."""
+
+
 class _CompactWave:
     """A running batch through :mod:`fr_agents.models.compact` that requests join and leave.
 
@@ -517,7 +521,11 @@ class _CompactWave:
 
     @staticmethod
     def _slots(reqs: list[_Request]) -> int:
-        return max(len(r.prompt_ids) + r.options.max_tokens for r in reqs)
+        """Token slots a row needs, rounded up to :data:`SLOT_STEP`: a multi-turn episode's prompt
+        grows every turn, and a cache regrown by a few slots each time leaves its old blocks to the
+        allocator, whose heap then only grows (the slots past a row's length are never read)."""
+        need = max(len(r.prompt_ids) + r.options.max_tokens for r in reqs)
+        return -(-need // SLOT_STEP) * SLOT_STEP
 
     def first_logits(self) -> torch.Tensor:
         return self.admit(self.first, self.shared)
