@@ -261,6 +261,10 @@ class TrainerConfig:
                            rule=_at_least(0))
     eval_episodes: int = _opt(200, help="held-out problems per evaluation, one greedy reply per turn, any env (0: no held-out evaluation)",
                               rule=_at_least(0))
+    eval_during_episodes: int = _opt(0, help="held-out problems of each evaluation every eval_every steps: the first N of "
+                                              "the eval_episodes sample (itself a fixed seeded sample), the same games at every "
+                                              "step; 0: all eval_episodes (the figures after the warm start and after RL always "
+                                              "play all of them)", rule=_at_least(0))
     eval_before: bool = _opt(True, help="also evaluate held out before the warm start (the untouched model); false skips "
                                         "it where it is known and costly (an untrained model plays every ALFWorld game to "
                                         "the turn limit at full reply length: fr-agents eval measures it once)")

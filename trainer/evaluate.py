@@ -6,7 +6,8 @@ names another dtype than the learner's (``TrainConfig.engine_dtype``).
 Before RL, after the warm start, every ``trainer.eval_every`` steps and after RL, the loop calls
 :meth:`HeldOutEval.run`. It plays ``trainer.eval_episodes`` problems of the bench that
 ``trainer.eval_bench_provider`` returns for the config (default: the config's own held-out split,
-``tasks.test_split``, on its own env) with one greedy reply per turn, through
+``tasks.test_split``, on its own env) with one greedy reply per turn (the evaluations every
+``eval_every`` steps play only the first ``trainer.eval_during_episodes`` of them, when set), through
 :func:`fr_agents.eval.periodic.evaluate_live` — the same rollout (``run_episode``), env class and chat template
 as training and as ``fr-agents eval`` — so single-turn, multi-turn, tool and sandbox envs are all
 measured the same way. It reports the success rate (``info['won']``, else reward > 0), the mean
@@ -38,9 +39,11 @@ class HeldOutEval:
 
     def __init__(
         self, bench: Bench, out_dir: str | Path, *, seed: int = 0, concurrency: int = 32, compact: bool = True,
-        dtype: str | None = None,
+        dtype: str | None = None, during_episodes: int = 0,
     ) -> None:
         self.bench = bench
+        # the evaluations every eval_every steps: the first during_episodes of the sample (0: all)
+        self.during = bench.limited(during_episodes) if 0 < during_episodes < len(bench.items) else bench
         self.out_dir = Path(out_dir)
         self.settings = EvalSettings(k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency), compact=compact,
                                      dtype=dtype)
@@ -59,13 +62,18 @@ class HeldOutEval:
             concurrency=cfg.rollout.concurrency,
             compact=cfg.model.compact_forward,
             dtype=cfg.engine_dtype,
+            during_episodes=cfg.trainer.eval_during_episodes,
         )
 
-    def run(self, name: str, step: int, model: PolicyModel, tokenizer: Tokenizer) -> dict[str, float]:
+    def run(
+        self, name: str, step: int, model: PolicyModel, tokenizer: Tokenizer, *, during: bool = False,
+    ) -> dict[str, float]:
         """Evaluate ``model`` now: ``{success, reward, turns, tool_calls, episodes, seconds}``, plus
         ``by_group`` (per task type: tasks, success, mean reward, turns) when the bench's problems
-        have groups (ALFWorld)."""
-        total, done, started = len(self.bench.items), [0], time.perf_counter()
+        have groups (ALFWorld). ``during``: an evaluation every ``eval_every`` steps, on the first
+        ``trainer.eval_during_episodes`` problems of the sample."""
+        bench = self.during if during else self.bench
+        total, done, started = len(bench.items), [0], time.perf_counter()
 
         def progress(_row: dict) -> None:  # a 134-game ALFWorld evaluation takes minutes: say how far it is
             done[0] += 1
@@ -73,7 +81,7 @@ class HeldOutEval:
                 log.info("held-out %s: %d/%d episodes in %.0f s", name, done[0], total, time.perf_counter() - started)
 
         res = evaluate_live(
-            model, tokenizer, self.bench, self.settings, label=f"{name}_step{step:06d}", out_dir=self.out_dir,
+            model, tokenizer, bench, self.settings, label=f"{name}_step{step:06d}", out_dir=self.out_dir,
             on_sample=progress,
         )
         per_episode = res.extra["per_episode"]

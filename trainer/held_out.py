@@ -11,12 +11,16 @@ from trainer.parts import LearnerSide
 log = logging.getLogger(__name__)
 
 
-def evaluate_held_out(side: LearnerSide, name: str, step: int, **extra: int) -> dict[str, float] | None:
-    """Greedy held-out figures of ``side``'s model now (:class:`~trainer.evaluate.HeldOutEval`),
-    logged as an ``eval`` event with ``extra`` fields; None when ``trainer.eval_episodes`` is 0."""
+def evaluate_held_out(
+    side: LearnerSide, name: str, step: int, *, during: bool = False, **extra: int,
+) -> dict[str, float] | None:
+    """Greedy held-out figures of ``side``'s model now (:class:`~trainer.evaluate.HeldOutEval`; ``during``:
+    one of the evaluations every ``trainer.eval_every`` steps, on ``trainer.eval_during_episodes``
+    of the problems), logged as an ``eval`` event with ``extra`` fields; None when
+    ``trainer.eval_episodes`` is 0."""
     if side.held_out is None:
         return None
-    res = {**side.held_out.run(name, step, side.model, side.tokenizer), **extra}
+    res = {**side.held_out.run(name, step, side.model, side.tokenizer, during=during), **extra}
     side.metrics.event("eval", **res, name=name, step=step)
     log.info(
         "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",

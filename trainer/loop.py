@@ -185,7 +185,7 @@ class Trainer:
         self.last_row = row
         ls.metrics.step(row)
         if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
-            evaluate_held_out(ls, "during", state.step)
+            evaluate_held_out(ls, "during", state.step, during=True)
         if ls.periodic is not None and ls.periodic.due(state.step):
             ls.metrics.event("eval_at_k", **ls.periodic.run(state.step, ls.model, ls.tokenizer))
         if rows and self.guards.collapsed(row["reward"], state):

@@ -103,3 +103,21 @@ def test_env_kwargs_that_chose_the_items_cannot_be_changed() -> None:
     assert bench.env_kwargs == {"split": "test"}  # the original is unchanged
     with pytest.raises(ValueError, match=r"^split: bench 'fr_agents/MathVerifier-v0:test' chose its items by split='test'"):
         bench.with_env_kwargs({"split": "train", "answer_format": "plain"})
+
+
+def test_evaluations_during_rl_play_the_first_games_of_the_sample(tmp_path: Path) -> None:
+    """trainer.eval_during_episodes: an evaluation every eval_every steps plays the first N problems
+    of the held-out sample (the same ones at every step); the other evaluations play all of it."""
+    from fr_agents.models import load_policy
+    from trainer.evaluate import HeldOutEval
+
+    cfg = load_config("math-tiny", ["trainer.eval_episodes=12", "trainer.eval_during_episodes=5"])
+    held = HeldOutEval.from_config(cfg, tmp_path, eval_bench_for(cfg))
+    assert [it.id for it in held.during.items] == [it.id for it in held.bench.items][:5]
+    model, tok = load_policy("tiny", "float32", "cpu")
+    during = held.run("during", 10, model, tok, during=True)
+    after = held.run("after_rl", 20, model, tok)
+    assert (during["episodes"], after["episodes"]) == (5, 12)
+    played = [json.loads(line)["task_id"] for line in
+              (tmp_path / "evals" / "samples" / "during_step000010").glob("*.jsonl").__next__().read_text().splitlines()]
+    assert sorted(played) == sorted(it.id for it in held.bench.items[:5])
