@@ -187,10 +187,10 @@ def main() -> None:
 
     logging.basicConfig(level=logging.WARNING)
     from fr_agents.config import load_config
+    from fr_agents.ledger import EpisodeLedger
     from fr_agents.models import load_policy, tiny_dir
     from trainer.elastic.controller import ControllerConfig
     from trainer.elastic.simulator import Workload, simulate
-    from trainer.ledger import EpisodeLedger
 
     overrides = [
         "trainer.backend=local",  # the elastic runtime's hooks act inside the rollout

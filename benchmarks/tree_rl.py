@@ -148,7 +148,7 @@ TASKS = {
 
 def sampled_policy_tokens(run: Path, steps: int) -> int:
     """Policy tokens the engine sampled for the run's ``steps`` trained batches (the ledger's count)."""
-    from trainer.ledger import EpisodeLedger
+    from fr_agents.ledger import EpisodeLedger
 
     ledger = EpisodeLedger(run / "episodes.sqlite")
     try:
@@ -238,10 +238,10 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
     import torch
     from transformers import AutoModelForCausalLM
 
+    from fr_agents.ledger import EpisodeLedger
     from fr_agents.tree import TrajectoryTree
     from fr_agents.tree.batch import build_flat, build_packed
     from trainer.learner import Learner
-    from trainer.ledger import EpisodeLedger
 
     ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
     model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step_{steps:06d}", dtype=torch.float32)

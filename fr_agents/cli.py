@@ -28,7 +28,8 @@ _COMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Calla
 
 
 def command(name: str, help: str) -> Callable:
-    """Decorator: register ``fn(args) -> int`` as subcommand ``name``; ``fn.add_args`` declares args."""
+    """Decorator: register ``fn(args) -> int`` as subcommand ``name``; :func:`args` (placed under it)
+    declares its arguments."""
 
     def wrap(fn: Callable[..., int]) -> Callable[..., int]:
         _COMMANDS.append((name, help, getattr(fn, "_add", lambda p: None), fn))

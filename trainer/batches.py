@@ -6,9 +6,11 @@ One path, drawn in docs/DESIGN.md ("The batch path")::
       -> EpisodeLedger.batch_rows(k) each finished episode's leaves, rewards, tokens, version
       -> keep_per_tree               identical siblings merged (one row weighted by their count),
                                      at most trainer.max_per_root per tree
-      -> TrajectoryTree.export_*     flat [B, T] tensors, or tree-packed rows when leaves share
+      -> TrajectoryTree.trajectories the kept leaves' tokens, log-probs, versions, rewards
+      -> build_flat / build_packed   flat [B, T] tensors, or tree-packed rows when leaves share
       -> Learner.step(batch)         one optimizer step
-      -> TrajectoryTree.mark_consumed(leaves)   the store's cursor (rewound on resume)
+      -> ConsumedMarks.add(leaves)   marked consumed in the store, MARK_EVERY batches a
+                                     transaction and all before a checkpoint stores the cursor
 
 The schedule decides, the ledger records, the tree stores and exports: batch ``k`` holds exactly
 the scheduled episodes, in episode order, whatever order they finished in. A branching episode
@@ -29,13 +31,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from fr_agents.config import TrainConfig
-from fr_agents.run_layout import LedgerRow
+from fr_agents.ledger import LedgerRow
 from fr_agents.tree.batch import TrainBatch, build_flat, build_packed, flat_view
 from fr_agents.tree.prune import keep_per_tree
 
 if TYPE_CHECKING:
+    from fr_agents.ledger import EpisodeLedger
     from fr_agents.tree.store import TrajectoryTree
-    from trainer.ledger import EpisodeLedger
     from trainer.schedule import EpisodeSchedule
 
 

@@ -33,12 +33,12 @@ from trainer.task_balance import demo_and_rl_tasks
 
 if TYPE_CHECKING:
     from fr_agents.eval.periodic import PeriodicEval
+    from fr_agents.ledger import EpisodeLedger
     from fr_agents.policy.base import Engine
     from fr_agents.tree import TrajectoryTree
     from trainer.episodes import EpisodeRunner
     from trainer.evaluate import HeldOutEval
     from trainer.learner import Learner
-    from trainer.ledger import EpisodeLedger
     from trainer.metrics import MetricsSink
     from trainer.schedule import EpisodeSchedule
     from trainer.types import EnvFactory, PolicyModel, Task, Tokenizer
@@ -105,11 +105,11 @@ def build_rollout_side(
     ``engine``: ``(base engine, tokenizer) -> engine`` the runner samples with instead (a hook:
     :meth:`trainer.hooks.TrainerHooks.engine`, e.g. the elastic runtime's pool of slot engines).
     """
+    from fr_agents.ledger import EpisodeLedger
     from fr_agents.models import load_tokenizer
     from fr_agents.plugins import load_object
     from fr_agents.tree import TrajectoryTree
     from trainer.episodes import EpisodeRunner, make_engine
-    from trainer.ledger import EpisodeLedger
     from trainer.schedule import EpisodeSchedule
 
     keep_freed_memory(cfg)  # trainer.keep_freed_memory, in whichever process this side runs

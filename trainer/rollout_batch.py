@@ -27,8 +27,8 @@ from trainer.weights import TrainingStopped
 if TYPE_CHECKING:
     import torch
 
+    from fr_agents.ledger import EpisodeLedger
     from trainer.episodes import EpisodeOutcome
-    from trainer.ledger import EpisodeLedger
     from trainer.parts import RolloutSide
     from trainer.schedule import EpisodeSchedule, EpisodeSpec
 

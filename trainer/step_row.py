@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from fr_agents.run_layout import LedgerRow
+from fr_agents.ledger import LedgerRow
 from fr_agents.tree.batch import PackedBatch, TrainBatch, flat_view
 from trainer.batches import BatchTrees
 

@@ -11,7 +11,7 @@ time, and importing it loads no heavy package)::
         from trainer.types import EnvFactory, PolicyModel, Tokenizer
 
 The batch the learner takes is :data:`fr_agents.tree.batch.TrainBatch`; a ledger row is
-:class:`fr_agents.run_layout.LedgerRow`.
+:class:`fr_agents.ledger.LedgerRow`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """``TrajectoryTree``: the durable, prefix-sharing radix tree of token segments.
 
-Rollout workers write into it (``add_root`` → ``append``… → ``finish``), the learner reads from
-it (``export_flat`` / ``export_packed`` of the leaves its batch names, then ``mark_consumed``).
+Rollout workers write into it (``add_root`` → ``append``… → ``finish``). The training loop reads
+the ``trajectories`` of the leaves a batch names (``trainer/batches.py`` builds the learner's
+tensors from them) and marks trained batches consumed (``mark_consumed_batches``, a transaction
+for several batches: ``trainer/consumed.py``). ``export_flat`` / ``export_packed`` build the same
+tensors straight from the store, for tools and tests.
 A root is a prompt (identical prompts
 share one root); a node is a token segment; a *leaf* is a finished node, and its root-to-leaf
 path is one trajectory with one reward. Leaf ids are node ids.

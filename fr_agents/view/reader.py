@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fr_agents.run_layout import leaf_episodes
+from fr_agents.ledger import leaf_episodes
 from fr_agents.tree.db import SCHEMA_VERSION
 from fr_agents.tree.prune import STATE_CONSUMED, STATE_PRUNED
 from fr_agents.tree.store import STATUSES

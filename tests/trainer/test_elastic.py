@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from fr_agents.config import ConfigError, load_config
+from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from trainer.elastic import ElasticHooks
 from trainer.elastic.controller import Move, Telemetry
-from trainer.ledger import EpisodeLedger
 from trainer.loop import Trainer
 
 BASE = [

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from fr_agents.config import load_config
+from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from tools_sandbox import live_sessions
 from tools_sandbox.bwrap import bwrap_available
 from trainer.advantages import centered_advantages
 from trainer.batches import export_batch
-from trainer.ledger import EpisodeLedger
 from trainer.loop import Trainer
 
 BASE = [

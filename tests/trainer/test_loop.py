@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from fr_agents.config import ConfigError, load_config
+from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from trainer.checkpoint import latest_checkpoint
-from trainer.ledger import EpisodeLedger
 from trainer.loop import run_training
 
 BASE = [

@@ -9,8 +9,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from fr_agents.config import load_config  # noqa: E402
+from fr_agents.ledger import EpisodeLedger  # noqa: E402
 from fr_agents.tree import TrajectoryTree  # noqa: E402
-from trainer.ledger import EpisodeLedger  # noqa: E402
 from trainer.ray_backend import run_training_ray  # noqa: E402
 
 OVERRIDES = [

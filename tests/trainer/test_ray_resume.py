@@ -22,9 +22,9 @@ import pytest
 
 pytest.importorskip("ray")
 
+from fr_agents.ledger import EpisodeLedger  # noqa: E402
 from tests.trainer.test_resume import OVERRIDES, _steps_logged, assert_resumed_run_matches, resume_point  # noqa: E402
 from tests.trainer.test_resume import _train as _train_in_process  # noqa: E402
-from trainer.ledger import EpisodeLedger  # noqa: E402
 
 RAY = [*OVERRIDES, "trainer.backend=ray"]
 

@@ -30,9 +30,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from trainer.checkpoint import latest_checkpoint
-from trainer.ledger import EpisodeLedger
 
 OVERRIDES = [
     "model.tiny_size=nano",

@@ -13,8 +13,8 @@ import sqlite3
 import pytest
 import torch
 
+from fr_agents.ledger import EpisodeLedger
 from trainer.episodes import EpisodeOutcome, LeafOutcome
-from trainer.ledger import EpisodeLedger
 from trainer.rollout_batch import BatchLoop
 from trainer.rollout_thread import RolloutThread
 from trainer.schedule import EpisodeSchedule

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fr_agents.config import load_config
+from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from fr_agents.tree.batch import build_flat, build_packed
 from fr_agents.tree.prune import STATE_PRUNED, keep_per_tree
@@ -26,7 +27,6 @@ from tests.trainer.test_resume import (
 )
 from trainer.advantages import centered_advantages, node_value_advantages, tree_advantages
 from trainer.learner import Learner
-from trainer.ledger import EpisodeLedger
 from trainer.loop import run_training
 from trainer.metrics import MetricsSink
 

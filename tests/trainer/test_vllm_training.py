@@ -24,8 +24,8 @@ STEPS = 3
 def test_vllm_trains_math_tiny_with_token_true_log_probs(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
+    from fr_agents.ledger import EpisodeLedger
     from fr_agents.tree import TrajectoryTree
-    from trainer.ledger import EpisodeLedger
 
     run = tmp_path / "run"
     # no OMP_NUM_THREADS: the engine's generate thread must match torch's thread count by itself

@@ -89,7 +89,7 @@ def test_tree_page_matches_the_store_and_compares_siblings(trained_run: Path, pa
         split = [x for x, y in zip(ta.path, tb.path, strict=False) if x == y][-1]
         node_a = t.node(a)
         state = t._db.conn().execute("SELECT consumed_seq FROM leaves WHERE id = ?", (a,)).fetchone()[0]
-    from trainer.ledger import EpisodeLedger
+    from fr_agents.ledger import EpisodeLedger
 
     ledger = EpisodeLedger(trained_run / "episodes.sqlite")
     batches = {r[1]: k for k in range(3) for r in ledger.batch_rows(k)}
