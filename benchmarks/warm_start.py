@@ -84,7 +84,7 @@ def main() -> None:
         if not sep:
             raise SystemExit(f"--recipe {text!r}: expected NAME=OVERRIDES")
         recipes.append((name.strip(), shlex.split(rest)))
-    from trainer.affinity import cores_given, usable_cpus
+    from trainer.os_tuning import cores_given, usable_cpus
 
     cores = cores_given()
     first = usable_cpus()[:1] or None

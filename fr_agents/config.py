@@ -203,7 +203,7 @@ class OptimConfig:
     grad_clip: float = _opt(1.0, help="global gradient-norm clip (0: off)", rule=_at_least(0))
     spike_clip: float = _opt(0.0, help="> 0: also clip the global gradient norm to this multiple of the median of the last "
                              "optim.spike_window non-zero gradient norms, once 10 are known (a batch far above the recent scale "
-                             "otherwise moves Adam, and its momentum, far: see trainer/spike_clip.py); 0: off", rule=_finite_at_least_0)
+                             "otherwise moves Adam, and its momentum, far: see trainer/learner.py); 0: off", rule=_finite_at_least_0)
     spike_window: int = _opt(50, help="how many recent non-zero gradient norms optim.spike_clip's median is taken over",
                              rule=_at_least(1))
     warmup_steps: int = _opt(0, help="linear learning-rate warm-up steps", rule=_at_least(0))

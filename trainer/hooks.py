@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from fr_agents.policy.base import Engine
     from trainer.episodes import EpisodeOutcome
     from trainer.loop import Trainer
-    from trainer.ready_batches import Rollout
+    from trainer.rollout_thread import Rollout
 
 ROLLOUT_HOOKS = ("engine", "episode_done")
 """The hooks that act inside the rollout, so they need it in the learner's process."""

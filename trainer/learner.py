@@ -6,7 +6,7 @@ plus the index map back to rows) and
 
 1. computes the advantages once on the full batch (:func:`trainer.objective.batch_advantages`:
    centred rewards, the tree baseline, or GRPO group-normalised);
-2. cuts the batch into chunks by a token budget (:class:`~trainer.chunking.Chunking`): row micro-batches of a flat
+2. cuts the batch into chunks by a token budget (:class:`~trainer.learner.Chunking`): row micro-batches of a flat
    batch, or groups of roots of a packed one (each root's packed subtree one row of a padded
    ``[R, W]`` forward, so memory grows with the sum over roots, not with the square of the batch);
    a packed batch whose largest root does not fit the budget is micro-batched in its flat view;
@@ -21,31 +21,83 @@ plus the index map back to rows) and
 
 Its switches live in four small configs, each declared once: the objective's
 (:class:`~fr_agents.objective_config.ObjectiveConfig`), the optimizer's
-(:class:`~fr_agents.config.OptimConfig`), the chunking (:class:`~trainer.chunking.Chunking`) and the forward
+(:class:`~fr_agents.config.OptimConfig`), the chunking (:class:`~trainer.learner.Chunking`) and the forward
 (:class:`~fr_agents.models.forward.ForwardConfig`). ``Learner.from_config(model, cfg)`` fills them
 from the run's config; ``Learner(model, delta=0.05, micro_batch_tokens=64)`` sorts plain keywords
 into the config that declares them, and ``learner.delta`` reads them back.
+
+How a learner step cuts its batch into forwards: one token budget, two batch forms.
+
+A flat batch is cut into row micro-batches whose ``rows x padded length`` fits
+``micro_batch_tokens`` (longest rows first, so a chunk's rows are of similar length and little
+padding is run). A tree-packed batch is cut into groups of roots
+(:meth:`~fr_agents.tree.batch.PackedBatch.root_chunks`, the same budget over ``roots x widest
+root``), each one padded per-root forward; when its largest root alone is over the budget, its flat
+view is micro-batched instead. The objective's denominators are the full batch's, so the step's
+loss and gradient do not depend on the cut.
+
+Spike clipping: bound a step's gradient norm by a multiple of the recent median.
+
+Why. Adam's second moment (``beta2 = 0.999``) remembers ~1,000 steps of gradient scale, so a
+batch whose gradient is far larger than the recent ones is not normalised away: the update grows
+with it, and the first moment (``beta1 = 0.9``) keeps pushing the same way for ~10 more steps.
+The fixed clip (``optim.grad_clip``, 1.0) is set for the start of training and is far above the
+norms a converging RL run produces, so it does not see such a step.
+
+Measured on python-tool-tiny (``configs/python-tool-tiny.yaml``), from checkpoints of two
+runs that collapsed, recomputing the stored batch of the collapsing step with the real AdamW state
+and measuring the tempered KL(old || new) on the sampled tokens of that batch and the next:
+
+* a step with gradient norm 1.82 against a median of ~0.1 over the 50 before it (one failed row,
+  one digit sampled at p ~0.003): KL 0.014 after the step and 0.185 after five more steps on the
+  same momentum, against 0.00006 and 0.0012 for an ordinary step of the same run. Clipped to 2x
+  the median: 0.00024 and 0.016; to 1x: 0.00004 and 0.002;
+* a run converged to batch reward ~0.95, where most batches are all-correct (gradient 0) and the
+  others ~0.002: a step of 0.16 moved every parameter by about ``lr`` (0.0033 after five more
+  steps); clipped to 10x the median of the non-zero norms: 0.00007.
+
+Per-coordinate clipping against Adam's own second moment (3 or 10 sigma) did not help the first
+case (0.114 and 0.184): the spike is a coherent direction, not a few outlying coordinates, so the
+bound is on the global norm.
+
+How tight. Spikes also grow Adam's second moment, which shrinks the steps after them; a bound near
+the median removes that, so the steps stay large. On python-tool-tiny a bound of 1.5x the median
+clipped 112 of 478 steps and the run went through a rough stretch (batch reward 0.41 over 20
+steps, acceptance ~0.65) before it ended at 100% held out; 10x cut 11-32 steps of 442-514 (with
+``objective.negative_min_prob`` 0.01 for the single-token spikes) and ran smoothly. The preset uses 10.
+It does not stop a drift made of several moderate steps while the policy still learns (gradient norms
+2-5x the median, where 10x the median is no tighter than ``optim.grad_clip``): one of three seeds of
+``benchmarks/learning.py`` on python-tool-tiny (collapse guard off) went that way (docs/DESIGN.md).
+
+How. The bound is ``k x median`` of the last ``window`` pre-clip gradient norms that were not 0
+(a batch whose advantages are all 0 carries no scale). Until ``MIN_HISTORY`` norms are known it
+does not bound anything. A clipped step records its pre-clip norm too: the median, unlike a mean,
+is not pulled up by the spikes it clips, and a lasting rise in scale (more than half the window)
+moves it. The history is part of the learner's state, saved in checkpoints, so that a resumed run
+clips exactly as an uninterrupted one. A step's ``spike_clipped`` metric (metrics.jsonl) is 1 when this
+bound, below ``optim.grad_clip``, cut it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-from fr_agents.config import OptimConfig, TrainConfig
+from fr_agents.config import PACKED_MODES, OptimConfig, TrainConfig
 from fr_agents.models.forward import FlatChunk, ForwardConfig, PackedChunk, PolicyForward
 from fr_agents.objective_config import ObjectiveConfig
-from fr_agents.tree.batch import FlatBatch, TrainBatch
+from fr_agents.tree.batch import FlatBatch, PackedBatch, TrainBatch
 from trainer.advantages import batch_advantages, validate_weights
-from trainer.chunking import Chunking, is_packed
 from trainer.objective import denominators, objective_loss
-from trainer.spike_clip import SpikeClip
 from trainer.step_stats import merge_stats
 
 logger = logging.getLogger(__name__)
@@ -111,8 +163,8 @@ class Learner:
         optim: learning rate, betas and weight decay of the default optimizer; ``grad_clip`` (max
             gradient norm, <= 0: off, the norm is still reported); ``spike_clip`` > 0 also clips
             to that multiple of the median of the last ``spike_window`` non-zero norms
-            (:mod:`trainer.spike_clip`). The warm-up and schedule are :func:`make_scheduler`'s.
-        chunking: the token budget of one forward and the packed path (:class:`~trainer.chunking.Chunking`).
+            (:mod:`trainer.learner`). The warm-up and schedule are :func:`make_scheduler`'s.
+        chunking: the token budget of one forward and the packed path (:class:`~trainer.learner.Chunking`).
         forward: temperature, compact forward, tree attention and autocast
             (:class:`~fr_agents.models.forward.ForwardConfig`).
         scheduler: an LR scheduler stepped after every optimizer step.
@@ -395,3 +447,96 @@ class Learner:
         loss.backward()
         return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": out.forward_tokens,
                 "tree_attention": out.tree_attention}
+
+
+# =========================================================================== chunking
+
+@dataclass
+class Chunking:
+    """How a step's batch is cut into forwards.
+
+    Args:
+        micro_batch_tokens: token budget of one forward (rows x padded length); <= 0: one chunk.
+        packed: ``"auto"`` (a packed batch runs per root when its largest root fits the budget),
+            ``"always"`` or ``"never"`` (its flat view is micro-batched).
+    """
+
+    micro_batch_tokens: int = 8192
+    packed: str = "auto"
+
+    def check(self) -> None:
+        if self.packed not in PACKED_MODES:
+            raise ValueError(f"packed: expected one of {PACKED_MODES}, got {self.packed!r}")
+
+    def takes_packed(self, batch: PackedBatch) -> bool:
+        """Whether a packed batch takes the per-root packed path: ``always``, or ``auto`` when its
+        largest root fits the token budget (else its flat view is micro-batched)."""
+        if self.packed == "always":
+            return True
+        if self.packed != "auto":
+            return False
+        return self.micro_batch_tokens <= 0 or batch.max_root_tokens <= self.micro_batch_tokens
+
+    def micro_batches(self, attention_mask: Tensor) -> list[Tensor]:
+        """Row chunks whose ``rows x padded length`` fits the token budget (longest rows first)."""
+        t = attention_mask.shape[1]
+        positions = torch.arange(1, t + 1).expand_as(attention_mask)
+        lengths = (positions * attention_mask.cpu()).max(dim=1).values
+        order = torch.argsort(lengths, descending=True, stable=True)
+        if self.micro_batch_tokens <= 0:
+            return [order]
+        chunks: list[list[int]] = []
+        current: list[int] = []
+        for row in order.tolist():
+            width = int(lengths[current[0]]) if current else int(lengths[row])
+            if current and (len(current) + 1) * width > self.micro_batch_tokens:
+                chunks.append(current)
+                current = []
+            current.append(row)
+        chunks.append(current)
+        return [torch.tensor(c, dtype=torch.long) for c in chunks]
+
+
+def is_packed(batch: TrainBatch) -> bool:
+    """Whether ``batch`` is tree-packed (a flat view plus the index map back to rows)."""
+    return isinstance(batch, PackedBatch)
+
+
+# =========================================================================== spike clip
+
+MIN_HISTORY = 10
+
+
+class SpikeClip:
+    """The running bound ``k x median(recent non-zero gradient norms)``.
+
+    Args:
+        k: the multiple of the median (> 0).
+        window: how many recent non-zero norms the median is taken over (>= 1).
+    """
+
+    def __init__(self, k: float, window: int = 50) -> None:
+        if not (k > 0 and math.isfinite(k)):
+            raise ValueError(f"optim.spike_clip: must be a finite number > 0, got {k!r}")
+        if window < 1:
+            raise ValueError(f"optim.spike_window: must be >= 1, got {window!r}")
+        self.k = float(k)
+        self.window = int(window)
+        self.norms: collections.deque[float] = collections.deque(maxlen=self.window)
+
+    def bound(self) -> float:
+        """The largest gradient norm the next step may take (inf until ``MIN_HISTORY`` norms are known)."""
+        if len(self.norms) < min(MIN_HISTORY, self.window):
+            return math.inf
+        return self.k * statistics.median(self.norms)
+
+    def record(self, norm: float) -> None:
+        """Remember a step's gradient norm before clipping (0 and non-finite norms are skipped)."""
+        if norm > 0 and math.isfinite(norm):
+            self.norms.append(float(norm))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"norms": list(self.norms)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.norms = collections.deque((float(x) for x in state.get("norms", [])), maxlen=self.window)

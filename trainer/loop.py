@@ -28,6 +28,14 @@ the elastic runtime is one).
 Stops: ``trainer.steps`` reached, ``trainer.max_minutes`` elapsed, a non-finite loss (the batch is
 saved to ``RUN_DIR/nan_batch_step<k>.pt``), or the collapse guard (batch reward below half its
 start); after a guard the run's result is its last good checkpoint, evaluated as ``after_rl``.
+
+Also here, the pieces only the loop uses: :func:`before_rl` (a new run's set-up: the held-out
+figures before, the warm start, the figures after; a resumed run skips it, its checkpoint holds
+those evaluations), :func:`evaluate_held_out` (one held-out evaluation, logged as an ``eval``
+event and a log line), :class:`RLClock` (the seconds a run spends learning, across resumes: set-up
+is not RL time; a checkpoint and the run's end add the seconds since the last of them to
+``TrainerState.rl_elapsed_s``, so ``trainer.max_minutes`` counts a resumed run's earlier lives too)
+and :class:`TrainResult` (what a run did, returned by every backend).
 """
 
 from __future__ import annotations
@@ -36,27 +44,29 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 
 from fr_agents.config import TrainConfig
 from fr_agents.tree.batch import flat_view
-from trainer.affinity import pinned
-from trainer.batches import export_batch, save_bad_batch
-from trainer.before_rl import before_rl
-from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, resume_run
-from trainer.consumed import ConsumedMarks
+from trainer.batches import ConsumedMarks, export_batch, save_bad_batch
+from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
 from trainer.guards import Guards, Plateau
-from trainer.held_out import evaluate_held_out, evaluate_kept
 from trainer.hooks import TrainerHooks, as_hooks, refuse_rollout_hooks
-from trainer.os_tuning import cpu_split, freeze_gc, rollout_threads, why_not_pinned
+from trainer.metrics import step_row
+from trainer.os_tuning import (
+    cpu_split,
+    freeze_gc,
+    pinned,
+    release_freed_memory,
+    rollout_threads,
+    warm_start_cores,
+    why_not_pinned,
+)
 from trainer.parts import LearnerSide, RolloutSide, build_learner_side, build_rollout_side
-from trainer.ready_batches import ReadyBatches, Rollout
-from trainer.result import TrainResult
-from trainer.rl_clock import RLClock
 from trainer.rollout_process import RolloutProcess
-from trainer.rollout_thread import RolloutThread
-from trainer.step_row import step_row
+from trainer.rollout_thread import ReadyBatches, Rollout, RolloutThread
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +132,7 @@ class Trainer:
         )
 
     def open_run(self, resume: bool) -> tuple[TrainerState, dict[str, dict[str, float]]]:
-        """Build the parts; restore the latest checkpoint (``resume``) or run :func:`~trainer.before_rl.before_rl`;
+        """Build the parts; restore the latest checkpoint (``resume``) or run :func:`~trainer.loop.before_rl`;
         publish version ``learner.version``. First of all, a recipe tuned for another kind of model
         is logged (:func:`trainer.preflight.warn_recipe`) and kept in the ``start`` event."""
         from trainer.preflight import warn_recipe
@@ -209,7 +219,7 @@ class Trainer:
 
     def close_run(self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str) -> float:
         """The end of the RL phase: the final evaluation and checkpoint (when ``ok``; a run stopped
-        by a guard evaluates its last good checkpoint instead: :func:`~trainer.held_out.evaluate_kept`),
+        by a guard evaluates its last good checkpoint instead: :func:`~trainer.loop.evaluate_kept`),
         the ``end`` event; closes the metrics sink. Returns the RL seconds (resumed runs included)."""
         self.clock.spend(state)
         self.marks.settle()
@@ -280,3 +290,124 @@ class Trainer:
 def run_training(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, console: bool = True) -> TrainResult:
     """Train ``cfg`` in ``run_dir`` (``resume``: continue from its latest checkpoint)."""
     return Trainer(cfg, run_dir, console=console).run(resume=resume)
+
+
+# =========================================================================== held-out evaluations
+
+def evaluate_held_out(
+    side: LearnerSide, name: str, step: int, *, during: bool = False, **extra: int,
+) -> dict[str, float] | None:
+    """Greedy held-out figures of ``side``'s model now (:class:`~trainer.evaluate.HeldOutEval`; ``during``:
+    one of the evaluations every ``trainer.eval_every`` steps, on ``trainer.eval_during_episodes``
+    of the problems), logged as an ``eval`` event with ``extra`` fields; None when
+    ``trainer.eval_episodes`` is 0."""
+    if side.held_out is None:
+        return None
+    res = {**side.held_out.run(name, step, side.model, side.tokenizer, during=during), **extra}
+    side.metrics.event("eval", **res, name=name, step=step)
+    log.info(
+        "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",
+        name, step, 100 * res["success"], res["reward"], res["turns"], res["tool_calls"], res["episodes"], res["seconds"],
+    )
+    if by_group := res.get("by_group"):
+        log.info("held-out %s by group: %s", name, ", ".join(
+            f"{g} {100 * m['success']:.0f}% of {m['tasks']}" for g, m in by_group.items()))
+    return res
+
+
+def evaluate_kept(side: LearnerSide, checkpoint: Path, stopped_at: int, reason: str) -> dict[str, float] | None:
+    """A run stopped by a guard (a non-finite loss, the collapse guard) hands back its last good
+    ``checkpoint``, not the weights it stopped with at step ``stopped_at``: those are loaded into
+    ``side.model`` and evaluated as ``after_rl`` (the event's ``step`` is the checkpoint's,
+    ``checkpoint_step`` says so), so a stopped run still reports where RL left the model it keeps.
+    None when nothing is evaluated held out."""
+    if side.held_out is None:
+        return None
+    step = int(checkpoint.name.removeprefix("step_"))
+    log.warning("the run stopped at step %d (%s); its result is the last good checkpoint %s: evaluating that",
+                stopped_at, reason, checkpoint)
+    load_weights(checkpoint, side.model)
+    return evaluate_held_out(side, "after_rl", step, checkpoint_step=step)
+
+
+# =========================================================================== before RL
+
+def before_rl(
+    cfg: TrainConfig, learner: LearnerSide, rollout: RolloutSide, state: TrainerState, run_dir: Path
+) -> dict[str, dict[str, float]]:
+    """Evaluate held out (``before``, unless ``trainer.eval_before`` is false), warm start on ``warm_start.examples`` demos (every core
+    this process may use: nothing runs beside it), evaluate again (``after_warm_start``). Returns
+    the evaluations, also kept in ``state.extra["evals"]`` for the checkpoint."""
+    from trainer.warm_start import run_warm_start
+
+    evals: dict[str, dict[str, float]] = {}
+    if cfg.trainer.eval_before and (ev := evaluate_held_out(learner, "before", 0)):
+        evals["before"] = ev
+    if cfg.warm_start.examples > 0:
+        with warm_start_cores():  # supervised steps with nothing beside them
+            run_warm_start(cfg, learner.model, rollout.runner, rollout.demo_tasks, learner.metrics, state, run_dir)
+        release_freed_memory()
+        if ev := evaluate_held_out(learner, "after_warm_start", 0):
+            evals["after_warm_start"] = ev
+    state.extra["evals"] = evals
+    return evals
+
+
+# =========================================================================== the RL clock
+
+class RLClock:
+    """Starts when RL starts; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.last_step_end = time.perf_counter()
+
+    def deadline(self, state: TrainerState, max_minutes: float) -> float:
+        """``time.monotonic()`` at which ``max_minutes`` of RL (resumed runs included) are spent
+        (``math.inf`` when ``max_minutes`` is 0: no budget)."""
+        budget = max_minutes * 60 - state.rl_elapsed_s if max_minutes > 0 else math.inf
+        return self.started + budget
+
+    def spend(self, state: TrainerState) -> None:
+        """Add the RL seconds since the last call (or the start) to ``state``."""
+        state.rl_elapsed_s += time.monotonic() - self.started
+        self.started = time.monotonic()
+
+    def elapsed(self, state: TrainerState) -> float:
+        """RL seconds so far, resumed runs included."""
+        return state.rl_elapsed_s + (time.monotonic() - self.started)
+
+    def lap(self) -> float:
+        """Seconds since the previous step ended (or the start): this step's share of the wall."""
+        now = time.perf_counter()
+        seconds, self.last_step_end = now - self.last_step_end, now
+        return seconds
+
+
+# =========================================================================== the run's result
+
+@dataclass
+class TrainResult:
+    """What one ``fr-agents train`` run did."""
+
+    ok: bool
+    run_dir: Path
+    steps: int
+    stop_reason: str
+    wall_s: float
+    rl_s: float
+    evals: dict[str, dict[str, float]] = field(default_factory=dict)
+    last_checkpoint: Path | None = None
+
+    def summary(self) -> str:
+        lines = [f"run {self.run_dir}: {self.steps} steps, stopped: {self.stop_reason}, wall {self.wall_s:.0f}s (RL {self.rl_s:.0f}s)"]
+        for name, ev in self.evals.items():
+            per_episode = f", {ev['turns']:.1f} turns, {ev['tool_calls']:.1f} tool calls" if "turns" in ev else ""
+            kept = f", the last good checkpoint (step {ev['checkpoint_step']})" if "checkpoint_step" in ev else ""
+            lines.append(
+                f"  held-out success {name}: {100 * ev['success']:.1f}% ({int(ev['episodes'])} tasks, "
+                f"reward {ev['reward']:.3f}{per_episode}{kept})"
+            )
+        if self.last_checkpoint:
+            lines.append(f"  last checkpoint: {self.last_checkpoint}")
+        return "\n".join(lines)

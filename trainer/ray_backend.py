@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fr_agents.config import ConfigError, TrainConfig, leaves_per_tree
-from trainer.result import TrainResult
+from trainer.loop import TrainResult
 
 if TYPE_CHECKING:
     from trainer.loop import Trainer

@@ -83,7 +83,7 @@ def _child_main(
     process it starts inherits them)."""
     _die_with_parent()
     if cpus:
-        from trainer.affinity import pin_process
+        from trainer.os_tuning import pin_process
 
         pin_process(cpus)
     logging.basicConfig(level=os.environ.get("FR_AGENTS_LOG", "WARNING"))

@@ -7,6 +7,13 @@ Batch ``k`` starts once version ``schedule.sampling_version(k)`` is on the :clas
 (the admission rule); its episodes run and are recorded by the batch loop every backend shares
 (:class:`~trainer.rollout_batch.BatchLoop`), so a batch is whole in the ledger before
 ``on_batch_done(k)`` tells the learner thread so (``-1``: the thread failed, see ``error``).
+
+The learner's end of the rollout: which batches are whole, and waiting for the next one.
+
+Every backend that runs beside the learner (the rollout thread, the rollout process) reports batch
+``k`` whole through :meth:`ReadyBatches.done` (``-1``: it failed, its ``error`` says why); the
+learner waits in :meth:`ReadyBatches.wait`, which also watches the time budget and the rollout's
+health, so a learner never waits for a rollout that has died.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from trainer.weights import TrainingStopped, WeightBoard
 if TYPE_CHECKING:
     from trainer.episodes import EpisodeOutcome
     from trainer.parts import RolloutSide
+import time
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +95,57 @@ class RolloutThread(threading.Thread):
             await self.batches.run(k, weights, version)
             self.next_batch = k + 1
             self.on_batch_done(k)
+
+
+# =========================================================================== ready batches
+
+class Rollout(Protocol):
+    """What the learner sees of a running rollout (:class:`~trainer.rollout_thread.RolloutThread`,
+    :class:`~trainer.rollout_process.RolloutProcess`)."""
+
+    next_batch: int
+    error: BaseException | None
+
+    def is_alive(self) -> bool: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+class ReadyBatches:
+    """The highest batch reported whole, behind a condition the learner waits on."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend  # trainer.backend, for the error message
+        self._ready = threading.Condition()
+        self.last_done = -1
+
+    def done(self, k: int) -> None:
+        """Batch ``k`` is whole (``-1``: the rollout failed; the waiter finds its error)."""
+        with self._ready:
+            self.last_done = max(self.last_done, k) if k >= 0 else self.last_done
+            self._ready.notify_all()
+
+    def wait(self, k: int, rollout: Rollout, deadline: float, *, waiting: Callable[[bool], None]) -> bool:
+        """Wait until batch ``k`` is whole; False when ``time.monotonic()`` passed ``deadline``
+        (checked first: a learner that always finds its batch ready must stop on time too).
+        Raises RuntimeError when the rollout failed or ended before producing the batch.
+        ``waiting(True)`` and ``waiting(False)`` bracket the wait (the hook of that name)."""
+        if time.monotonic() > deadline:
+            return False
+        waiting(True)
+        try:
+            return self._wait(k, rollout, deadline)
+        finally:
+            waiting(False)
+
+    def _wait(self, k: int, rollout: Rollout, deadline: float) -> bool:
+        with self._ready:
+            while self.last_done < k:
+                if rollout.error is not None:
+                    raise RuntimeError(f"rollout failed: {rollout.error!r}") from rollout.error
+                if not rollout.is_alive() and self.last_done < k:
+                    raise RuntimeError(f"rollout ({self.backend}) ended before producing the batch")
+                if time.monotonic() > deadline:
+                    return False
+                self._ready.wait(timeout=0.5)
+        return True

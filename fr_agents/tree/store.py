@@ -3,7 +3,7 @@
 Rollout workers write into it (``add_root`` → ``append``… → ``finish``). The training loop reads
 the ``trajectories`` of the leaves a batch names (``trainer/batches.py`` builds the learner's
 tensors from them) and marks trained batches consumed (``mark_consumed_batches``, a transaction
-for several batches: ``trainer/consumed.py``). ``export_flat`` / ``export_packed`` build the same
+for several batches: ``trainer/batches.py``). ``export_flat`` / ``export_packed`` build the same
 tensors straight from the store, for tools and tests.
 A root is a prompt (identical prompts
 share one root); a node is a token segment; a *leaf* is a finished node, and its root-to-leaf

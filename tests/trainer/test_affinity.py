@@ -14,10 +14,9 @@ import torch
 
 from fr_agents.config import load_config
 from tests.trainer.test_loop import BASE as LOOP_BASE
-from trainer.affinity import pinned, split, usable_cpus
 from trainer.hooks import TrainerHooks
 from trainer.loop import Trainer
-from trainer.os_tuning import cpu_split, rollout_threads
+from trainer.os_tuning import cpu_split, pinned, rollout_threads, split, usable_cpus
 from trainer.preflight import placement_plan
 
 needs_two = pytest.mark.skipif(len(usable_cpus()) < 2, reason="pinning needs at least 2 usable CPUs")

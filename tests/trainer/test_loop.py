@@ -180,8 +180,7 @@ def test_the_warm_start_takes_one_thread_when_given_one_core_or_told_by_omp_num_
     shared cores slowed it ~20x)."""
     import os
 
-    from trainer.affinity import pinned, usable_cpus
-    from trainer.os_tuning import warm_start_cores
+    from trainer.os_tuning import pinned, usable_cpus, warm_start_cores
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     with pinned(usable_cpus()[:1]), warm_start_cores():

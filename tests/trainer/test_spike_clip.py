@@ -1,4 +1,4 @@
-"""The spike clip's running bound (trainer/spike_clip.py) and what the learner does with it."""
+"""The spike clip's running bound (trainer/learner.py) and what the learner does with it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 
 from fr_agents.tree.batch import build_flat
 from tests.trainer.test_learner import make_trajectories, tiny_model
-from trainer.learner import Learner
-from trainer.spike_clip import MIN_HISTORY, SpikeClip
+from trainer.learner import MIN_HISTORY, Learner, SpikeClip
 
 
 def test_no_bound_until_enough_non_zero_norms_are_known() -> None:

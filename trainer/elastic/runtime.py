@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from fr_agents.policy.hf import HFEngine
     from trainer.episodes import EpisodeOutcome
     from trainer.loop import Trainer
-    from trainer.ready_batches import Rollout
+    from trainer.rollout_thread import Rollout
 
 log = logging.getLogger(__name__)
 
