@@ -121,7 +121,8 @@ class ObjectiveConfig:
 
     algo: str = option("flashreinforce", help="flashreinforce (batch-mean baseline, one rollout per prompt) or grpo",
                        choices=ALGOS)
-    delta: float = option(3e-3, help="sequence trust region: rows whose mean |log ratio| exceeds it are dropped (inf: off)",
+    delta: float = option(3e-3, help="sequence trust region: rows whose mean per-token binary KL (behaviour vs current probability of the "
+                          "sampled token) exceeds it are dropped (inf: off)",
                           rule=rule_delta)
     importance_sampling: bool = option(True, help="weight tokens by the policy / behaviour probability ratio")
     aggregation: str = option("sample_mean", help="loss average: sample_mean (per row, then rows) or token_mean",
@@ -139,7 +140,7 @@ class ObjectiveConfig:
     baseline: str = option("batch", help="flashreinforce advantage: batch (R - batch mean), tree (also against the mean "
                            "of the leaves sharing the leaf's branching node, TreeRL-style) or nodes (per token: the value "
                            "of the tree node it lies in, the mean reward of the leaves under it, minus that of the fork "
-                           "above, or the batch mean above the first fork; see trainer/advantages.py)",
+                           "above, or the batch mean above the first fork; see trainer/objective.py)",
                            choices=BASELINES)
     grpo_group_size: int = option(4, help="samples per prompt when objective.algo=grpo", rule=at_least(1))
     grpo_clip: float = option(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=positive)

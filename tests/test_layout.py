@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -309,7 +310,7 @@ def test_run_dir_names_are_declared_in_one_module() -> None:
 # ``Any`` is left only inside JSON-like containers (``dict[str, Any]``), which this count does not match.
 TYPED_TRAINER = (
     "batches", "checkpoint", "episodes", "evaluate", "guards", "learner",
-    "metrics", "objective", "parts", "schedule", "step_stats", "task_balance", "types", "warm_start",
+    "metrics", "objective", "parts", "schedule", "task_balance", "types", "warm_start",
     "weights",
 )
 TYPED_ANY_CEILING = 0
@@ -549,3 +550,58 @@ def test_the_backends_share_one_batch_loop() -> None:
                 for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))
     )
     assert not recorders, f"episodes recorded outside trainer/rollout_batch.py: {recorders}"
+
+
+# ---------------------------------------------------------------- the step a newcomer reads (issue 60 item 1)
+STEP_OVERRIDES = ["trainer.steps=2", "warm_start.examples=0", "trainer.eval_episodes=0", "trainer.eval_before=false",
+                  "trainer.max_minutes=0", "trainer.threads=1"]
+
+
+def _step_files(run_dir: Path) -> list[str]:
+    """The project files whose code runs on the learner's thread during a real math-tiny step:
+    from the call of ``Trainer.learn`` to the optimizer's ``step``, in the order first entered."""
+    from trainer.train import main_train
+
+    seen: list[str] = []
+    state = {"on": False, "done": False}
+
+    def profile(frame, event, arg) -> None:  # noqa: ARG001 - sys.setprofile's signature
+        if state["done"] or event != "call":
+            return
+        code = frame.f_code
+        if code.co_name == "learn" and code.co_filename.endswith(str(Path("trainer", "loop.py"))):
+            state["on"] = True
+        if not state["on"]:
+            return
+        if code.co_name == "step" and str(Path("torch", "optim")) in code.co_filename:
+            state["done"] = True
+            return
+        path = Path(code.co_filename)
+        if path.is_absolute() and path.is_relative_to(ROOT):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel not in seen:
+                seen.append(rel)
+
+    sys.setprofile(profile)
+    try:
+        assert main_train("math-tiny", STEP_OVERRIDES, run_dir=str(run_dir)) == 0
+    finally:
+        sys.setprofile(None)
+    assert state["done"], "no optimizer step was reached"
+    return seen
+
+
+def test_the_reading_order_in_design_is_the_step(tmp_path: Path) -> None:
+    """docs/DESIGN.md's reading order lists every file a real training step runs, from the command
+    to ``optimizer.step()``, and nothing else; its length is the figure issue 60 asks to bring to 12."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    start = text.index("## Reading order: one training step")
+    section = text[start : text.index("\n## ", start + 1)]
+    steps = section[section.index("\n1. "):]
+    listed = re.findall(r"`([a-z_/]+\.py)`", steps)
+    assert all((ROOT / f).is_file() for f in listed), listed
+    entry = ["fr_agents/cli.py", "trainer/train.py"]  # the command and the run, before the loop's first step
+    ran = _step_files(tmp_path / "run")
+    assert len(listed) == len(set(listed)) and set(listed) == set(entry + ran), (
+        f"DESIGN.md lists {sorted(set(listed) - set(entry + ran))} that the step does not run, and not "
+        f"{sorted(set(entry + ran) - set(listed))} that it does")

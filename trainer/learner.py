@@ -17,7 +17,7 @@ plus the index map back to rows) and
    and accumulates the gradients, so the step does not depend on the chunking;
 4. refuses a non-finite loss or gradient (:class:`NonFiniteLossError`) *before* stepping;
 5. clips the gradient norm, takes one optimizer step, marks the batch consumed (a second use raises)
-   and returns the step's statistics (:func:`trainer.step_stats.merge_stats`).
+   and returns the step's statistics (:func:`trainer.learner.merge_stats`).
 
 Its switches live in four small configs, each declared once: the objective's
 (:class:`~fr_agents.objective_config.ObjectiveConfig`), the optimizer's
@@ -76,6 +76,12 @@ is not pulled up by the spikes it clips, and a lasting rise in scale (more than 
 moves it. The history is part of the learner's state, saved in checkpoints, so that a resumed run
 clips exactly as an uninterrupted one. A step's ``spike_clipped`` metric (metrics.jsonl) is 1 when this
 bound, below ``optim.grad_clip``, cut it.
+
+The statistics of one learner step, reduced from its micro-batches.
+
+Each micro-batch's loss returns per-row tensors (sequence KL, admitted, retained tokens) and a few
+means; :func:`merge_stats` puts the rows back in batch order and reduces them to the floats of the
+step's metrics row (docs/DESIGN.md "Metrics"), so the figures do not depend on how the step was cut.
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -96,9 +102,11 @@ from fr_agents.config import PACKED_MODES, OptimConfig, TrainConfig
 from fr_agents.models.forward import FlatChunk, ForwardConfig, PackedChunk, PolicyForward
 from fr_agents.objective_config import ObjectiveConfig
 from fr_agents.tree.batch import FlatBatch, PackedBatch, TrainBatch
-from trainer.advantages import batch_advantages, validate_weights
-from trainer.objective import denominators, objective_loss
-from trainer.step_stats import merge_stats
+from trainer.objective import batch_advantages, denominators, objective_loss, validate_weights
+
+if TYPE_CHECKING:
+    from fr_agents.tree.batch import FlatBatch
+
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +206,7 @@ class Learner:
         self.objective.check()
         self.chunking.check()
         forward.check()
+        self._entropies = self.objective.needs_entropies  # read once: the configs are fixed from here on
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         o = self.optim
@@ -416,7 +425,7 @@ class Learner:
             raise NonFiniteLossError(f"the model gives non-finite log-probs at version {self.version}")
 
     def _failures(self, flat: FlatBatch, rows: Tensor | None, device: torch.device) -> Tensor | None:
-        if not self.objective.needs_entropies:
+        if not self._entropies:
             return None
         failures = getattr(flat, "failures", None)
         if not isinstance(failures, Tensor) or failures.dtype != torch.bool:
@@ -428,7 +437,7 @@ class Learner:
         num_tokens: float, device: torch.device,
     ) -> dict[str, Any]:
         """Forward + backward of one chunk: its log-probs, then the objective on its rows."""
-        out = self.policy.logprobs(chunk, device, entropies=self.objective.needs_entropies)
+        out = self.policy.logprobs(chunk, device, entropies=self._entropies)
         rows, on_device = out.rows, out.rows.to(device)
         self._check_current(out.log_probs, out.action_mask)
         loss, st = objective_loss(
@@ -540,3 +549,86 @@ class SpikeClip:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.norms = collections.deque((float(x) for x in state.get("norms", [])), maxlen=self.window)
+
+
+# =========================================================================== step stats
+
+def merge_stats(
+    chunks: list[dict[str, Any]], flat: FlatBatch, rewards: Tensor, advantages: Tensor, algo: str, version: int
+) -> dict[str, float]:
+    """Reassemble the chunks' per-row stats in batch order and reduce them to the step's floats.
+
+    ``chunks``: one dict per micro-batch (``rows``, ``loss``, ``stats`` from the loss,
+    ``forward_tokens``); ``algo``: the objective's (FlashREINFORCE reports its gate and filters,
+    GRPO its clip fraction); ``version``: the policy version the staleness is measured against."""
+    b = flat.token_ids.shape[0]
+    policy = torch.zeros(b, dtype=torch.long)
+    ratio_sum = 0.0
+    ratio_max = -math.inf
+    loss = 0.0
+    per_row: dict[str, Tensor] = {}
+    clip_tokens = 0.0
+    for c in chunks:
+        st, rows = c["stats"], c["rows"]
+        loss += float(c["loss"])
+        n = st["policy_tokens"].cpu()
+        policy[rows] = n
+        ratio_sum += float(st["ratio_mean"]) * int(n.sum())
+        ratio_max = max(ratio_max, float(st["ratio_max"]))
+        if "clip_fraction" in st:
+            clip_tokens += float(st["clip_fraction"]) * int(n.sum())
+        for key in ("sequence_kl", "admitted", "retained_tokens"):
+            if key in st:
+                if key not in per_row:
+                    per_row[key] = torch.zeros(b, dtype=st[key].dtype)
+                per_row[key][rows] = st[key].cpu()
+    total = int(policy.sum())
+    adv = advantages.detach().cpu().to(torch.float64)
+    if adv.dim() == 2:  # per token (the nodes baseline): each row's mean over its policy tokens
+        mask = flat.action_mask.to(torch.float64)
+        adv = (adv * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    r = rewards.detach().cpu().to(torch.float64)
+    stats: dict[str, float] = {
+        "loss": loss,
+        "rows": float(b),
+        "micro_batches": float(len(chunks)),
+        "forward_tokens": float(sum(c["forward_tokens"] for c in chunks)),
+        "policy_tokens": float(total),
+        "reward_mean": float(r.mean()),
+        "adv_mean": float(adv.mean()),
+        "adv_std": float(adv.std(unbiased=False)),
+        "adv_min": float(adv.min()),
+        "adv_max": float(adv.max()),
+        "ratio_mean": ratio_sum / total,
+        "ratio_max": ratio_max,
+    }
+    kl = per_row["sequence_kl"].to(torch.float64)
+    stats.update(seq_kl_mean=float(kl.mean()), seq_kl_max=float(kl.max()))
+    if algo == "flashreinforce":
+        retained = int(per_row["retained_tokens"].sum())
+        admitted = per_row["admitted"].to(torch.float64)
+        pos, neg = adv > 0, adv < 0
+        stats.update(
+            acceptance_rate=float(admitted.mean()),
+            # which side the gate drops: rows that the step pushes up (better than the baseline)
+            # and rows that it pushes down; nan when the batch has no such row
+            acceptance_positive=float(admitted[pos].mean()) if bool(pos.any()) else math.nan,
+            acceptance_negative=float(admitted[neg].mean()) if bool(neg.any()) else math.nan,
+            retained_tokens=float(retained),
+            retained_fraction=retained / total,
+        )
+    else:  # GRPO has no gate and no filter: every row and token counts
+        stats.update(
+            acceptance_rate=1.0,
+            retained_tokens=float(total),
+            retained_fraction=1.0,
+            clip_fraction=clip_tokens / total,
+        )
+    versions = getattr(flat, "versions", None)
+    if isinstance(versions, Tensor) and versions.shape == flat.action_mask.shape:
+        v = versions[flat.action_mask]
+        if v.numel() and bool((v >= 0).all()):
+            lag = version - v.to(torch.float64)
+            stats["staleness_mean"] = float(lag.mean())
+            stats["staleness_max"] = float(lag.max())
+    return stats

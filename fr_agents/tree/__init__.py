@@ -1,7 +1,7 @@
 """The trajectory tree: a durable, prefix-sharing store of agent trajectories.
 
 ``TrajectoryTree`` (in :mod:`fr_agents.tree.store`) is what rollout workers write and the learner
-reads; a :class:`Trajectory` (:mod:`fr_agents.tree.trajectory`) is one root-to-leaf path;
+reads; a :class:`Trajectory` (:mod:`fr_agents.tree.nodes`) is one root-to-leaf path;
 :mod:`fr_agents.tree.batch` turns trajectories into flat or tree-packed tensors and holds the
 project's one log-prob gather. Imports run one way: store -> nodes (the ``nodes`` table's rows)
 -> trajectory, and store -> batch -> trajectory. The batch classes import torch, so they load
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fr_agents.tree.nodes import Trajectory
 from fr_agents.tree.store import DuplicateLeafError, NodeView, TrajectoryTree
-from fr_agents.tree.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from fr_agents.tree.batch import FlatBatch, PackedBatch

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from fr_agents.tree.attention import BLOCK, TreeLayout
-from fr_agents.tree.trajectory import Trajectory
+from fr_agents.tree.nodes import Trajectory
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, rows: Tensor | None = None) -> Tensor:

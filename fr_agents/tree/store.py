@@ -11,7 +11,7 @@ path is one trajectory with one reward. Leaf ids are node ids.
 
 Sharing. ``append(parent, tokens, …)`` walks the children of ``parent``: where an existing child
 starts with the same *sample* (same ids, mask, log-prob bits and version, see
-:mod:`fr_agents.tree.segment`) the common prefix is shared, splitting the child when the match
+:mod:`fr_agents.tree.nodes`) the common prefix is shared, splitting the child when the match
 ends inside it (the child keeps its id and suffix, so ids held by other workers stay valid).
 Forking is just a second ``append`` under the same node. Because identical samples are stored
 once, a worker that reproduces an already finished path bit for bit gets
@@ -52,7 +52,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fr_agents.tree.db import Database, bump, counter
-from fr_agents.tree.nodes import NODE_COLS, NodeRow, descend, insert_node, path_rows, read_trajectories
+from fr_agents.tree.nodes import (
+    NODE_COLS,
+    REWARD_MODES,
+    STATUSES,
+    NodeRow,
+    Segment,
+    Trajectory,
+    check_reward,
+    descend,
+    insert_node,
+    make_segment,
+    path_rows,
+    prompt_tokens,
+    read_trajectories,
+)
 from fr_agents.tree.prune import (
     STATE_AVAILABLE,
     STATE_CONSUMED,
@@ -62,8 +76,6 @@ from fr_agents.tree.prune import (
     leaf_keys,
     prune_redundant,
 )
-from fr_agents.tree.segment import Segment, check_reward, make_segment, prompt_tokens
-from fr_agents.tree.trajectory import REWARD_MODES, STATUSES, Trajectory
 
 if TYPE_CHECKING:
     from fr_agents.tree.batch import FlatBatch, PackedBatch

@@ -21,9 +21,9 @@ from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from tools_sandbox import live_sessions
 from tools_sandbox.bwrap import bwrap_available
-from trainer.advantages import centered_advantages
 from trainer.batches import export_batch
 from trainer.loop import Trainer
+from trainer.objective import centered_advantages
 
 BASE = [
     "model.tiny_size=nano",

@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from fr_agents.config import config_from_dict
 from fr_agents.tree.batch import FlatBatch, PackedBatch, build_flat, build_packed
-from fr_agents.tree.trajectory import Trajectory
+from fr_agents.tree.nodes import Trajectory
 from trainer.learner import Learner, NonFiniteLossError
 
 torch.set_num_threads(1)

@@ -9,8 +9,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from trainer.advantages import group_normalized_advantages
-from trainer.objective import binary_kl, flashreinforce_loss, grpo_loss
+from trainer.objective import binary_kl, flashreinforce_loss, group_normalized_advantages, grpo_loss
 
 torch.set_num_threads(1)
 

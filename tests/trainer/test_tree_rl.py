@@ -25,10 +25,10 @@ from tests.trainer.test_resume import (
     assert_resumed_run_matches,
     resume_point,
 )
-from trainer.advantages import centered_advantages, node_value_advantages, tree_advantages
 from trainer.learner import Learner
 from trainer.loop import run_training
 from trainer.metrics import MetricsSink
+from trainer.objective import centered_advantages, node_value_advantages, tree_advantages
 
 torch.set_num_threads(1)
 
