@@ -317,6 +317,53 @@ def compact_decode(
     return F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
 
 
+def compact_extend(
+    model: torch.nn.Module, ids: Tensor, lengths: Tensor, cache: CompactCache,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+) -> Tensor:
+    """Append right-padded tokens ``ids`` [B, W] (row ``b`` real in its first ``lengths[b]``
+    columns) after each row's cached tokens, which may differ in number from row to row, and
+    return the logits ``[B, V]`` that predict each row's next token.
+
+    What :func:`compact_decode` does for one token a row, for several: the HF engine continues
+    finished rows this way (each with the kept keys and values of its own history already in its
+    row of ``cache``), all of a join's rows in one forward. Equal, up to float rounding, to
+    prefilling each row's whole sequence."""
+    c = model.config
+    heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, cache.head_dim
+    b, width = ids.shape
+    device = ids.device
+    start = cache.lengths.clone()  # [B] each row's cached tokens
+    column = torch.arange(width, device=device)
+    real = column[None] < lengths[:, None]  # [B, W]
+    row_of, col_of = real.nonzero(as_tuple=True)  # each real token's row and column, row-major
+    pos = start[row_of] + col_of  # its position
+    cos, sin = (t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"]), cache.keys[0].dtype))
+    span = int((start + lengths).max())
+    # query (b, j) at position start[b] + j sees the keys at positions <= its own
+    visible = torch.arange(span, device=device)[None, None] <= (start[:, None] + column[None])[:, :, None]
+    mask = torch.zeros(b, 1, width, span, device=device).masked_fill(~visible[:, None], -math.inf)
+    flat = (row_of * width + col_of)  # each real token's slot in the padded [B * W] layout
+    x = F.embedding(ids[row_of, col_of], model.model.embed_tokens.weight)  # [N, C]
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        weight, bias, gate_up = fused[i] if fused is not None else (*_qkv(attn), None)
+        qkv = F.linear(_norm(x, layer.input_layernorm), weight, bias).view(-1, heads + 2 * kv_heads, head_dim)
+        qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
+        cache.keys[i][row_of, :, pos] = qk[:, heads:]
+        cache.values[i][row_of, :, pos] = qkv[:, heads + kv_heads :]
+        q = qk.new_zeros((b * width, heads, head_dim)).index_copy(0, flat, qk[:, :heads])
+        q = q.view(b, width, heads, head_dim).transpose(1, 2)  # [B, H, W, D]
+        out = _attend(q, cache.keys[i][:, :, :span], cache.values[i][:, :, :span], mask[:, None])
+        out = out.transpose(1, 2).reshape(b * width, heads * head_dim).index_select(0, flat)
+        x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        x = x + _mlp(_norm(x, layer.post_attention_layernorm), mlp, gate_up)
+    cache.lengths += lengths
+    last = torch.cumsum(lengths, 0) - 1  # each row's last real token among the flat ones
+    x = _norm(x[last], model.model.norm)
+    return F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
+
+
 def _qkv(attn: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
     """The query, key and value projections as one weight (and bias)."""
     weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])

@@ -63,6 +63,7 @@ from fr_agents.models.compact import (
     CompactCache,
     Past,
     compact_decode,
+    compact_extend,
     compact_prefill,
     compact_reason,
     fused_weights,
@@ -534,12 +535,12 @@ class _CompactWave:
         """Prefill ``reqs`` into the next free rows; their first logits ``[len(reqs), V]``.
 
         A request that continues a kept row (:class:`~fr_agents.policy.opening.Continuations`)
-        prefills only what follows that row's tokens, alone. The others prefill together: what
-        every prompt starts with of the engine's kept :class:`Opening` is not computed again (its
-        keys and values are copied in); what the group shares beyond it runs once; a longer opening
-        this group shares is kept for the joins after it. ``reqs`` is reordered in place to the
-        rows' order (the fresh group first, then each continuation); ``shared`` is what all of
-        ``reqs`` share."""
+        prefills only what follows that row's tokens (:meth:`_continue`: all such requests of the
+        join in one forward). The others prefill together: what every prompt starts with of the
+        engine's kept :class:`Opening` is not computed again (its keys and values are copied in);
+        what the group shares beyond it runs once; a longer opening this group shares is kept for
+        the joins after it. ``reqs`` is reordered in place to the rows' order (the fresh group
+        first, then the continuations); ``shared`` is what all of ``reqs`` share."""
         need = self.live + len(reqs)
         rows = min(self.engine.max_batch_size, max(need, 2 * self.cache.keys[0].shape[0]))
         self.cache.grow(rows, self._slots(reqs))
@@ -553,23 +554,39 @@ class _CompactWave:
             if len(fresh) < len(reqs):
                 shared = HFEngine._shared_len(fresh)
             parts.append(self._prefill(fresh, shared))
-        for r in going_on:
-            n, past = found[id(r)]
-            parts.append(self._prefill([r], 0, (n, past)))
-            self.engine.stats["continued_tokens"] += n
+        if going_on:
+            parts.append(self._continue(going_on, [found[id(r)] for r in going_on]))
         reqs[:] = fresh + going_on
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _prefill(self, reqs: list[_Request], shared: int, continued: tuple[int, Past] | None = None) -> torch.Tensor:
-        """Prefill ``reqs`` into the next free rows, after the kept opening or the one
-        ``continued`` ``(tokens, keys and values)`` they start with."""
+    def _continue(self, reqs: list[_Request], found: list[tuple[int, Past]]) -> torch.Tensor:
+        """Prefill ``reqs``, each continuing the kept row ``found`` ``(tokens, keys and values)``
+        its prompt starts with, into the next free rows: each row's kept keys and values are copied
+        into its place, then what follows them runs for all the rows in one forward
+        (:func:`~fr_agents.models.compact.compact_extend`)."""
+        rows = self.cache.rows(self.live, self.live + len(reqs))
+        for g, (n, past) in enumerate(found):
+            for layer, (k, v) in enumerate(zip(past.keys, past.values, strict=True)):
+                rows.keys[layer][g, :, :n] = k
+                rows.values[layer][g, :, :n] = v
+            rows.lengths[g] = n
+            self.engine.stats["continued_tokens"] += n
+        lengths = [len(r.prompt_ids) - n for r, (n, _) in zip(reqs, found, strict=True)]
+        ids = torch.full((len(reqs), max(lengths)), self.engine.pad_id, dtype=torch.long, device=self.device)
+        for i, (r, (n, _)) in enumerate(zip(reqs, found, strict=True)):
+            ids[i, : lengths[i]] = torch.tensor(r.prompt_ids[n:], dtype=torch.long, device=self.device)
+        logits = compact_extend(self.model, ids, torch.tensor(lengths, dtype=torch.long, device=self.device), rows,
+                                self.engine.fused())
+        self.engine.stats["prefill_tokens"] += sum(lengths)
+        self.live += len(reqs)
+        return logits
+
+    def _prefill(self, reqs: list[_Request], shared: int) -> torch.Tensor:
+        """Prefill ``reqs`` into the next free rows, after the kept opening they start with."""
         opening = self.engine.opening
-        if continued is None:
-            kept = opening.match([r.prompt_ids for r in reqs])
-            past = opening.past(self.model, kept, self.engine.fused()) if kept else None
-            self.engine.stats["opening_tokens"] += kept * len(reqs)
-        else:
-            kept, past = continued
+        kept = opening.match([r.prompt_ids for r in reqs])
+        past = opening.past(self.model, kept, self.engine.fused()) if kept else None
+        self.engine.stats["opening_tokens"] += kept * len(reqs)
         lengths = [len(r.prompt_ids) - kept for r in reqs]
         ids = torch.full((len(reqs), max(lengths)), self.engine.pad_id, dtype=torch.long, device=self.device)
         for i, r in enumerate(reqs):
@@ -579,7 +596,7 @@ class _CompactWave:
         logits = compact_prefill(self.model, ids, torch.tensor(lengths, dtype=torch.long, device=self.device),
                                  prefix, rows, self.engine.fused(), past)
         self.engine.stats["prefill_tokens"] += prefix + sum(n - prefix for n in lengths)
-        if continued is None and shared > kept:
+        if shared > kept:
             opening.remember(reqs[0].prompt_ids[:shared],
                              Past([k[0, :, :shared].clone() for k in rows.keys], [v[0, :, :shared].clone() for v in rows.values]))
         self.live += len(reqs)

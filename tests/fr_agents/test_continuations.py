@@ -132,3 +132,32 @@ def test_continuations_keep_one_entry_per_episode_within_their_bound() -> None:
     c.keep([20, 21, 22], past(3))  # over the bound: the least recently used entry goes
     assert c.held_tokens <= 10 and c.find([1, 2, 3, 4, 5, 6])[0] == 0
     assert c.find([8, 9, 10, 11, 12])[0] == 4
+
+
+def test_rows_with_histories_of_different_lengths_extend_in_one_forward_as_whole_prefills() -> None:
+    """compact_extend: rows whose caches hold histories of different lengths append suffixes of
+    different lengths in one forward; the logits equal those of prefilling each row's whole
+    sequence, and each row's cache then holds the keys and values a whole prefill computes."""
+    from fr_agents.models.compact import CompactCache, compact_extend, compact_prefill
+
+    model = llama(seed=9)
+    g = torch.Generator().manual_seed(2)
+    histories = [torch.randint(10, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 11)]
+    suffixes = [torch.randint(10, VOCAB, (n,), generator=g).tolist() for n in (4, 1, 9)]
+
+    def right_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+        return ids, torch.tensor([len(r) for r in rows])
+
+    with torch.no_grad():
+        cache = CompactCache(model, 3, 64, torch.device("cpu"))
+        compact_prefill(model, *right_padded(histories), 0, cache)
+        got = compact_extend(model, *right_padded(suffixes), cache)
+        whole = CompactCache(model, 3, 64, torch.device("cpu"))
+        want = compact_prefill(model, *right_padded([h + s for h, s in zip(histories, suffixes, strict=True)]), 0, whole)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert cache.lengths.tolist() == whole.lengths.tolist() == [9, 18, 20]
+    for b, n in enumerate(cache.lengths.tolist()):
+        torch.testing.assert_close(cache.keys[1][b, :, :n], whole.keys[1][b, :, :n], rtol=1e-4, atol=1e-5)
