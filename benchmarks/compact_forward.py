@@ -80,7 +80,7 @@ def learner_child(preset: str, overrides: list[str], path: str) -> dict[str, Any
         learner.step(flat)
         if i >= 5:
             times.append((time.process_time() - t0) * 1000)
-    return {"step_ms": statistics.median(times), "steps": len(times), "compact": learner.compact_reason is None}
+    return {"step_ms": statistics.median(times), "steps": len(times), "compact": learner.policy.compact_reason is None}
 
 
 def run_child(args: list[str]) -> dict[str, Any]:

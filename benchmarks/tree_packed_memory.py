@@ -123,8 +123,10 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     import torch
     import transformers
 
+    from fr_agents.models.forward import ForwardConfig
+    from fr_agents.objective_config import ObjectiveConfig
     from fr_agents.tree.batch import build_flat, build_packed
-    from trainer.learner import Learner
+    from trainer.learner import Chunking, Learner
 
     torch.manual_seed(0)
     device = torch.device(a.device)
@@ -141,9 +143,9 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     )
     cfg._attn_implementation = "sdpa"
     model = transformers.Qwen2ForCausalLM(cfg).float().to(device)
-    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), micro_batch_tokens=micro,
-                      packed="never" if flat_form else "always", tree_attention=form == "packed", tree_min_saving=0,
-                      delta=float("inf"))
+    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), objective=ObjectiveConfig(delta=float("inf")),
+                      chunking=Chunking(micro_batch_tokens=micro, packed="never" if flat_form else "always"),
+                      forward=ForwardConfig(tree_attention=form == "packed", tree_min_saving=0))
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -239,9 +239,10 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
     from transformers import AutoModelForCausalLM
 
     from fr_agents.ledger import EpisodeLedger
+    from fr_agents.models.forward import ForwardConfig
     from fr_agents.tree import TrajectoryTree
     from fr_agents.tree.batch import build_flat, build_packed
-    from trainer.learner import Learner
+    from trainer.learner import Chunking, Learner
 
     ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
     model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step_{steps:06d}", dtype=torch.float32)
@@ -269,8 +270,10 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
                 m = copy.deepcopy(model)
                 builder, rows, w = build[form]
                 batch = builder(rows, weights=w)
-                learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0), temperature=temperature, autocast=autocast,
-                                  micro_batch_tokens=micro_batch_tokens, packed="always" if form == "packed" else "never")
+                learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0),
+                                  chunking=Chunking(micro_batch_tokens=micro_batch_tokens,
+                                                    packed="always" if form == "packed" else "never"),
+                                  forward=ForwardConfig(temperature=temperature, autocast=autocast))
                 t0 = time.perf_counter()
                 learner.step(batch)
                 times[form].append(time.perf_counter() - t0)

@@ -17,14 +17,14 @@ plus the index map back to rows) and
    and accumulates the gradients, so the step does not depend on the chunking;
 4. refuses a non-finite loss or gradient (:class:`NonFiniteLossError`) *before* stepping;
 5. clips the gradient norm, takes one optimizer step, marks the batch consumed (a second use raises)
-   and returns the step's statistics (:func:`trainer.learner.merge_stats`).
+   and returns the step's statistics (:func:`merge_stats`).
 
 Its switches live in four small configs, each declared once: the objective's
 (:class:`~fr_agents.objective_config.ObjectiveConfig`), the optimizer's
 (:class:`~fr_agents.config.OptimConfig`), the chunking (:class:`~trainer.learner.Chunking`) and the forward
 (:class:`~fr_agents.models.forward.ForwardConfig`). ``Learner.from_config(model, cfg)`` fills them
-from the run's config; ``Learner(model, delta=0.05, micro_batch_tokens=64)`` sorts plain keywords
-into the config that declares them, and ``learner.delta`` reads them back.
+from the run's config, and each is checked once, when the learner is built; read a switch where
+it lives (``learner.objective.delta``, ``learner.chunking.packed``, ``learner.policy.config``).
 
 How a learner step cuts its batch into forwards: one token budget, two batch forms.
 
@@ -87,14 +87,13 @@ step's metrics row (docs/DESIGN.md "Metrics"), so the figures do not depend on h
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -152,15 +151,6 @@ def _fusable(params: list[Tensor]) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
-_Config = TypeVar("_Config")  # one of the learner's four config dataclasses
-
-
-def _take(config: _Config, switches: dict[str, object]) -> _Config:
-    """A copy of ``config`` with the ``switches`` it declares (removed from ``switches``)."""
-    mine = {f.name for f in dataclasses.fields(config)} & switches.keys()
-    return dataclasses.replace(config, **{name: switches.pop(name) for name in mine})
-
-
 class Learner:
     """One optimizer step per fresh batch (see the module docstring).
 
@@ -179,8 +169,6 @@ class Learner:
         version: the policy version of the current weights; +1 per step.
         before_micro_batch: a hook called before every chunk of a step (the elastic runtime hands
             a step the train slots that joined while it ran); None: nothing.
-        **switches: any field of those four configs by name (``delta=0.05``,
-            ``micro_batch_tokens=64``), set on the config that declares it.
     """
 
     def __init__(
@@ -195,14 +183,11 @@ class Learner:
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         version: int = 0,
         before_micro_batch: Callable[[], None] | None = None,
-        **switches: object,
     ) -> None:
-        self.objective = _take(ObjectiveConfig() if objective is None else objective, switches)
-        self.optim = _take(OptimConfig() if optim is None else optim, switches)
-        self.chunking = _take(Chunking() if chunking is None else chunking, switches)
-        forward = _take(ForwardConfig() if forward is None else forward, switches)
-        if switches:
-            raise TypeError(f"Learner: unknown switches {sorted(switches)}")
+        self.objective = ObjectiveConfig() if objective is None else objective
+        self.optim = OptimConfig() if optim is None else optim
+        self.chunking = Chunking() if chunking is None else chunking
+        forward = ForwardConfig() if forward is None else forward
         self.objective.check()
         self.chunking.check()
         forward.check()
@@ -219,17 +204,6 @@ class Learner:
         self.policy = PolicyForward(model, forward)
         self.version = version
         self.before_micro_batch = before_micro_batch
-
-    def __getattr__(self, name: str) -> Any:
-        """A switch read as an attribute (``learner.delta``, ``learner.packed``,
-        ``learner.compact_reason``) comes from the part that holds it."""
-        policy = self.__dict__.get("policy")
-        parts = (self.__dict__.get("objective"), self.__dict__.get("optim"), self.__dict__.get("chunking"), policy,
-                 getattr(policy, "config", None))
-        for part in parts:
-            if part is not None and not name.startswith("_") and hasattr(part, name):
-                return getattr(part, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_config(

@@ -21,6 +21,7 @@ from fr_agents.config import (
     iter_fields,
     load_config,
 )
+from tests.trainer.learners import make_learner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,7 +199,6 @@ def test_a_dotted_entry_of_a_free_form_mapping_is_read_as_yaml_like_the_preset_f
 
 def test_each_value_rule_has_one_home() -> None:
     """The objective and the learner refuse a bad value with the config's own rule and words."""
-    from trainer.learner import Learner
     from trainer.objective import flashreinforce_loss
 
     for key, arg, bad in (
@@ -210,7 +210,7 @@ def test_each_value_rule_has_one_home() -> None:
             load_config("math-tiny", [f"{key}={bad}"])
         why = str(c.value).split(": ", 1)[1]
         with pytest.raises(ValueError) as lrn:
-            Learner(torch.nn.Linear(2, 2), **{arg: bad})
+            make_learner(torch.nn.Linear(2, 2), **{arg: bad})
         assert str(lrn.value) == f"{arg}: {why}"
         t = torch.zeros(1, 2)
         with pytest.raises(ValueError) as obj:
@@ -271,7 +271,7 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
         )
         assert o.system_prompt == "Answer with digits only." and not o.importance_correction
         assert "Answer with digits only." in t.learner_side.tokenizer.decode(t.runner.encode_observation("1+1="))
-        assert t.learner.temperature == 0.7
+        assert t.learner.policy.config.temperature == 0.7
         # tasks: 1-digit problems, the splits swapped, the first 3 train tasks are demos
         from envs.tasks import get_task_source
 

@@ -12,6 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from fr_agents.config import config_from_dict
 from fr_agents.tree.batch import FlatBatch, PackedBatch, build_flat, build_packed
 from fr_agents.tree.nodes import Trajectory
+from tests.trainer.learners import make_learner
 from trainer.learner import Learner, NonFiniteLossError
 
 torch.set_num_threads(1)
@@ -129,8 +130,8 @@ def test_micro_batched_step_equals_full_batch_step(switches: dict) -> None:
     trajs = make_trajectories(model)
     ref = copy.deepcopy(model)
     switches = {"delta": 0.05, **switches}
-    full = Learner(ref, lr=1e-2, micro_batch_tokens=0, **switches)
-    micro = Learner(model, lr=1e-2, micro_batch_tokens=24, **switches)
+    full = make_learner(ref, lr=1e-2, micro_batch_tokens=0, **switches)
+    micro = make_learner(model, lr=1e-2, micro_batch_tokens=24, **switches)
     s_full = full.step(build_flat(trajs))
     s_micro = micro.step(build_flat(trajs))
     assert s_full["micro_batches"] == 1 and s_micro["micro_batches"] >= 4
@@ -157,8 +158,8 @@ def test_packed_step_equals_flat_step(attn: str) -> None:
     # sign-like first step would amplify that noise on near-zero gradient entries.
     kw = {"delta": 0.05, "negative_token_fraction": 0.5}
     # tree_min_saving=0: tree attention even on these short rows (where the dense mask is cheaper)
-    s_packed = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), tree_min_saving=0, **kw).step(packed_batch)
-    s_flat = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(
+    s_packed = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), tree_min_saving=0, **kw).step(packed_batch)
+    s_flat = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(
         build_flat(trajs)
     )
     assert s_packed["packed"] == 1.0 and s_flat["packed"] == 0.0
@@ -186,8 +187,8 @@ def test_packed_step_of_a_model_without_logits_to_keep_equals_the_usual_packed_s
     model.load_state_dict(src.state_dict())
     trajs = make_trajectories(model)
     ref = copy.deepcopy(src)
-    s_fallback = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
-    s_usual = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
+    s_fallback = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
+    s_usual = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
     assert s_fallback["packed"] == 1.0 and s_fallback["tree_attention"] == 0.0
     assert s_fallback["loss"] == pytest.approx(s_usual["loss"], rel=1e-12)
     assert moved(model, src) > 1e-4
@@ -197,9 +198,9 @@ def test_packed_step_of_a_model_without_logits_to_keep_equals_the_usual_packed_s
 def test_packed_batch_over_budget_falls_back_to_flat_micro_batches() -> None:
     model = tiny_model()
     trajs = make_trajectories(model)
-    stats = Learner(model, micro_batch_tokens=20).step(build_packed(trajs))
+    stats = make_learner(model, micro_batch_tokens=20).step(build_packed(trajs))
     assert stats["packed"] == 0.0 and stats["micro_batches"] > 1
-    never = Learner(tiny_model(), packed="never").step(build_packed(trajs))
+    never = make_learner(tiny_model(), packed="never").step(build_packed(trajs))
     assert never["packed"] == 0.0
 
 
@@ -224,14 +225,14 @@ def test_a_packed_step_takes_tree_attention_only_where_it_saves_enough_scores() 
     roots = list(range(len(packed.root_spans)))
     dense = len(roots) * packed.max_root_tokens**2
     assert dense < 2 * packed.tree_layout(roots).scores
-    s_short = Learner(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.0), **kw).step(packed)
+    s_short = make_learner(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.0), **kw).step(packed)
     assert s_short["packed"] == 1.0 and s_short["tree_attention"] == 0.0
     # one wide row of 16 branches: tree attention computes > 2x fewer scores than the dense mask
     wide = build_packed(_wide_tree())
     assert len(wide.root_spans) == 1 and wide.max_root_tokens**2 >= 2 * wide.tree_layout([0]).scores
     model, ref = tiny_model(), tiny_model()
-    s_tree = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), **kw).step(wide)
-    s_dense = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), tree_attention=False, **kw).step(
+    s_tree = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), **kw).step(wide)
+    s_dense = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), tree_attention=False, **kw).step(
         build_packed(_wide_tree())
     )
     assert s_tree["tree_attention"] == 1.0 and s_dense["tree_attention"] == 0.0
@@ -242,20 +243,20 @@ def test_a_packed_step_takes_tree_attention_only_where_it_saves_enough_scores() 
 def test_log_probs_are_recomputed_at_the_sampling_temperature() -> None:
     model = tiny_model()
     trajs = make_trajectories(model, temperature=0.7, noise=0.0)
-    at_temp = Learner(copy.deepcopy(model), temperature=0.7).step(build_flat(trajs))
+    at_temp = make_learner(copy.deepcopy(model), temperature=0.7).step(build_flat(trajs))
     # Behaviour log-probs are stored as float32: ratios are 1 to float32 precision.
     assert at_temp["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert at_temp["ratio_max"] == pytest.approx(1.0, abs=1e-6)
     assert at_temp["seq_kl_max"] < 1e-9
     assert at_temp["acceptance_rate"] == 1.0
-    wrong = Learner(copy.deepcopy(model), temperature=1.0, delta=math.inf).step(build_flat(trajs))
+    wrong = make_learner(copy.deepcopy(model), temperature=1.0, delta=math.inf).step(build_flat(trajs))
     assert abs(wrong["ratio_mean"] - 1.0) > 1e-3
     assert wrong["seq_kl_max"] > 1e-4
 
 
 def test_one_optimizer_step_then_the_batch_is_consumed() -> None:
     model = tiny_model()
-    learner = Learner(model, lr=1e-2)
+    learner = make_learner(model, lr=1e-2)
     batch = build_flat(make_trajectories(model))
     stats = learner.step(batch)
     assert batch.consumed and learner.version == 1 and stats["version"] == 1.0
@@ -271,7 +272,7 @@ def test_one_optimizer_step_then_the_batch_is_consumed() -> None:
 def test_the_default_optimizer_is_fused_adamw_and_steps_as_the_unfused_one() -> None:
     model = tiny_model()
     trajs = make_trajectories(model)
-    fused = Learner(copy.deepcopy(model), lr=1e-2, weight_decay=0.1)
+    fused = make_learner(copy.deepcopy(model), lr=1e-2, weight_decay=0.1)
     assert fused.optimizer.defaults["fused"] is True
     plain = Learner(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
     assert not plain.optimizer.defaults["fused"]
@@ -285,7 +286,7 @@ def test_a_step_raises_rewarded_log_probs_and_lowers_penalised_ones() -> None:
     model = tiny_model()
     trajs = make_trajectories(model, noise=0.0, rewards=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     before = build_flat(trajs)
-    learner = Learner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), grad_clip=0.0)
+    learner = make_learner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), grad_clip=0.0)
     learner.step(build_flat(trajs))
     with torch.no_grad():
         after = before.gather_logprobs(model(input_ids=before.token_ids).logits)
@@ -297,7 +298,7 @@ def test_a_step_raises_rewarded_log_probs_and_lowers_penalised_ones() -> None:
 def test_non_finite_loss_is_refused_before_stepping() -> None:
     model = tiny_model()
     snapshot = copy.deepcopy(model)
-    learner = Learner(model, lr=1e-2)
+    learner = make_learner(model, lr=1e-2)
     batch = build_flat(make_trajectories(model))
     # Finite rewards whose advantage times log-prob overflows: the loss is -inf.
     batch.rewards = torch.tensor([1.7e308] + [0.0] * 7, dtype=torch.float64)
@@ -343,17 +344,17 @@ def test_from_config_applies_every_switch() -> None:
     )
     model = tiny_model()
     learner = Learner.from_config(model, cfg)
-    assert learner.temperature == 0.8 and learner.delta == 0.01 and not learner.importance_sampling
-    assert learner.aggregation == "token_mean" and learner.negative_token_fraction == 0.25
-    assert learner.negative_min_prob == 0.02 and learner.negative_min_prob_scope == "suffix"
-    assert learner.micro_batch_tokens == 64 and learner.grad_clip == 0.5 and learner.packed == "never"
+    assert learner.policy.config.temperature == 0.8 and learner.objective.delta == 0.01 and not learner.objective.importance_sampling
+    assert learner.objective.aggregation == "token_mean" and learner.objective.negative_token_fraction == 0.25
+    assert learner.objective.negative_min_prob == 0.02 and learner.objective.negative_min_prob_scope == "suffix"
+    assert learner.chunking.micro_batch_tokens == 64 and learner.optim.grad_clip == 0.5 and learner.chunking.packed == "never"
     assert learner.scheduler is not None
     assert learner.spike is not None and learner.spike.k == 1.5 and learner.spike.window == 20
     stats = learner.step(build_packed(make_trajectories(model, temperature=0.8)))
     assert stats["lr"] == pytest.approx(3e-3 / 2)  # first warm-up step
     assert stats["packed"] == 0.0
     grpo = Learner.from_config(tiny_model(), config_from_dict({"objective": {"algo": "grpo"}}))
-    assert grpo.algo == "grpo"
+    assert grpo.objective.algo == "grpo"
     out = grpo.step(build_flat(make_trajectories(model)))
     assert 0.0 <= out["clip_fraction"] <= 1.0
 
@@ -394,7 +395,7 @@ def test_malformed_batches_are_rejected_naming_the_field() -> None:
     with pytest.raises(ValueError, match="rewards"):
         Learner(model).step(bad)
     with pytest.raises(ValueError, match="algo"):
-        Learner(model, algo="ppo")
+        make_learner(model, algo="ppo")
     assert not batch.consumed
 
 
@@ -455,7 +456,7 @@ def test_acceptance_is_also_reported_per_sign_of_the_advantage() -> None:
     delta = float(kl.median())
     admitted = kl <= delta
     adv = flat.rewards - flat.rewards.mean()
-    stats = Learner(model, delta=delta).step(flat)
+    stats = make_learner(model, delta=delta).step(flat)
     assert stats["acceptance_positive"] == pytest.approx(float(admitted[adv > 0].float().mean()))
     assert stats["acceptance_negative"] == pytest.approx(float(admitted[adv < 0].float().mean()))
     assert 0.0 < stats["acceptance_rate"] < 1.0
@@ -475,18 +476,18 @@ def test_a_compact_forward_step_equals_a_transformers_forward_step(switches: dic
         switches = {"delta": 0.05, **switches}
         # plain SGD: the weights move by lr x gradient (Adam's normalisation would magnify float32
         # rounding in near-zero gradient entries)
-        compact = Learner(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batch_tokens=micro, **switches)
-        plain = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1.0), micro_batch_tokens=micro,
+        compact = make_learner(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batch_tokens=micro, **switches)
+        plain = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1.0), micro_batch_tokens=micro,
                         compact_forward=False, **switches)
-        assert compact.compact_reason is None and "compact_forward" in plain.compact_reason
+        assert compact.policy.compact_reason is None and "compact_forward" in plain.policy.compact_reason
         s_compact = compact.step(build_flat(trajs))
         s_plain = plain.step(build_flat(trajs))
         for key in ("loss", "grad_norm", "acceptance_rate", "seq_kl_mean", "ratio_max", "retained_tokens"):
             assert s_compact[key] == pytest.approx(s_plain[key], rel=1e-4, abs=1e-6), key
         assert moved(ref, tiny_model().to(torch.float32)) > 1e-4
         params_close(model, ref, 1e-5)
-    assert "float32" in Learner(tiny_model().to(torch.float64)).compact_reason
+    assert "float32" in Learner(tiny_model().to(torch.float64)).policy.compact_reason
     off = Learner.from_config(tiny_model().to(torch.float32),
                               config_from_dict({"model": {"compact_forward": False}}))
-    assert off.compact_reason == "model.compact_forward is false"
-    assert Learner.from_config(tiny_model().to(torch.float32), config_from_dict({})).compact_reason is None
+    assert off.policy.compact_reason == "model.compact_forward is false"
+    assert Learner.from_config(tiny_model().to(torch.float32), config_from_dict({})).policy.compact_reason is None

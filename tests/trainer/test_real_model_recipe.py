@@ -12,6 +12,7 @@ import torch
 
 from fr_agents.config import ConfigError, config_from_dict, load_config
 from fr_agents.tree.batch import build_flat
+from tests.trainer.learners import make_learner
 from tests.trainer.test_learner import make_trajectories, tiny_model
 from trainer.learner import Learner
 
@@ -68,7 +69,7 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_follows_the_float32_
     stats = {}
     for autocast in ("", "bfloat16"):
         model = tiny_model().to(torch.float32)
-        learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), delta=0.5, autocast=autocast)
+        learner = make_learner(model, torch.optim.SGD(model.parameters(), lr=0.0), delta=0.5, autocast=autocast)
         seen = []
         learner.optimizer.register_step_pre_hook(
             lambda opt, *_, seen=seen: seen.append(torch.cat([p.grad.flatten() for p in opt.param_groups[0]["params"]])))
@@ -85,15 +86,15 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_follows_the_float32_
     flat = build_flat(trajs)
     ids, attn, act = flat.token_ids, flat.attention_mask, flat.action_mask
     for autocast, dtype in (("", torch.float32), ("bfloat16", torch.bfloat16)):
-        learner = Learner(tiny_model().to(torch.float32), autocast=autocast)
-        assert learner.compact_reason is None
+        learner = make_learner(tiny_model().to(torch.float32), autocast=autocast)
+        assert learner.policy.compact_reason is None
         with learner.policy.autocast_context(torch.device("cpu")):
             _, _, logits = policy_token_logits(learner.model, ids, attn, act)
         assert logits.dtype == dtype
     with pytest.raises(ValueError, match="autocast"):
-        Learner(tiny_model().to(torch.float32), autocast="float16")
+        make_learner(tiny_model().to(torch.float32), autocast="float16")
     assert Learner.from_config(tiny_model().to(torch.float32),
-                               config_from_dict({"trainer": {"autocast": "bfloat16"}})).autocast == "bfloat16"
+                               config_from_dict({"trainer": {"autocast": "bfloat16"}})).policy.config.autocast == "bfloat16"
 
 
 def test_math_smollm2_takes_a_real_rl_step_of_smollm2_in_seconds(tmp_path) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fr_agents.tree.batch import build_flat
+from tests.trainer.learners import make_learner
 from tests.trainer.test_learner import make_trajectories, tiny_model
 from trainer.learner import MIN_HISTORY, Learner, SpikeClip
 
@@ -52,7 +53,7 @@ def test_bad_settings_name_the_field(k: float, window: int, field: str) -> None:
 
 
 def _sgd_learner(model: torch.nn.Module, **kw) -> Learner:
-    return Learner(model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), **kw)
+    return make_learner(model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), **kw)
 
 
 @torch.no_grad()
@@ -103,10 +104,10 @@ def test_spike_clip_bounds_a_step_to_k_times_the_recent_median_and_records_its_n
 
 def test_the_learner_state_carries_the_spike_history() -> None:
     model = tiny_model()
-    a = Learner(model, spike_clip=2.0)
+    a = make_learner(model, spike_clip=2.0)
     for x in range(1, 12):
         a.spike.record(float(x))
-    b = Learner(copy.deepcopy(model), spike_clip=2.0)
+    b = make_learner(copy.deepcopy(model), spike_clip=2.0)
     b.load_state_dict(a.state_dict())
     assert list(b.spike.norms) == list(a.spike.norms)
     assert Learner(model).state_dict()["spike_clip"] is None

@@ -17,6 +17,7 @@ from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from fr_agents.tree.batch import build_flat, build_packed
 from fr_agents.tree.prune import STATE_PRUNED, keep_per_tree
+from tests.trainer.learners import make_learner
 from tests.trainer.test_learner import make_trajectories, moved, params_close, tiny_model
 from tests.trainer.test_resume import (
     OVERRIDES,
@@ -25,7 +26,6 @@ from tests.trainer.test_resume import (
     assert_resumed_run_matches,
     resume_point,
 )
-from trainer.learner import Learner
 from trainer.loop import run_training
 from trainer.metrics import MetricsSink
 from trainer.objective import centered_advantages, node_value_advantages, tree_advantages
@@ -102,16 +102,16 @@ def test_a_merged_row_steps_exactly_like_its_identical_siblings_as_separate_rows
     build = build_packed if form == "packed" else build_flat
     merged = build(trajs, "env", counts)
     assert merged.consumed is False and len((merged.flat if form == "packed" else merged).leaf_ids) == len(trajs)
-    s_merged = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=24,
+    s_merged = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=24,
                        tree_min_saving=0, **kw).step(merged)
-    s_sep = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=0, **kw).step(build_flat(separate))
+    s_sep = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=0, **kw).step(build_flat(separate))
     assert s_sep["rows"] == len(separate) and s_merged["rows"] == len(trajs)
     for key in ("loss", "grad_norm"):
         assert s_merged[key] == pytest.approx(s_sep[key], rel=1e-7, abs=1e-10), key
     assert moved(ref, tiny_model()) > 1e-4  # the step really moved the weights
     params_close(model, ref, 1e-7)
     # dropping the duplicates instead (weight 1 each) is a different step
-    plain = Learner(copy.deepcopy(tiny_model()), lr=1e-2, **kw).step(build_flat(trajs))
+    plain = make_learner(copy.deepcopy(tiny_model()), lr=1e-2, **kw).step(build_flat(trajs))
     assert plain["loss"] != pytest.approx(s_sep["loss"], rel=1e-4)
 
 
@@ -122,7 +122,7 @@ def test_row_weights_are_refused_when_malformed_before_any_work() -> None:
         build_flat(trajs, "env", [1, 2])
     assert build_flat(trajs, "env", [1] * 8).weights is None  # all ones: the plain batch
     before = copy.deepcopy(model)
-    learner = Learner(model, lr=1e-2, delta=0.05)
+    learner = make_learner(model, lr=1e-2, delta=0.05)
     for bad in ([1, 1, 1, 0, 1, 1, 1, 1], [1, 1, float("nan"), 1, 1, 1, 1, 1]):
         batch = build_flat(trajs, "env", bad)
         with pytest.raises(ValueError, match="weights: every row weight"):
@@ -202,8 +202,8 @@ def test_the_nodes_baseline_of_a_linear_batch_is_the_batch_baseline() -> None:
         real = flat.attention_mask[i]
         assert torch.allclose(got[i][real], row[i].expand(int(real.sum())))
     ref = copy.deepcopy(model)
-    a = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05, baseline="nodes").step(build_flat(trajs))
-    b = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05, baseline="batch").step(build_flat(trajs))
+    a = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05, baseline="nodes").step(build_flat(trajs))
+    b = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05, baseline="batch").step(build_flat(trajs))
     for key in ("loss", "grad_norm", "adv_mean", "adv_max"):
         assert a[key] == pytest.approx(b[key], rel=1e-7, abs=1e-12), key
     params_close(model, ref, 1e-7)
@@ -232,9 +232,9 @@ def test_per_root_packed_step_gradients_equal_flat_on_a_branching_batch(attn: st
     budget = packed.max_root_tokens
     assert packed.root_chunks(budget) == [[0], [1]] or packed.root_chunks(budget) == [[1], [0]]
     kw = {"delta": 0.05, "baseline": "tree"}
-    s_packed = Learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=budget,
+    s_packed = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=budget,
                        tree_min_saving=0, **kw).step(packed)  # tree attention even on these short rows
-    s_flat = Learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(build_flat(trajs))
+    s_flat = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(build_flat(trajs))
     assert s_packed["packed"] == 1.0 and s_flat["packed"] == 0.0 and s_packed["micro_batches"] == 2
     assert s_packed["tree_attention"] == float(attn == "sdpa")
     assert s_packed["forward_tokens"] < sum(len(t.token_ids) for t in trajs)
