@@ -28,7 +28,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("trainer/elastic/__init__.py", "__getattr__"): "PEP 562 lazy import",
     # signatures fixed by a protocol: the argument must be there, unused or not
     ("envs/verify_worker.py", "signum"): "signal handler signature",
-    ("envs/verify_worker.py", "frame"): "signal handler signature",
     ("envs/verifier.py", "memo"): "__deepcopy__ signature",
     ("fr_agents/spaces.py", "probability"): "gymnasium Space.sample signature",
     # read by a framework through its attribute protocol

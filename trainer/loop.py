@@ -304,6 +304,7 @@ def evaluate_held_out(
     if side.held_out is None:
         return None
     res = {**side.held_out.run(name, step, side.model, side.tokenizer, during=during), **extra}
+    release_freed_memory()  # the evaluation's engine (its cache, its kept rows) is gone: hand its heap back
     side.metrics.event("eval", **res, name=name, step=step)
     log.info(
         "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",

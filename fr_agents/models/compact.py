@@ -136,10 +136,18 @@ class CompactCache:
         heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         dtype = next(model.parameters()).dtype
-        shape = (rows, kv_heads, slots, self.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.model.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.model.layers]
+        # one block for every layer's keys and values, each layer's a view of it: freed whole when the
+        # cache grows or ends. Per-layer tensors (tens of MB each) sat below a raised mmap threshold
+        # (trainer.keep_freed_memory), so each regrowth left the old ones in the heap, where a larger
+        # cache never fits: a 32-game ALFWorld evaluation grew the process by ~4 GB
+        self._block = torch.zeros((len(model.model.layers), 2, rows, kv_heads, slots, self.head_dim), dtype=dtype,
+                                  device=device)
+        self._views()
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+
+    def _views(self) -> None:
+        self.keys = [layer[0] for layer in self._block]
+        self.values = [layer[1] for layer in self._block]
 
     @property
     def slots(self) -> int:
@@ -171,13 +179,12 @@ class CompactCache:
         if (rows, slots) == (self.keys[0].shape[0], self.slots):
             return
 
-        def larger(t: Tensor) -> Tensor:
-            out = t.new_zeros((rows, t.shape[1], slots, t.shape[3]))
-            out[: t.shape[0], :, : t.shape[2]] = t
-            return out
-
-        self.keys = [larger(k) for k in self.keys]
-        self.values = [larger(v) for v in self.values]
+        old = self._block
+        layers, _, had_rows, kv_heads, had_slots, head_dim = old.shape
+        self._block = old.new_zeros((layers, 2, rows, kv_heads, slots, head_dim))
+        self._block[:, :, :had_rows, :, :had_slots] = old
+        del old
+        self._views()
         lengths = self.lengths.new_zeros(rows)
         lengths[: self.lengths.shape[0]] = self.lengths
         self.lengths = lengths
