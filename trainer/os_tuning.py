@@ -8,6 +8,7 @@ One name per switch: each config key is applied by the function of the same name
                                                          mechanism, trainer.os_tuning.pinned, pins)
     trainer.keep_freed_memory  keep_freed_memory(cfg)   once per process, by each side's builder
     trainer.freeze_gc          freeze_gc(cfg)           around a block of RL
+    trainer.onednn_cache_capacity  onednn_cache_capacity(cfg)  before the first product, by each side's builder
 
 ``keep_freed_memory`` and ``freeze_gc`` called without a config apply the setting unconditionally
 (what the tests and the benchmarks measure).
@@ -141,6 +142,21 @@ def why_not_pinned(cfg: TrainConfig) -> str | None:
 
 
 # =========================================================================== malloc
+
+
+def onednn_cache_capacity(cfg: TrainConfig) -> str | None:
+    """``trainer.onednn_cache_capacity``: cap oneDNN's primitive cache in this process (and the
+    processes it starts afterwards, which inherit the environment), unless the environment already
+    sets ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``. oneDNN reads it when it creates its first primitive, so
+    this must run before the process's first bfloat16 product. Returns the capacity in force, or
+    None when the key is 0 (oneDNN's default)."""
+    n = cfg.trainer.onednn_cache_capacity
+    if n <= 0:
+        return os.environ.get(ONEDNN_CACHE_ENV)
+    return os.environ.setdefault(ONEDNN_CACHE_ENV, str(n))
+
+
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
 def keep_freed_memory(

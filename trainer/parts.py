@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from fr_agents.config import TrainConfig, leaves_per_tree
 from fr_agents.run_layout import LEDGER_FILE, STORE_FILE
-from trainer.os_tuning import keep_freed_memory, learner_threads
+from trainer.os_tuning import keep_freed_memory, learner_threads, onednn_cache_capacity
 from trainer.task_balance import demo_and_rl_tasks
 
 if TYPE_CHECKING:
@@ -113,6 +113,7 @@ def build_rollout_side(
     from trainer.schedule import EpisodeSchedule
 
     keep_freed_memory(cfg)  # trainer.keep_freed_memory, in whichever process this side runs
+    onednn_cache_capacity(cfg)  # before this side's first product
     run_dir = Path(run_dir)
     where = model_dir(cfg)
     tok = tokenizer if tokenizer is not None else load_tokenizer(str(where))
@@ -181,6 +182,7 @@ def build_learner_side(
     from trainer.weights import WeightBoard
 
     keep_freed_memory(cfg)  # trainer.keep_freed_memory, in whichever process this side runs
+    onednn_cache_capacity(cfg)  # before this side's first product
     run_dir = Path(run_dir)
     torch.set_num_threads(learner_threads(cfg))
     torch.manual_seed(cfg.trainer.seed)

@@ -73,6 +73,9 @@ def main_train(
 ) -> int:
     """The ``fr-agents train`` command. Returns the process exit code."""
     cfg = load_run_config(preset, list(overrides or []), resume, env=env)
+    from trainer.os_tuning import onednn_cache_capacity
+
+    onednn_cache_capacity(cfg)  # before any product of this process, and inherited by the ones it starts
     from trainer.preflight import dry_run_report, run_preflight
 
     if dry_run:

@@ -5,6 +5,7 @@ Each case runs in a fresh interpreter (malloc's thresholds are process-wide and 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -111,3 +112,20 @@ def test_release_freed_memory_hands_kept_blocks_back():
     assert out[0] == "True"
     kept, released = int(out[1]), int(out[2])
     assert kept > 500 and released < kept - 400, (kept, released)
+
+
+def test_onednn_cache_capacity_caps_the_cache_unless_the_environment_sets_it(monkeypatch) -> None:
+    """trainer.onednn_cache_capacity sets ONEDNN_PRIMITIVE_CACHE_CAPACITY for the process and the
+    ones it starts; a value the environment already holds is kept; 0 leaves oneDNN's default."""
+    from fr_agents.config import load_config
+    from trainer.os_tuning import ONEDNN_CACHE_ENV, onednn_cache_capacity
+
+    monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
+    assert onednn_cache_capacity(load_config("math-tiny", ["trainer.onednn_cache_capacity=0"])) is None
+    assert ONEDNN_CACHE_ENV not in os.environ
+    assert onednn_cache_capacity(load_config("math-tiny", [])) == "16" == os.environ[ONEDNN_CACHE_ENV]
+    child = subprocess.run([sys.executable, "-c", f"import os; print(os.environ['{ONEDNN_CACHE_ENV}'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert child == "16"
+    monkeypatch.setenv(ONEDNN_CACHE_ENV, "4")
+    assert onednn_cache_capacity(load_config("math-tiny", [])) == "4"
