@@ -300,8 +300,9 @@ class TrainerConfig:
                                       "environment sets it; the processes a run starts inherit it): bfloat16 products go "
                                       "through oneDNN, which caches one primitive per shape, and a learner's chunks and an "
                                       "engine's prefills come in many shapes; at oneDNN's default of 1,024 the "
-                                      "alfworld-smollm2 learner grew from 9.6 to 16.9 GB in three RL steps and was "
-                                      "OOM-killed, at 16 it held 9.6 GB; 0: oneDNN's default", rule=_at_least(0))
+                                      "alfworld-smollm2 learner grew from 9.2 to 16.9 GB in two RL steps and was "
+                                      "stopped short of the OOM killer, at 16 it held 9.6 GB over its first three; "
+                                      "0: oneDNN's default", rule=_at_least(0))
     keep_freed_memory: bool = _opt(True, help="let each training process (the learner's, the rollout's, Ray's workers) "
                                    "keep freed CPU memory for reuse instead of handing it back to the kernel after every "
                                    "tensor (glibc malloc: blocks up to 64 MiB stay in the heap, which is trimmed only past "
