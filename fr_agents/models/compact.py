@@ -146,8 +146,11 @@ class CompactCache:
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
 
     def _views(self) -> None:
-        self.keys = [layer[0] for layer in self._block]
-        self.values = [layer[1] for layer in self._block]
+        # the functions that write a cache (compact_prefill, compact_decode, compact_extend) run
+        # without grad: a generation cache is never part of a graph
+        layers = range(self._block.shape[0])
+        self.keys = [self._block[i, 0] for i in layers]
+        self.values = [self._block[i, 1] for i in layers]
 
     @property
     def slots(self) -> int:
@@ -241,6 +244,7 @@ def compact_logits_at(model: torch.nn.Module, ids: Tensor, rows: Tensor, cols: T
     return _forward(model, ids, lengths, rows, cols, prefix)
 
 
+@torch.no_grad()
 def compact_prefill(
     model: torch.nn.Module, ids: Tensor, lengths: Tensor, prefix: int, cache: CompactCache,
     fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None, past: Past | None = None,
@@ -282,6 +286,7 @@ class Past:
         return Past([k[:, :n] for k in self.keys], [v[:, :n] for v in self.values])
 
 
+@torch.no_grad()
 def opening_kv(
     model: torch.nn.Module, ids: Tensor, fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
 ) -> Past:
@@ -292,6 +297,7 @@ def opening_kv(
     return Past([k[0] for k in cache.keys], [v[0] for v in cache.values])
 
 
+@torch.no_grad()
 def compact_decode(
     model: torch.nn.Module, tokens: Tensor, cache: CompactCache,
     fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
@@ -324,6 +330,7 @@ def compact_decode(
     return F.linear(x, model.lm_head.weight, getattr(model.lm_head, "bias", None))
 
 
+@torch.no_grad()
 def compact_extend(
     model: torch.nn.Module, ids: Tensor, lengths: Tensor, cache: CompactCache,
     fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
