@@ -5,7 +5,9 @@ The goals in ``alfworld.gen.goal_library`` are conjunctions; their type literals
 over the state-dependent ones, for the best candidate object:
 
 * pick_and_place_simple: object acquired (held, or already placed), object in a goal-type receptacle;
-* clean / heat / cool:   acquired, ``isClean`` / ``isHot`` / ``isCool``, placed;
+* clean / heat / cool:   acquired, ``isClean`` / ``isHot`` / ``isCool``, placed once in that state
+  (an object placed before it is cleaned, heated or cooled, or after the wrong one of the three,
+  counts as acquired only);
 * pick_two_obj_and_place: first acquired, first placed, second acquired, second placed;
 * look_at_obj_in_light:  object held, lamp toggled, agent at the lamp's location.
 
@@ -80,9 +82,11 @@ def partial_score(
     state_pred = _STATE_PRED.get(task_type)
     best = 0
     for o in objs:
-        score = int(o in held or o in placed) + int(o in placed)
-        if state_pred is not None:
-            score += int(f.has(state_pred, o) and not f0.has(state_pred, o))
+        changed = state_pred is not None and f.has(state_pred, o) and not f0.has(state_pred, o)
+        # placing pays only once the object is in the goal's state: an uncleaned pot set down where a
+        # clean one belongs has to be taken back, so it is no nearer the goal than one held
+        placed_done = o in placed and (state_pred is None or changed)
+        score = int(o in held or o in placed) + int(changed) + int(placed_done)
         best = max(best, score)
     return best / (3 if state_pred else 2)
 

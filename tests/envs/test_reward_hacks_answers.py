@@ -565,6 +565,18 @@ def test_hack_alfworld_object_already_hot_at_the_start() -> None:
     assert alfworld_partial("pick_heat_then_place_in_recep", HEAT, start, False, initial=start) == 0.0
 
 
+def test_hack_alfworld_placing_the_object_without_its_transformation() -> None:
+    """A heat task's apple set down on the counter cold, or cooled instead of heated, is only
+    acquired (1/3): read in a seed-0 RL run, where placement paid whatever the object's state."""
+    start = _facts(*TYPES, ("atlocation", "agent1", "loc_start"))
+    cold = _facts(*TYPES, ("inreceptacle", "apple_1", "countertop_1"))
+    cooled = _facts(*TYPES, ("inreceptacle", "apple_1", "countertop_1"), ("iscool", "apple_1"))
+    for facts in (cold, cooled):
+        assert alfworld_partial("pick_heat_then_place_in_recep", HEAT, facts, False, initial=start) == pytest.approx(1 / 3)
+    # the same placement is the whole of a pick-and-place task's progress
+    assert alfworld_partial("pick_and_place_simple", HEAT, cold, False, initial=start) == 1.0
+
+
 def test_control_alfworld_real_progress_counts() -> None:
     start = _facts(*TYPES, ("inreceptacle", "apple_1", "countertop_1"), ("atlocation", "agent1", "loc_start"))
     held = _facts(*TYPES, ("holds", "agent1", "apple_1"))
