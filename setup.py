@@ -9,8 +9,12 @@ checkout, and a checkout has a single copy of each preset.
 from setuptools import find_namespace_packages, setup
 
 setup(
-    packages=[*find_namespace_packages(include=["fr_agents*", "envs*", "tools_sandbox*", "trainer*"], exclude=["*__pycache__"]),
-              "fr_agents.configs"],
+    packages=[
+        *find_namespace_packages(
+            include=["fr_agents*", "envs*", "tools_sandbox*", "trainer*"], exclude=["*__pycache__"]
+        ),
+        "fr_agents.configs",
+    ],
     package_dir={"fr_agents.configs": "configs"},
     package_data={
         "": ["*.txt", "*.json", "*.jinja", "*.py.txt"],

@@ -83,11 +83,24 @@ def one_run(work: Path, start: Path, lag: int, delta: str, steps: int, eval_ever
     windows = []
     for a in range(0, len(st), window):
         chunk = st[a : a + window]
-        windows.append((chunk[0]["step"], chunk[-1]["step"], sum(r["acceptance"] for r in chunk) / len(chunk),
-                        sum(r["reward"] for r in chunk) / len(chunk)))
-    evals = [(r["step"], r["success"]) for r in rows if r.get("kind") == "eval" and r.get("name") != "after_rl"]
-    return {"lag": lag, "delta": delta, "acceptance": windows, "evals": evals,
-            "mean_acceptance": sum(r["acceptance"] for r in st) / max(1, len(st))}
+        windows.append(
+            (
+                chunk[0]["step"],
+                chunk[-1]["step"],
+                sum(r["acceptance"] for r in chunk) / len(chunk),
+                sum(r["reward"] for r in chunk) / len(chunk),
+            )
+        )
+    evals = [
+        (r["step"], r["success"]) for r in rows if r.get("kind") == "eval" and r.get("name") != "after_rl"
+    ]
+    return {
+        "lag": lag,
+        "delta": delta,
+        "acceptance": windows,
+        "evals": evals,
+        "mean_acceptance": sum(r["acceptance"] for r in st) / max(1, len(st)),
+    }
 
 
 def main() -> int:
@@ -114,16 +127,24 @@ def main() -> int:
     start = start_checkpoint(work)
     print(f"{len(parsed)} runs of {args.steps} steps from {start}", flush=True)
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as ex:
-        results = list(ex.map(lambda p: one_run(work, start, p[0], p[1], args.steps, args.eval_every, args.window), parsed))
+        results = list(
+            ex.map(
+                lambda p: one_run(work, start, p[0], p[1], args.steps, args.eval_every, args.window), parsed
+            )
+        )
     load1 = os.getloadavg()
-    print("\n| lag | delta | acceptance per window | mean | batch reward per window | held-out success (step: %) |")
+    print(
+        "\n| lag | delta | acceptance per window | mean | batch reward per window | held-out success (step: %) |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for r in results:
         acc = " ".join(f"{a}-{b}: {v:.2f}" for a, b, v, _ in r["acceptance"])
         rew = " ".join(f"{a}-{b}: {w:.2f}" for a, b, _, w in r["acceptance"])
         ev = " ".join(f"{s}: {100 * v:.1f}" for s, v in r["evals"])
         print(f"| {r['lag']} | {r['delta']} | {acc} | {r['mean_acceptance']:.2f} | {rew} | {ev} |")
-    print(f"\nload average at start {load0[0]:.1f}, at end {load1[0]:.1f} (figures are per step, not per second)")
+    print(
+        f"\nload average at start {load0[0]:.1f}, at end {load1[0]:.1f} (figures are per step, not per second)"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": results, "load": [load0, load1]}, indent=1))
     return 0

@@ -58,21 +58,25 @@ def schedule(a: argparse.Namespace) -> None:
     from envs.tasks.alfworld import AlfworldSource
     from trainer.schedule import EpisodeSchedule
 
-    games = [t["metadata"]["game"] for t in AlfworldSource(games_dir=a.games_dir).split("train")][a.demos:]
+    games = [t["metadata"]["game"] for t in AlfworldSource(games_dir=a.games_dir).split("train")][a.demos :]
     if not games:
         raise SystemExit(f"--games-dir {a.games_dir}: no train games after the first {a.demos}")
     sched = EpisodeSchedule(num_tasks=len(games), batch_size=a.batch, seed=a.seed, task_seed=a.seed)
-    order = [games[e.task_index] for k in range(-(-a.episodes // a.batch)) for e in sched.episodes(k)][: a.episodes]
-    print(f"# engine pool on a training schedule: {len(games)} RL games, {a.episodes} episodes, "
-          f"{a.batch} a step, {len(set(order))} distinct (load average {os.getloadavg()[0]:.1f})")
+    order = [games[e.task_index] for k in range(-(-a.episodes // a.batch)) for e in sched.episodes(k)][
+        : a.episodes
+    ]
+    print(
+        f"# engine pool on a training schedule: {len(games)} RL games, {a.episodes} episodes, "
+        f"{a.batch} a step, {len(set(order))} distinct (load average {os.getloadavg()[0]:.1f})"
+    )
     base = None
     for capacity in a.capacity:
         ENGINE_POOL.clear()
         ENGINE_POOL.capacity, ENGINE_POOL.hits, ENGINE_POOL.misses = capacity, 0, 0
         took: dict[bool, list[float]] = {True: [], False: []}  # reset seconds, by pool hit
         for k in range(0, len(order), a.batch):  # a step's episodes are live together, then end
-            envs = [ALFWorldEnv(split="train", games_dir=a.games_dir) for _ in order[k:k + a.batch]]
-            for env, game in zip(envs, order[k:k + a.batch], strict=True):
+            envs = [ALFWorldEnv(split="train", games_dir=a.games_dir) for _ in order[k : k + a.batch]]
+            for env, game in zip(envs, order[k : k + a.batch], strict=True):
                 hits, t0 = ENGINE_POOL.hits, time.perf_counter()
                 env.reset(options={"game": game})
                 took[ENGINE_POOL.hits > hits].append(time.perf_counter() - t0)
@@ -81,11 +85,16 @@ def schedule(a: argparse.Namespace) -> None:
                 env.close()
         per = sum(took[True] + took[False]) / len(order)
         base = base or per
-        medians = ", ".join(f"{name} {statistics.median(took[hit]):.2f} s" for hit, name in ((True, "hit"), (False, "miss"))
-                            if took[hit])
-        print(f"capacity {capacity:>4}: hits {ENGINE_POOL.hits}/{len(order)}, reset {per:.2f} s/episode "
-              f"({per / base:.2f}x capacity {a.capacity[0]}; median {medians}), load average {os.getloadavg()[0]:.1f}",
-              flush=True)
+        medians = ", ".join(
+            f"{name} {statistics.median(took[hit]):.2f} s"
+            for hit, name in ((True, "hit"), (False, "miss"))
+            if took[hit]
+        )
+        print(
+            f"capacity {capacity:>4}: hits {ENGINE_POOL.hits}/{len(order)}, reset {per:.2f} s/episode "
+            f"({per / base:.2f}x capacity {a.capacity[0]}; median {medians}), load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     ENGINE_POOL.clear()
 
 
@@ -102,10 +111,19 @@ def split(a: argparse.Namespace) -> None:
     from trainer.parts import build_rollout_side
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    cfg = load_config(a.preset, [f"tasks.params.games_dir={a.games_dir}", f"trainer.batch_size={a.batch}",
-                                 f"rollout.concurrency={a.batch}", *a.overrides])
-    print(f"# {a.preset}: one step of {a.batch} episodes, all live at once, max_turns {cfg.env.max_turns}, "
-          f"{len(os.sched_getaffinity(0))} cores (load average {os.getloadavg()[0]:.1f})")
+    cfg = load_config(
+        a.preset,
+        [
+            f"tasks.params.games_dir={a.games_dir}",
+            f"trainer.batch_size={a.batch}",
+            f"rollout.concurrency={a.batch}",
+            *a.overrides,
+        ],
+    )
+    print(
+        f"# {a.preset}: one step of {a.batch} episodes, all live at once, max_turns {cfg.env.max_turns}, "
+        f"{len(os.sched_getaffinity(0))} cores (load average {os.getloadavg()[0]:.1f})"
+    )
     for mode, keep in (("continuations off", 0), ("continuations on", Continuations().max_tokens)):
         with tempfile.TemporaryDirectory() as run:
             side = build_rollout_side(cfg, Path(run), with_engine=True)
@@ -126,19 +144,28 @@ def split(a: argparse.Namespace) -> None:
         sampled = st["tokens"]
         turns = sum(o.turns for o in outcomes)
         inside = ENGINE_CLOCK.total()
-        calls = ", ".join(f"{k} {v:.1f} s/{ENGINE_CLOCK.calls[k]}" for k, v in sorted(ENGINE_CLOCK.seconds.items()))
-        print(f"{mode:>18}: wall {wall:.1f} s | ALFWorld engine {inside:.1f} s ({inside / wall:.0%}; {calls}) | "
-              f"rest {wall - inside:.1f} s | {turns} turns, {sampled} sampled tokens, {st['prefill_tokens']} prefilled "
-              f"({st['prefill_tokens'] / max(1, sampled):.1f} per sampled token; {st['continued_tokens']} continued) | "
-              f"mean reward {sum(o.reward for o in outcomes) / len(outcomes):.3f}", flush=True)
+        calls = ", ".join(
+            f"{k} {v:.1f} s/{ENGINE_CLOCK.calls[k]}" for k, v in sorted(ENGINE_CLOCK.seconds.items())
+        )
+        print(
+            f"{mode:>18}: wall {wall:.1f} s | ALFWorld engine {inside:.1f} s ({inside / wall:.0%}; {calls}) | "
+            f"rest {wall - inside:.1f} s | {turns} turns, {sampled} sampled tokens, {st['prefill_tokens']} prefilled "
+            f"({st['prefill_tokens'] / max(1, sampled):.1f} per sampled token; {st['continued_tokens']} continued) | "
+            f"mean reward {sum(o.reward for o in outcomes) / len(outcomes):.3f}",
+            flush=True,
+        )
     if a.run:
         steps = [json.loads(line) for line in (Path(a.run) / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in steps if r.get("kind") == "step" and "step_seconds" in r]
         if steps:
             med = statistics.median(r["step_seconds"] for r in steps)
-            wall = statistics.median(y["elapsed_s"] - x["elapsed_s"] for x, y in zip(steps, steps[1:], strict=False))
-            print(f"learner ({a.run}): median step {med:.1f} s (forward, backward, optimizer) of a median "
-                  f"{wall:.1f} s between steps, over {len(steps)} steps")
+            wall = statistics.median(
+                y["elapsed_s"] - x["elapsed_s"] for x, y in zip(steps, steps[1:], strict=False)
+            )
+            print(
+                f"learner ({a.run}): median step {med:.1f} s (forward, backward, optimizer) of a median "
+                f"{wall:.1f} s between steps, over {len(steps)} steps"
+            )
 
 
 def paid(a: argparse.Namespace) -> None:
@@ -157,20 +184,31 @@ def paid(a: argparse.Namespace) -> None:
     dec = TokenText.load(resolve_model(cfg.model.name))
     with TrajectoryTree.open(Path(a.paid) / "store.sqlite") as tree:
         leaves = [t for t in tree.trajectories(tree.leaf_ids()) if t.status != "aborted"]
-        kind = {t.leaf_id: ((tree.root_meta(t.root_id) or {}).get("task") or {}).get("metadata", {}).get("task_type")
-                for t in leaves}
+        kind = {
+            t.leaf_id: ((tree.root_meta(t.root_id) or {}).get("task") or {})
+            .get("metadata", {})
+            .get("task_type")
+            for t in leaves
+        }
     unwon = [t for t in leaves if not t.info.get("won")]
     paid_leaves = [t for t in unwon if (t.partial_score or 0) > 0]
-    print(f"# {a.paid}: {len(leaves)} RL episodes, {len(leaves) - len(unwon)} won, {len(unwon)} unwon, "
-          f"{len(paid_leaves)} of those partially paid")
-    print("partial scores of the paid:", dict(sorted(collections.Counter(round(t.partial_score, 2) for t in paid_leaves).items())))
+    print(
+        f"# {a.paid}: {len(leaves)} RL episodes, {len(leaves) - len(unwon)} won, {len(unwon)} unwon, "
+        f"{len(paid_leaves)} of those partially paid"
+    )
+    print(
+        "partial scores of the paid:",
+        dict(sorted(collections.Counter(round(t.partial_score, 2) for t in paid_leaves).items())),
+    )
     print("by task type:", dict(collections.Counter(kind[t.leaf_id] for t in paid_leaves)))
     for t in random.Random(0).sample(paid_leaves, min(a.sample, len(paid_leaves))):
         kinds = ["policy" if m else "env" for m in t.policy_mask]
         turns = dec.turns(list(t.token_ids), kinds)
         goal = re.search(r"Your task is to: (.*)", turns[0]["text"])
         cmds = [re.sub(r"</?action>", "", x["text"]) for x in turns if x["kind"] == "policy"]
-        print(f"\n[{kind[t.leaf_id]}] partial {t.partial_score:.2f}, {t.status}: {goal.group(1) if goal else '?'}")
+        print(
+            f"\n[{kind[t.leaf_id]}] partial {t.partial_score:.2f}, {t.status}: {goal.group(1) if goal else '?'}"
+        )
         print("  " + " | ".join(cmds))
 
 
@@ -178,18 +216,37 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--games", type=int, default=6, help="games to generate (valid_seen, one per task type)")
     ap.add_argument("--games-dir", default=None, help="use existing games instead of generating")
-    ap.add_argument("--seed", type=int, default=7, help="generation seed; --schedule: trainer.seed and tasks.seed (default 7; presets use 0)")
-    ap.add_argument("--schedule", action="store_true", help="the engine pool on a training schedule (needs --games-dir)")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=7,
+        help="generation seed; --schedule: trainer.seed and tasks.seed (default 7; presets use 0)",
+    )
+    ap.add_argument(
+        "--schedule", action="store_true", help="the engine pool on a training schedule (needs --games-dir)"
+    )
     ap.add_argument("--demos", type=int, default=48, help="--schedule: train games kept for the warm start")
-    ap.add_argument("--batch", type=int, default=None, help="episodes a step (--schedule: default 8; --split: 16)")
+    ap.add_argument(
+        "--batch", type=int, default=None, help="episodes a step (--schedule: default 8; --split: 16)"
+    )
     ap.add_argument("--episodes", type=int, default=160, help="--schedule: episodes in all")
-    ap.add_argument("--capacity", type=int, nargs="+", default=[32, 128], help="--schedule: pool capacities to compare")
-    ap.add_argument("--split", action="store_true", help="where an RL step's rollout time goes (needs --games-dir)")
-    ap.add_argument("--preset", default="alfworld-smollm2", help="--split: the preset whose model and prompt play")
+    ap.add_argument(
+        "--capacity", type=int, nargs="+", default=[32, 128], help="--schedule: pool capacities to compare"
+    )
+    ap.add_argument(
+        "--split", action="store_true", help="where an RL step's rollout time goes (needs --games-dir)"
+    )
+    ap.add_argument(
+        "--preset", default="alfworld-smollm2", help="--split: the preset whose model and prompt play"
+    )
     ap.add_argument("--run", default=None, help="--split: a run of the preset whose learner steps to report")
-    ap.add_argument("--paid", default=None, help="a run directory: what its unwon but partially paid RL episodes did")
+    ap.add_argument(
+        "--paid", default=None, help="a run directory: what its unwon but partially paid RL episodes did"
+    )
     ap.add_argument("--sample", type=int, default=12, help="--paid: episodes to print")
-    ap.add_argument("overrides", nargs="*", help="--split: config overrides, e.g. model.name=RUN/checkpoints/step_000010")
+    ap.add_argument(
+        "overrides", nargs="*", help="--split: config overrides, e.g. model.name=RUN/checkpoints/step_000010"
+    )
     a = ap.parse_args()
     if a.paid:
         paid(a)

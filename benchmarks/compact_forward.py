@@ -80,7 +80,11 @@ def learner_child(preset: str, overrides: list[str], path: str) -> dict[str, Any
         learner.step(flat)
         if i >= 5:
             times.append((time.process_time() - t0) * 1000)
-    return {"step_ms": statistics.median(times), "steps": len(times), "compact": learner.policy.compact_reason is None}
+    return {
+        "step_ms": statistics.median(times),
+        "steps": len(times),
+        "compact": learner.policy.compact_reason is None,
+    }
 
 
 def run_child(args: list[str]) -> dict[str, Any]:
@@ -108,25 +112,46 @@ def main() -> None:
         steps: dict[str, list[float]] = {k: [] for k in SETTINGS}
         for r in range(a.rounds):
             for name, setting in SETTINGS.items():
-                res = run_child([__file__, "--learner-child", path, "--preset", a.preset, *a.overrides, setting])
+                res = run_child(
+                    [__file__, "--learner-child", path, "--preset", a.preset, *a.overrides, setting]
+                )
                 assert res["compact"] == (name == "on"), "the setting did not reach the learner"
                 steps[name].append(res["step_ms"])
-                print(f"learner round {r} {name:<3}: step CPU {res['step_ms']:6.1f} ms (median of {res['steps']})")
+                print(
+                    f"learner round {r} {name:<3}: step CPU {res['step_ms']:6.1f} ms (median of {res['steps']})"
+                )
         for name in SETTINGS:
             medians["learner", name] = statistics.median(steps[name])
     engine: dict[str, list[dict[str, Any]]] = {k: [] for k in SETTINGS}
     for r in range(a.rounds):
         for name, setting in SETTINGS.items():
-            res = run_child([os.path.join(HERE, "rollout.py"), "--cpu-child", "--preset", a.preset,
-                             "--batches", str(a.batches), *a.overrides, setting])
+            res = run_child(
+                [
+                    os.path.join(HERE, "rollout.py"),
+                    "--cpu-child",
+                    "--preset",
+                    a.preset,
+                    "--batches",
+                    str(a.batches),
+                    *a.overrides,
+                    setting,
+                ]
+            )
             engine[name].append(res)
-            print(f"rollout round {r} {name:<3}: engine thread {res['threads_ms'].get('HFEngine', 0.0):6.1f} ms, "
-                  f"process {res['cpu_ms']:6.1f} ms, wall {res['wall_ms']:6.1f} ms per batch")
+            print(
+                f"rollout round {r} {name:<3}: engine thread {res['threads_ms'].get('HFEngine', 0.0):6.1f} ms, "
+                f"process {res['cpu_ms']:6.1f} ms, wall {res['wall_ms']:6.1f} ms per batch"
+            )
     for name in SETTINGS:
-        medians["engine", name] = statistics.median(x["threads_ms"].get("HFEngine", 0.0) for x in engine[name])
+        medians["engine", name] = statistics.median(
+            x["threads_ms"].get("HFEngine", 0.0) for x in engine[name]
+        )
         medians["rollout", name] = statistics.median(x["cpu_ms"] for x in engine[name])
-    for what, label in (("learner", "learner step CPU"), ("engine", "engine CPU per batch"),
-                        ("rollout", "rollout process CPU per batch")):
+    for what, label in (
+        ("learner", "learner step CPU"),
+        ("engine", "engine CPU per batch"),
+        ("rollout", "rollout process CPU per batch"),
+    ):
         on, off = medians[what, "on"], medians[what, "off"]
         print(f"median {label:<30}: on {on:6.1f} ms, off {off:6.1f} ms, on/off {on / off:.2f}")
     load = os.getloadavg()

@@ -47,9 +47,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="elastic_pools.png")
-    ap.add_argument("--also-batch", type=int, nargs="*", default=[256],
-                    help="also report the speedups at these batch sizes (sensitivity; default 256, none: --also-batch)")
-    ap.add_argument("--sensitivity", action="store_true", help="reference and bound vs best static on workload variants")
+    ap.add_argument(
+        "--also-batch",
+        type=int,
+        nargs="*",
+        default=[256],
+        help="also report the speedups at these batch sizes (sensitivity; default 256, none: --also-batch)",
+    )
+    ap.add_argument(
+        "--sensitivity", action="store_true", help="reference and bound vs best static on workload variants"
+    )
     a = ap.parse_args()
     w = get_workload(a.workload)
     if a.steps:
@@ -58,26 +65,38 @@ def main() -> None:
     res = compare(w, a.gpus, seed=a.seed)
     plot_pools(res, a.plot)
     tp = res["throughput"]
-    print(f"{w.name} on {a.gpus} GPUs, {w.steps} steps x {w.batch_size} trajectories (simulated in {time.perf_counter() - t:.0f}s)")
+    print(
+        f"{w.name} on {a.gpus} GPUs, {w.steps} steps x {w.batch_size} trajectories (simulated in {time.perf_counter() - t:.0f}s)"
+    )
     print(f"  colocated-sync     {tp['colocated']:.3f} traj/s")
-    print(f"  best static async  {tp['static_async']:.3f} traj/s  (rollout {res['best_static_rollout_devices']} / train {a.gpus - res['best_static_rollout_devices']}; grid {res['static_grid']})")
+    print(
+        f"  best static async  {tp['static_async']:.3f} traj/s  (rollout {res['best_static_rollout_devices']} / train {a.gpus - res['best_static_rollout_devices']}; grid {res['static_grid']})"
+    )
     e = res["elastic"]
-    print(f"  elastic            {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} re-prefills, {e['finished_in_place']} finished in place)")
+    print(
+        f"  elastic            {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} re-prefills, {e['finished_in_place']} finished in place)"
+    )
     for key, need, goal in (("speedup_vs_colocated", 1.85, 2.0), ("speedup_vs_static_async", 1.78, 1.9)):
         v = res[key]
         verdict = "GOAL" if v >= goal else "PASS" if v >= need else "MISS"
         print(f"  {key:<24} {v:.2f}x  (need >= {need}, goal {goal}): {verdict}")
-    print(f"  upper bound for any device policy (critical path, trainer.elastic.simulator.critical_path_bound): "
-          f"{res['bound_throughput']:.3f} traj/s = {res['bound_vs_colocated']:.2f}x colocated, "
-          f"{res['bound_vs_static_async']:.2f}x best static async")
-    print(f"  reference, colocated-async (every device to every step and back at the colocated switch cost): "
-          f"{res['colocated_async_throughput']:.3f} traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async")
+    print(
+        f"  upper bound for any device policy (critical path, trainer.elastic.simulator.critical_path_bound): "
+        f"{res['bound_throughput']:.3f} traj/s = {res['bound_vs_colocated']:.2f}x colocated, "
+        f"{res['bound_vs_static_async']:.2f}x best static async"
+    )
+    print(
+        f"  reference, colocated-async (every device to every step and back at the colocated switch cost): "
+        f"{res['colocated_async_throughput']:.3f} traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async"
+    )
     print(f"  pool sizes over time: {a.plot}")
     for b in a.also_batch:
         r = compare(w.with_overrides(batch_size=b), a.gpus, seed=a.seed)
-        print(f"  at B={b}: elastic {r['speedup_vs_colocated']:.2f}x colocated, {r['speedup_vs_static_async']:.2f}x best static "
-              f"(rollout {r['best_static_rollout_devices']}, learner busy {r['static_async']['learner_busy_frac']:.0%}); "
-              f"bound {r['bound_vs_static_async']:.2f}x best static, colocated-async {r['colocated_async_vs_static_async']:.2f}x")
+        print(
+            f"  at B={b}: elastic {r['speedup_vs_colocated']:.2f}x colocated, {r['speedup_vs_static_async']:.2f}x best static "
+            f"(rollout {r['best_static_rollout_devices']}, learner busy {r['static_async']['learner_busy_frac']:.0%}); "
+            f"bound {r['bound_vs_static_async']:.2f}x best static, colocated-async {r['colocated_async_vs_static_async']:.2f}x"
+        )
 
     if a.sensitivity:
         print("  sensitivity (static search + colocated-async reference + bound per variant):")
@@ -86,8 +105,11 @@ def main() -> None:
             st, _ = best_static(v, a.gpus, seed=a.seed)
             ref = simulate(v, a.gpus, "colocated_async", seed=a.seed).throughput
             bound = critical_path_bound(v, a.gpus, a.seed)
-            print(f"    {label:<32} best static {st.throughput:.3f} traj/s (rollout {st.rollout_devices}); "
-                  f"colocated-async {ref / st.throughput:.2f}x, bound {bound / st.throughput:.2f}x", flush=True)
+            print(
+                f"    {label:<32} best static {st.throughput:.3f} traj/s (rollout {st.rollout_devices}); "
+                f"colocated-async {ref / st.throughput:.2f}x, bound {bound / st.throughput:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

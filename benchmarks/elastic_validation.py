@@ -132,6 +132,7 @@ def measure_rollout_alone(cfg, slots: int, rollout: int, batches: int = 3) -> fl
     t.build()
     side = t.rollout_side
     try:
+
         async def main() -> float:  # one event loop, as the RolloutThread has
             await asyncio.gather(*(side.runner.run(spec) for spec in side.schedule.episodes(0)))  # warm up
             start = time.perf_counter()
@@ -151,10 +152,14 @@ def fit_host_episode_s(w, slots: int, rollout: int, batch_wall_s: float) -> floa
     already takes longer)."""
     from trainer.elastic.simulator import simulate
 
-    alone = dataclasses.replace(w, steps=1, max_policy_lag=0, train_fixed_s=0.0, train_tokens_per_s=1e12, weight_sync_s=0.0)
+    alone = dataclasses.replace(
+        w, steps=1, max_policy_lag=0, train_fixed_s=0.0, train_tokens_per_s=1e12, weight_sync_s=0.0
+    )
 
     def wall(h: float) -> float:
-        return simulate(dataclasses.replace(alone, host_episode_s=h), slots, "static", rollout_devices=rollout).makespan_s
+        return simulate(
+            dataclasses.replace(alone, host_episode_s=h), slots, "static", rollout_devices=rollout
+        ).makespan_s
 
     lo, hi = 0.0, batch_wall_s / w.batch_size
     if wall(lo) >= batch_wall_s:
@@ -170,7 +175,9 @@ def run(cfg, slots: int, rollout: int, elastic: bool, tick_s: float):
     from trainer.elastic.controller import ControllerConfig
     from trainer.loop import Trainer
 
-    t = ElasticHooks(cfg, devices=slots, rollout=rollout, elastic=elastic, controller=ControllerConfig(), tick_s=tick_s)
+    t = ElasticHooks(
+        cfg, devices=slots, rollout=rollout, elastic=elastic, controller=ControllerConfig(), tick_s=tick_s
+    )
     return t, Trainer(cfg, tempfile.mkdtemp(prefix="fr-elastic-"), console=False, hooks=[t]).run()
 
 
@@ -180,7 +187,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--slots", type=int, default=3)
     ap.add_argument("--tick", type=float, default=0.5)
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each split, alternating their order (median is compared)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each split, alternating their order (median is compared)",
+    )
     a = ap.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -194,24 +206,45 @@ def main() -> None:
 
     overrides = [
         "trainer.backend=local",  # the elastic runtime's hooks act inside the rollout
-        "model.tiny_size=micro", "tasks.params={digits: 2}", f"trainer.batch_size={a.batch}",
-        f"rollout.concurrency={a.batch}", "rollout.max_policy_lag=1", f"trainer.steps={a.steps}",
-        "trainer.max_minutes=0", "trainer.plateau_patience=0", "trainer.eval_episodes=0", "warm_start.examples=0",
-        "trainer.collapse_guard=false", "trainer.checkpoint_every=0", "trainer.plot_every=1000",
+        "model.tiny_size=micro",
+        "tasks.params={digits: 2}",
+        f"trainer.batch_size={a.batch}",
+        f"rollout.concurrency={a.batch}",
+        "rollout.max_policy_lag=1",
+        f"trainer.steps={a.steps}",
+        "trainer.max_minutes=0",
+        "trainer.plateau_patience=0",
+        "trainer.eval_episodes=0",
+        "warm_start.examples=0",
+        "trainer.collapse_guard=false",
+        "trainer.checkpoint_every=0",
+        "trainer.plot_every=1000",
         "rollout.max_new_tokens=16",
     ]
     cfg = load_config("math-tiny", overrides)
     model, tok = load_policy(str(tiny_dir("micro", 0)), "float32", "cpu")
     base, per_seq, speedup, load = calibrate_decode(model.eval(), tok, a.batch)
-    print(f"calibration: decode step {1e3 * base:.2f} ms + {1e3 * per_seq:.3f} ms/seq, prefill speedup {speedup:.1f}, weight load {1e3 * load:.1f} ms")
+    print(
+        f"calibration: decode step {1e3 * base:.2f} ms + {1e3 * per_seq:.3f} ms/seq, prefill speedup {speedup:.1f}, weight load {1e3 * load:.1f} ms"
+    )
 
     r_static = max(1, a.slots - 1)
     par = calibrate_parallelism(model, tok, max(1, a.batch // r_static), r_static)
-    print(f"calibration: {r_static} slot engines decoding at once do the work of {par:.2f} (one process, {os.cpu_count()} cores)")
+    print(
+        f"calibration: {r_static} slot engines decoding at once do the work of {par:.2f} (one process, {os.cpu_count()} cores)"
+    )
     rollout_wall = measure_rollout_alone(cfg, a.slots, r_static)
     print(f"calibration: rollout alone on {r_static} slots: {rollout_wall:.2f}s per batch of {a.batch}")
     # warm-up run (discarded): first-use costs (thread pools, allocator, SQLite) would land on the first measured run
-    run(load_config("math-tiny", [*(o for o in overrides if not o.startswith("trainer.steps=")), "trainer.steps=2"]), a.slots, r_static, False, a.tick)
+    run(
+        load_config(
+            "math-tiny", [*(o for o in overrides if not o.startswith("trainer.steps=")), "trainer.steps=2"]
+        ),
+        a.slots,
+        r_static,
+        False,
+        a.tick,
+    )
     # each split runs `repeats` times, in alternating order (s e, e s, s e, ...) so that drift of the
     # machine (caches, allocator, thermal) does not favour one; the median run is what is compared
     measured: dict[str, list[float]] = {"static": [], "elastic": []}
@@ -226,11 +259,15 @@ def main() -> None:
             led = EpisodeLedger(res.run_dir / "episodes.sqlite")
             t.episode_tokens = [r[3] for k in range(res.steps) for r in led.batch_rows(k)]
             led.close()
-            print(f"measured {name:<8} {thr:.2f} traj/s  ({res.steps} steps in {res.rl_s:.1f}s; moves {t.pool.stats.moves_to_train}->train "
-                  f"{t.pool.stats.moves_to_rollout}->rollout, {t.grown_steps} steps grew; step seconds by train slots {_by_n(t.step_seconds)})")
+            print(
+                f"measured {name:<8} {thr:.2f} traj/s  ({res.steps} steps in {res.rl_s:.1f}s; moves {t.pool.stats.moves_to_train}->train "
+                f"{t.pool.stats.moves_to_rollout}->rollout, {t.grown_steps} steps grew; step seconds by train slots {_by_n(t.step_seconds)})"
+            )
     for name, values in measured.items():
-        print(f"measured {name:<8} median {statistics.median(values):.2f} traj/s over {len(values)} runs "
-              f"(min {min(values):.2f}, max {max(values):.2f}: run-to-run spread {100 * (max(values) / min(values) - 1):.1f}%)")
+        print(
+            f"measured {name:<8} median {statistics.median(values):.2f} traj/s over {len(values)} runs "
+            f"(min {min(values):.2f}, max {max(values):.2f}: run-to-run spread {100 * (max(values) / min(values) - 1):.1f}%)"
+        )
     all_runs = runs["static"] + runs["elastic"]
 
     # -------------------------------------------------------------- the simulator, fed measured costs
@@ -248,43 +285,80 @@ def main() -> None:
     t1_cpu = statistics.median([c for t in runs["static"] for n, c in t.step_cpu_seconds if n == 1])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     ecpu = _pool_cpu([t.cpu_seconds for t in runs["elastic"]])
-    print(f"static run CPU: process {cpu['process']:.1f}s = engines {cpu['engines']:.1f}s + learner {cpu['learner']:.1f}s "
-          f"+ learner-thread overhead {cpu['main'] - cpu['learner']:.1f}s + host {cpu['process'] - cpu['engines'] - cpu['main']:.1f}s "
-          f"for {cpu['episodes']:.0f} episodes -> host {1e3 * host_s:.1f} ms/episode, {step_overhead:.2f}s/step outside the step; "
-          f"learner step {t1_cpu:.2f}s CPU vs {t1:.2f}s wall; {cores} cores")
+    print(
+        f"static run CPU: process {cpu['process']:.1f}s = engines {cpu['engines']:.1f}s + learner {cpu['learner']:.1f}s "
+        f"+ learner-thread overhead {cpu['main'] - cpu['learner']:.1f}s + host {cpu['process'] - cpu['engines'] - cpu['main']:.1f}s "
+        f"for {cpu['episodes']:.0f} episodes -> host {1e3 * host_s:.1f} ms/episode, {step_overhead:.2f}s/step outside the step; "
+        f"learner step {t1_cpu:.2f}s CPU vs {t1:.2f}s wall; {cores} cores"
+    )
     if ecpu:
-        print(f"elastic run CPU (for comparison): host {1e3 * max(0.0, ecpu['process'] - ecpu['engines'] - ecpu['main']) / max(1.0, ecpu['episodes']):.1f} ms/episode")
+        print(
+            f"elastic run CPU (for comparison): host {1e3 * max(0.0, ecpu['process'] - ecpu['engines'] - ecpu['main']) / max(1.0, ecpu['episodes']):.1f} ms/episode"
+        )
     if 2 in steps_by_n:
         alpha = math.log(t1 / steps_by_n[2]) / math.log(2)
     else:
         alpha = 1.0
     w = Workload(
-        name="cpu-validation", description="math-tiny on CPU slots (measured costs)", sources=("measured here",),
-        batch_size=a.batch, steps=a.steps, max_policy_lag=1, turns_median=1, turns_sigma=0.0, max_turns=1,
-        tokens_median=math.exp(statistics.fmean([math.log(max(1, x)) for x in toks])), tokens_sigma=sigma,
-        max_new_tokens=16, prompt_tokens=20, obs_tokens=0, tool_median_s=1e-3, tool_sigma=0.0, tool_max_s=1e-3,
-        length_growth=1.0, decode_base_s=base, decode_per_seq_s=per_seq, max_live=max(1, a.batch // r_static),
-        prefill_speedup=speedup, train_tokens_per_s=batch_tokens / t1, train_alpha=alpha, train_fixed_s=0.0,
-        weight_sync_s=load, realloc_s=load, colocated_switch_s=load, tick_s=a.tick,
+        name="cpu-validation",
+        description="math-tiny on CPU slots (measured costs)",
+        sources=("measured here",),
+        batch_size=a.batch,
+        steps=a.steps,
+        max_policy_lag=1,
+        turns_median=1,
+        turns_sigma=0.0,
+        max_turns=1,
+        tokens_median=math.exp(statistics.fmean([math.log(max(1, x)) for x in toks])),
+        tokens_sigma=sigma,
+        max_new_tokens=16,
+        prompt_tokens=20,
+        obs_tokens=0,
+        tool_median_s=1e-3,
+        tool_sigma=0.0,
+        tool_max_s=1e-3,
+        length_growth=1.0,
+        decode_base_s=base,
+        decode_per_seq_s=per_seq,
+        max_live=max(1, a.batch // r_static),
+        prefill_speedup=speedup,
+        train_tokens_per_s=batch_tokens / t1,
+        train_alpha=alpha,
+        train_fixed_s=0.0,
+        weight_sync_s=load,
+        realloc_s=load,
+        colocated_switch_s=load,
+        tick_s=a.tick,
     )
-    print(f"workload fed to the simulator: mean {mean_tok:.1f} policy tokens/episode, train step {t1:.2f}s on 1 slot, alpha {alpha:.2f}")
+    print(
+        f"workload fed to the simulator: mean {mean_tok:.1f} policy tokens/episode, train step {t1:.2f}s on 1 slot, alpha {alpha:.2f}"
+    )
     # the runtime gives the learner at most (cores - serving slots) threads (ElasticHooks.learner_threads):
     # with one serving slot at least, a second train slot adds a thread only with >= 3 cores
     host_alpha = alpha if cores - 1 >= 2 else 0.0
     host = dataclasses.replace(
-        w, name="cpu-validation-host", train_tokens_per_s=batch_tokens / t1_cpu, train_fixed_s=step_overhead,
-        train_alpha=host_alpha, host_episode_s=host_s,
-        host_cpus=min(float(cores), par), overlap_batches=False,
+        w,
+        name="cpu-validation-host",
+        train_tokens_per_s=batch_tokens / t1_cpu,
+        train_fixed_s=step_overhead,
+        train_alpha=host_alpha,
+        host_episode_s=host_s,
+        host_cpus=min(float(cores), par),
+        overlap_batches=False,
     )
     host_fit = fit_host_episode_s(host, a.slots, r_static, rollout_wall)
-    print(f"host work per episode: {1e3 * host_s:.1f} ms CPU (static run) vs {1e3 * host_fit:.1f} ms to match the rollout-alone "
-          f"wall time (the rest: GIL hand-offs, polling, batching waits -- serial time that is not CPU)")
+    print(
+        f"host work per episode: {1e3 * host_s:.1f} ms CPU (static run) vs {1e3 * host_fit:.1f} ms to match the rollout-alone "
+        f"wall time (the rest: GIL hand-offs, polling, batching waits -- serial time that is not CPU)"
+    )
     host = dataclasses.replace(host, host_episode_s=max(host_s, host_fit))
     med = {name: statistics.median(v) for name, v in measured.items()}
     for label, model in (("bare model", w), ("host model", host)):
         sims = {
             "static": simulate(model, a.slots, "static", rollout_devices=r_static),
-            "elastic": simulate(model, a.slots, "elastic", rollout_devices=r_static, controller=ControllerConfig()),
+            "elastic": simulate(
+                model, a.slots, "elastic", rollout_devices=r_static, controller=ControllerConfig()
+            ),
         }
         pred = {name: r.throughput for name, r in sims.items()}
         worst = worst_any = 0.0
@@ -293,14 +367,20 @@ def main() -> None:
             errs = [(pred[name] - m) / m for m in measured[name]]
             worst = max(worst, abs(err))
             worst_any = max(worst_any, *(abs(e) for e in errs))
-            print(f"[{label}] {name:<8} measured {med[name]:.2f} traj/s (median), predicted {pred[name]:.2f} traj/s "
-                  f"({sims[name].moves} moves), error {100 * err:+.1f}% (per run {', '.join(f'{100 * e:+.1f}%' for e in errs)})")
+            print(
+                f"[{label}] {name:<8} measured {med[name]:.2f} traj/s (median), predicted {pred[name]:.2f} traj/s "
+                f"({sims[name].moves} moves), error {100 * err:+.1f}% (per run {', '.join(f'{100 * e:+.1f}%' for e in errs)})"
+            )
         ratio_m = med["elastic"] / med["static"]
         ratio_p = pred["elastic"] / pred["static"]
-        print(f"[{label}] elastic/static: measured {ratio_m:.2f}x, predicted {ratio_p:.2f}x; worst error {100 * worst:.1f}% "
-              f"(of the medians), {100 * worst_any:.1f}% (of any single run)")
-    print(f"worst prediction error of the host model {100 * worst:.1f}% against the median runs, {100 * worst_any:.1f}% "
-          f"against any single run (goal <= 20%): {'PASS' if worst <= 0.2 else 'MISS'}")
+        print(
+            f"[{label}] elastic/static: measured {ratio_m:.2f}x, predicted {ratio_p:.2f}x; worst error {100 * worst:.1f}% "
+            f"(of the medians), {100 * worst_any:.1f}% (of any single run)"
+        )
+    print(
+        f"worst prediction error of the host model {100 * worst:.1f}% against the median runs, {100 * worst_any:.1f}% "
+        f"against any single run (goal <= 20%): {'PASS' if worst <= 0.2 else 'MISS'}"
+    )
 
 
 def _pool_cpu(marks: list[dict[str, float]]) -> dict[str, float]:

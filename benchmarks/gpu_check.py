@@ -69,11 +69,20 @@ if str(ROOT) not in sys.path:  # a bare checkout (the device machine) need not h
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the learner and the rollout engine run")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="where the learner and the rollout engine run",
+    )
     p.add_argument("--preset", default="math-tiny", help="the preset to train (default math-tiny)")
     p.add_argument("--steps", type=int, default=5, help="RL steps to run (default 5)")
-    p.add_argument("--engine", choices=("auto", "hf", "vllm"), default="auto",
-                   help="rollout engine; auto: vllm when importable on cuda, else hf")
+    p.add_argument(
+        "--engine",
+        choices=("auto", "hf", "vllm"),
+        default="auto",
+        help="rollout engine; auto: vllm when importable on cuda, else hf",
+    )
     p.add_argument("--warm-start", type=int, default=32, help="demos of a one-epoch warm start (0: none)")
     p.add_argument("--eval-episodes", type=int, default=16, help="held-out problems per evaluation (0: none)")
     p.add_argument("--run-dir", help="write the run here (default: a temporary folder, removed afterwards)")
@@ -86,9 +95,12 @@ def cuda_or_exit(device: str) -> None:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda: no CUDA device is visible here (torch.cuda.is_available() is False, "
-              f"torch {torch.__version__}, built with CUDA {torch.version.cuda}); pass --device cpu to run the "
-              "check on the CPU", file=sys.stderr)
+        print(
+            "error: --device cuda: no CUDA device is visible here (torch.cuda.is_available() is False, "
+            f"torch {torch.__version__}, built with CUDA {torch.version.cuda}); pass --device cpu to run the "
+            "check on the CPU",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -181,7 +193,9 @@ def step_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
         "policy_tokens_per_step": trained / len(rows[steady]),
         "policy_tokens_per_s": trained / seconds if seconds > 0 else float("nan"),
         "policy_tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rows[steady]),
-        "sampled_tokens_per_s": sum(sampled) / seconds if seconds > 0 and None not in sampled else float("nan"),
+        "sampled_tokens_per_s": sum(sampled) / seconds
+        if seconds > 0 and None not in sampled
+        else float("nan"),
     }
 
 

@@ -118,25 +118,43 @@ def spread(values: list[float], signed: bool = False) -> str:
     return f"{mean:+.1f} ± {100 * sd:.1f}" if signed else f"{mean:.1f} ± {100 * sd:.1f}"
 
 
-def compare(root: Path, preset: str, steps: int, seeds: int, reuse: bool = False) -> dict[str, list[tuple[float, float]]]:
+def compare(
+    root: Path, preset: str, steps: int, seeds: int, reuse: bool = False
+) -> dict[str, list[tuple[float, float]]]:
     """FlashREINFORCE (``steps`` steps, N rollouts) vs GRPO, 4 per prompt (``2 * steps``, 2N), each
     for ``seeds`` seeds, on ``preset``; prints the runs and the summary. Returns, per method, the
     (after-RL success, RL lift) of each seed. ``reuse``: a run already finished in its directory
     with the same config is read, not made again (its row says "reused")."""
     from fr_agents.config import load_config
 
-    common = ["trainer.max_minutes=0", "trainer.plateau_patience=0", "trainer.checkpoint_every=0", "trainer.collapse_guard=false"]
+    common = [
+        "trainer.max_minutes=0",
+        "trainer.plateau_patience=0",
+        "trainer.checkpoint_every=0",
+        "trainer.collapse_guard=false",
+    ]
     methods = {
         "FlashREINFORCE": (steps, [f"trainer.steps={steps}"]),
         # GRPO has no token filter (a preset's objective.negative_min_prob, a FlashREINFORCE option, is
         # a config error with it); both arms keep the preset's optimizer, spike clip included
-        "GRPO, 4 samples/prompt": (2 * steps, [f"trainer.steps={2 * steps}", "objective.algo=grpo", "objective.grpo_group_size=4",
-                                               "objective.negative_min_prob=0"]),
+        "GRPO, 4 samples/prompt": (
+            2 * steps,
+            [
+                f"trainer.steps={2 * steps}",
+                "objective.algo=grpo",
+                "objective.grpo_group_size=4",
+                "objective.negative_min_prob=0",
+            ],
+        ),
     }
     b = load_config(preset).trainer.batch_size
-    print(f"\n## {preset}, same warm start: FlashREINFORCE N={steps * b} rollouts vs GRPO (4/prompt) 2N={2 * steps * b}, "
-          f"{seeds} seed(s)")
-    print(f"{'method':<28}{'seed':>5}{'rollouts':>10}{'after warm':>12}{'after RL':>10}{'RL lift':>9}{'wall':>8}")
+    print(
+        f"\n## {preset}, same warm start: FlashREINFORCE N={steps * b} rollouts vs GRPO (4/prompt) 2N={2 * steps * b}, "
+        f"{seeds} seed(s)"
+    )
+    print(
+        f"{'method':<28}{'seed':>5}{'rollouts':>10}{'after warm':>12}{'after RL':>10}{'RL lift':>9}{'wall':>8}"
+    )
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
     for seed in range(seeds):
         for name, (s, overrides) in methods.items():
@@ -147,16 +165,23 @@ def compare(root: Path, preset: str, steps: int, seeds: int, reuse: bool = False
             warm, rl = ev["after_warm_start"], ev["after_rl"]
             results[name].append((rl["success"], rl["success"] - warm["success"]))
             took = "reused" if wall is None else f"{wall / 60:.1f}m"
-            print(f"{name:<28}{seed:>5}{s * b:>10}{pct(warm):>12}{pct(rl):>10}"
-                  f"{100 * (rl['success'] - warm['success']):>+8.1f}{took:>8}", flush=True)
+            print(
+                f"{name:<28}{seed:>5}{s * b:>10}{pct(warm):>12}{pct(rl):>10}"
+                f"{100 * (rl['success'] - warm['success']):>+8.1f}{took:>8}",
+                flush=True,
+            )
     print(f"{'method':<28}{'after RL (mean ± sd)':>24}{'RL lift (mean ± sd)':>24}")
     for name, runs in results.items():
-        print(f"{name:<28}{spread([r for r, _ in runs]):>24}{spread([lift for _, lift in runs], signed=True):>24}")
+        print(
+            f"{name:<28}{spread([r for r, _ in runs]):>24}{spread([lift for _, lift in runs], signed=True):>24}"
+        )
     fr = statistics.fmean(r for r, _ in results["FlashREINFORCE"])
     grpo = statistics.fmean(r for r, _ in results["GRPO, 4 samples/prompt"])
     verdict = "holds" if fr >= grpo else "does NOT hold"
-    print(f"FlashREINFORCE at N >= GRPO at 2N on mean after-RL success: {verdict} here "
-          f"({100 * fr:.1f}% vs {100 * grpo:.1f}%; {load()})")
+    print(
+        f"FlashREINFORCE at N >= GRPO at 2N on mean after-RL success: {verdict} here "
+        f"({100 * fr:.1f}% vs {100 * grpo:.1f}%; {load()})"
+    )
     return results
 
 
@@ -164,12 +189,17 @@ def compare(root: Path, preset: str, steps: int, seeds: int, reuse: bool = False
 # periodic evaluations during RL, wall seconds)). math-smollm2's is issue 48's: RL lifts the real
 # model by >= 15 points, no periodic evaluation falls more than 5 points below the start, 20 minutes.
 GOALS: dict[str, tuple[str, Any]] = {
-    "math-tiny": ("each seed >= 75% held-out after RL, the whole command <= 10 minutes",
-                  lambda before, warm, rl, during, wall: rl >= 0.75 and wall <= 600),
-    "math-smollm2": ("each seed lifts held-out >= 15 points, no evaluation during RL > 5 points below the start, "
-                     "the whole command <= 20 minutes",
-                     lambda before, warm, rl, during, wall: rl - before >= 0.15 and min(during, default=1.0) >= before - 0.05
-                     and wall <= 1200),
+    "math-tiny": (
+        "each seed >= 75% held-out after RL, the whole command <= 10 minutes",
+        lambda before, warm, rl, during, wall: rl >= 0.75 and wall <= 600,
+    ),
+    "math-smollm2": (
+        "each seed lifts held-out >= 15 points, no evaluation during RL > 5 points below the start, "
+        "the whole command <= 20 minutes",
+        lambda before, warm, rl, during, wall: (
+            rl - before >= 0.15 and min(during, default=1.0) >= before - 0.05 and wall <= 1200
+        ),
+    ),
 }
 
 
@@ -179,8 +209,10 @@ def default_run(root: Path, seeds: int, minutes: float | None, preset: str = "ma
     extra = [f"trainer.max_minutes={minutes}"] if minutes else []
     goal, check = GOALS.get(preset, ("none set for this preset", lambda *_: True))
     print(f"\n## fr-agents train {preset}, {seeds} seed(s); goal: {goal}")
-    print(f"{'seed':>4}{'before':>9}{'after warm start':>18}{'after RL':>10}{'lift':>8}{'RL lift':>9}{'lowest during':>15}"
-          f"{'RL steps':>10}{'stopped':>13}{'wall':>8}  load")
+    print(
+        f"{'seed':>4}{'before':>9}{'after warm start':>18}{'after RL':>10}{'lift':>8}{'RL lift':>9}{'lowest during':>15}"
+        f"{'RL steps':>10}{'stopped':>13}{'wall':>8}  load"
+    )
     met = True
     for seed in range(seeds):
         run_dir = root / (preset if seed == 0 else f"{preset}-seed{seed}")
@@ -191,30 +223,57 @@ def default_run(root: Path, seeds: int, minutes: float | None, preset: str = "ma
         start = warm or before
         ends = [r for r in rows if r.get("kind") == "end"]
         stopped = ends[-1].get("reason", "?") if ends else "?"
-        met &= bool(check(before["success"] if before else 0.0, warm["success"] if warm else None, rl["success"],
-                          during, wall))
+        met &= bool(
+            check(
+                before["success"] if before else 0.0,
+                warm["success"] if warm else None,
+                rl["success"],
+                during,
+                wall,
+            )
+        )
         low = f"{100 * min(during):.1f}%" if during else "n/a"
-        print(f"{seed:>4}{pct(before):>9}{pct(warm):>18}{pct(rl):>10}"
-              f"{100 * (rl['success'] - (before or start)['success']):>+8.1f}{100 * (rl['success'] - start['success']):>+9.1f}"
-              f"{low:>15}{steps:>10}{stopped:>13}{wall / 60:>7.1f}m  {load()}", flush=True)
+        print(
+            f"{seed:>4}{pct(before):>9}{pct(warm):>18}{pct(rl):>10}"
+            f"{100 * (rl['success'] - (before or start)['success']):>+8.1f}{100 * (rl['success'] - start['success']):>+9.1f}"
+            f"{low:>15}{steps:>10}{stopped:>13}{wall / 60:>7.1f}m  {load()}",
+            flush=True,
+        )
     print(f"goal ({goal}): {'met' if met else 'NOT met'}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--skip-main", action="store_true")
-    ap.add_argument("--preset", default="math-tiny", help="preset of part 1 (default math-tiny; math-smollm2: the real model)")
+    ap.add_argument(
+        "--preset",
+        default="math-tiny",
+        help="preset of part 1 (default math-tiny; math-smollm2: the real model)",
+    )
     ap.add_argument("--skip-compare", action="store_true")
     ap.add_argument("--compare-steps", type=int, default=80, help="FlashREINFORCE steps S (GRPO gets 2S)")
-    ap.add_argument("--compare-preset", action="append", default=None,
-                    help="preset of the comparison (repeatable; default math-tiny)")
-    ap.add_argument("--seeds", type=int, default=1,
-                    help="runs of the default preset (part 1) and per method in the comparison (trainer.seed 0..seeds-1)")
+    ap.add_argument(
+        "--compare-preset",
+        action="append",
+        default=None,
+        help="preset of the comparison (repeatable; default math-tiny)",
+    )
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="runs of the default preset (part 1) and per method in the comparison (trainer.seed 0..seeds-1)",
+    )
     ap.add_argument("--minutes", type=float, default=None, help="override the preset's RL time budget")
     ap.add_argument("--out", default=None, help="keep the run directories here")
-    ap.add_argument("--reuse", action="store_true",
-                    help="with --out: read comparison runs already finished there with the same config instead of running them again")
-    ap.add_argument("--stability", action="store_true", help="also part 3: lag 8, gate on vs off (acceptance.py)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --out: read comparison runs already finished there with the same config instead of running them again",
+    )
+    ap.add_argument(
+        "--stability", action="store_true", help="also part 3: lag 8, gate on vs off (acceptance.py)"
+    )
     ap.add_argument("--stability-steps", type=int, default=300, help="steps per run of part 3")
     a = ap.parse_args()
     if a.reuse and not a.out:
@@ -230,10 +289,26 @@ def main() -> int:
             compare(root / preset, preset, a.compare_steps, a.seeds, reuse=a.reuse)
 
     if a.stability:
-        print("\n## math-tiny at rollout.max_policy_lag=8: the trust gate on (3e-3, 3e-2) and off (inf)", flush=True)
+        print(
+            "\n## math-tiny at rollout.max_policy_lag=8: the trust gate on (3e-3, 3e-2) and off (inf)",
+            flush=True,
+        )
         script = Path(__file__).with_name("acceptance.py")
-        subprocess.run([sys.executable, str(script), "--runs", "8:3e-3", "8:3e-2", "8:inf", "--steps",
-                        str(a.stability_steps), "--work-dir", str(root / "stability")], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                "--runs",
+                "8:3e-3",
+                "8:3e-2",
+                "8:inf",
+                "--steps",
+                str(a.stability_steps),
+                "--work-dir",
+                str(root / "stability"),
+            ],
+            check=True,
+        )
     return 0
 
 

@@ -63,9 +63,21 @@ def parse_variant(words: list[str]) -> tuple[str, list[str], Path]:
 
 def run(preset: str, overrides: list[str], code: Path, run_dir: Path, minutes: float) -> tuple[float, float]:
     """``fr-agents train`` from ``code``; returns (wall seconds, CPU seconds of the process tree)."""
-    cmd = [sys.executable, "-m", "fr_agents.cli", "train", preset,
-           f"trainer.max_minutes={minutes}", "trainer.steps=1000000", "trainer.eval_episodes=0",
-           "trainer.eval_every=0", "trainer.plateau_patience=0", *overrides, "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fr_agents.cli",
+        "train",
+        preset,
+        f"trainer.max_minutes={minutes}",
+        "trainer.steps=1000000",
+        "trainer.eval_episodes=0",
+        "trainer.eval_every=0",
+        "trainer.plateau_patience=0",
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+    ]
     env = {**os.environ, "PYTHONPATH": str(code), "FR_AGENTS_LOG": os.environ.get("FR_AGENTS_LOG", "WARNING")}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -88,8 +100,13 @@ def steady(run_dir: Path, skip: int) -> dict[str, Any]:
     first, used = steps[skip], steps[skip + 1 :]
     tokens = sum(r.get("sampled_tokens", r["tokens"]) for r in used)
     seconds = used[-1]["elapsed_s"] - first["elapsed_s"]
-    return {"steps": len(steps), "tokens": tokens, "tokens_per_s": tokens / seconds,
-            "tokens_per_step": tokens / len(used), "step_s": statistics.median(r["step_seconds"] for r in used)}
+    return {
+        "steps": len(steps),
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_step": tokens / len(used),
+        "step_s": statistics.median(r["step_seconds"] for r in used),
+    }
 
 
 def model_products(model_name: str) -> dict[str, int]:
@@ -112,7 +129,9 @@ def model_products(model_name: str) -> dict[str, int]:
 @functools.cache
 def _precision_script() -> ModuleType:
     """``benchmarks/precision.py``, loaded once: its timer of matrix products."""
-    spec = importlib.util.spec_from_file_location("precision_benchmark", Path(__file__).with_name("precision.py"))
+    spec = importlib.util.spec_from_file_location(
+        "precision_benchmark", Path(__file__).with_name("precision.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -170,18 +189,31 @@ def ceiling(run_dir: Path, skip: int, cores: int, repeat: int = 3) -> dict[str, 
         cpu_s = learner_factor * pass_flop / learner_peak + rollout_flop / engine_peak
         return sampled / (cpu_s / cores)
 
-    return {"gflop_per_token": (6 * pass_flop + rollout_flop) / sampled / 1e9,
-            "learner_share": 6 * pass_flop / (6 * pass_flop + rollout_flop),
-            "learner_peak_gflops": learner_peak / 1e9, "engine_peak_gflops": engine_peak / 1e9,
-            "learner_dtype": learner_dtype, "engine_dtype": engine_dtype,
-            "ceiling": bound(6), "no_weight_grad_ceiling": bound(4)}
+    return {
+        "gflop_per_token": (6 * pass_flop + rollout_flop) / sampled / 1e9,
+        "learner_share": 6 * pass_flop / (6 * pass_flop + rollout_flop),
+        "learner_peak_gflops": learner_peak / 1e9,
+        "engine_peak_gflops": engine_peak / 1e9,
+        "learner_dtype": learner_dtype,
+        "engine_dtype": engine_dtype,
+        "ceiling": bound(6),
+        "no_weight_grad_ceiling": bound(4),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="math-smollm2", help="preset every variant trains (default math-smollm2)")
-    ap.add_argument("--variant", nargs="+", action="append", required=True, metavar="WORD",
-                    help="NAME [key=value ...] [@DIR] (repeatable): overrides, and a checkout to run from")
+    ap.add_argument(
+        "--preset", default="math-smollm2", help="preset every variant trains (default math-smollm2)"
+    )
+    ap.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="WORD",
+        help="NAME [key=value ...] [@DIR] (repeatable): overrides, and a checkout to run from",
+    )
     ap.add_argument("--minutes", type=float, default=4.0, help="minutes of RL per variant (default 4)")
     ap.add_argument("--skip", type=int, default=3, help="first steps left out of the figures (default 3)")
     ap.add_argument("--out", default=None, help="folder for the runs (default a new temp dir)")
@@ -192,8 +224,11 @@ def main() -> int:
         raise SystemExit("--variant: names must differ")
     out = Path(a.out or tempfile.mkdtemp(prefix="loop_speed-"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"# policy tokens/s in `fr-agents train {a.preset}`'s loop, {a.minutes} min of RL per variant, "
-          f"first {a.skip} steps left out; {len(os.sched_getaffinity(0))} cores; runs in {out}", flush=True)
+    print(
+        f"# policy tokens/s in `fr-agents train {a.preset}`'s loop, {a.minutes} min of RL per variant, "
+        f"first {a.skip} steps left out; {len(os.sched_getaffinity(0))} cores; runs in {out}",
+        flush=True,
+    )
     results = []
     for name, overrides, code in variants:
         load0 = os.getloadavg()
@@ -202,26 +237,43 @@ def main() -> int:
         load1 = os.getloadavg()
         bound = ceiling(out / name, a.skip, len(os.sched_getaffinity(0)))
         fig.update(bound or {"ceiling": float("nan")})
-        fig.update(name=name, overrides=overrides, code=str(code), wall_s=wall, cores_busy=cpu / wall,
-                   load_before=load0[0], load_after=load1[0])
+        fig.update(
+            name=name,
+            overrides=overrides,
+            code=str(code),
+            wall_s=wall,
+            cores_busy=cpu / wall,
+            load_before=load0[0],
+            load_after=load1[0],
+        )
         results.append(fig)
-        print(f"{name}: {fig['tokens_per_s']:.1f} tokens/s, {fig['tokens_per_step']:.0f} tokens a step, "
-              f"learner step {fig['step_s']:.2f} s (median), {fig['steps']} steps, cores busy {fig['cores_busy']:.2f}, "
-              f"load {load0[0]:.2f} -> {load1[0]:.2f}", flush=True)
+        print(
+            f"{name}: {fig['tokens_per_s']:.1f} tokens/s, {fig['tokens_per_step']:.0f} tokens a step, "
+            f"learner step {fig['step_s']:.2f} s (median), {fig['steps']} steps, cores busy {fig['cores_busy']:.2f}, "
+            f"load {load0[0]:.2f} -> {load1[0]:.2f}",
+            flush=True,
+        )
         if not bound:
             print("  no ceiling: this run's steps do not log forward_tokens and policy_tokens", flush=True)
             continue
-        print(f"  ceiling {fig['ceiling']:.1f} tokens/s ({fig['tokens_per_s'] / fig['ceiling']:.0%} reached): "
-              f"{fig['gflop_per_token']:.2f} GFLOP of products a sampled token ({fig['learner_share']:.0%} the "
-              f"learner's), one core's peak {fig['learner_peak_gflops']:.1f} GFLOP/s ({fig['learner_dtype']}, "
-              f"learner) / {fig['engine_peak_gflops']:.1f} ({fig['engine_dtype']}, engine); without weight "
-              f"gradients {fig['no_weight_grad_ceiling']:.1f}", flush=True)
-    print("\n| variant | code | overrides | tokens/s | ceiling | learner step s | cores busy | load before -> after |")
+        print(
+            f"  ceiling {fig['ceiling']:.1f} tokens/s ({fig['tokens_per_s'] / fig['ceiling']:.0%} reached): "
+            f"{fig['gflop_per_token']:.2f} GFLOP of products a sampled token ({fig['learner_share']:.0%} the "
+            f"learner's), one core's peak {fig['learner_peak_gflops']:.1f} GFLOP/s ({fig['learner_dtype']}, "
+            f"learner) / {fig['engine_peak_gflops']:.1f} ({fig['engine_dtype']}, engine); without weight "
+            f"gradients {fig['no_weight_grad_ceiling']:.1f}",
+            flush=True,
+        )
+    print(
+        "\n| variant | code | overrides | tokens/s | ceiling | learner step s | cores busy | load before -> after |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for f in results:
-        print(f"| {f['name']} | {f['code']} | {' '.join(f['overrides']) or '-'} | {f['tokens_per_s']:.1f} | "
-              f"{f['ceiling']:.1f} | {f['step_s']:.2f} | {f['cores_busy']:.2f} | "
-              f"{f['load_before']:.2f} -> {f['load_after']:.2f} |")
+        print(
+            f"| {f['name']} | {f['code']} | {' '.join(f['overrides']) or '-'} | {f['tokens_per_s']:.1f} | "
+            f"{f['ceiling']:.1f} | {f['step_s']:.2f} | {f['cores_busy']:.2f} | "
+            f"{f['load_before']:.2f} -> {f['load_after']:.2f} |"
+        )
     base = results[0]["tokens_per_s"]
     for f in results[1:]:
         print(f"{f['name']} / {results[0]['name']}: {f['tokens_per_s'] / base:.2f}x tokens/s")

@@ -40,7 +40,9 @@ def gflops(rows: int, k: int, n: int, dtype: torch.dtype, repeat: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (at most the cores this process is given)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (at most the cores this process is given)"
+    )
     ap.add_argument("--repeat", type=int, default=5, help="timed rounds per product; the best is reported")
     a = ap.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -50,14 +52,20 @@ def main() -> None:
     from fr_agents.models.precision import bfloat16_support
 
     fast, why = bfloat16_support("cpu")
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, {a.threads} thread(s)")
+    print(
+        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, {a.threads} thread(s)"
+    )
     for label, rows, k, n in SHAPES:
         f32 = gflops(rows, k, n, torch.float32, a.repeat)
         bf16 = gflops(rows, k, n, torch.bfloat16, a.repeat)
-        print(f"{label:<26} {rows}x{k} @ {k}x{n}: float32 {f32:7.1f} GFLOP/s, bfloat16 {bf16:7.1f} GFLOP/s, "
-              f"bfloat16 / float32 {bf16 / f32:.3f}")
-    print(f"verdict of fr_agents.models.precision: bfloat16 {'in hardware' if fast else 'emulated'} ({why}); "
-          f"auto takes {'bfloat16' if fast else 'float32'}")
+        print(
+            f"{label:<26} {rows}x{k} @ {k}x{n}: float32 {f32:7.1f} GFLOP/s, bfloat16 {bf16:7.1f} GFLOP/s, "
+            f"bfloat16 / float32 {bf16 / f32:.3f}"
+        )
+    print(
+        f"verdict of fr_agents.models.precision: bfloat16 {'in hardware' if fast else 'emulated'} ({why}); "
+        f"auto takes {'bfloat16' if fast else 'float32'}"
+    )
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

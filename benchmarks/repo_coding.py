@@ -29,8 +29,9 @@ def host_test_seconds(task, workdir: Path) -> float:  # noqa: ANN001
 
     repo = workdir / "repo"
     repo.mkdir(parents=True)
-    tar = subprocess.run(["git", "--git-dir", task.repo_path, "archive", task.base_commit],
-                         capture_output=True, check=True).stdout
+    tar = subprocess.run(
+        ["git", "--git-dir", task.repo_path, "archive", task.base_commit], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(repo)], input=tar, check=True)
     git(repo, "init", "-q")
     for name, patch in (("t.patch", task.test_patch), ("g.patch", task.patch)):
@@ -69,8 +70,10 @@ def main() -> None:
     firsts = list({t.repo: t for t in reversed(tasks)}.values())[::-1]  # one per repository first
     chosen = (firsts + [t for t in tasks if t not in firsts])[: a.max_tasks]
     status = backend_status()
-    print(f"{'backend':<8} {'task':<34} {'open s':>7} {'setup s':>8} {'setup/open':>10} "
-          f"{'grade s':>8} {'host s':>7} {'grade/host':>10}")
+    print(
+        f"{'backend':<8} {'task':<34} {'open s':>7} {'setup s':>8} {'setup/open':>10} "
+        f"{'grade s':>8} {'host s':>7} {'grade/host':>10}"
+    )
     for backend in a.backends:
         ok, why = status.get(backend, (False, "unknown backend"))
         if not ok:
@@ -95,8 +98,10 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 host = host_test_seconds(task, Path(tmp))
             o, s, g = (statistics.median(x) for x in (opens, setups, grades))
-            print(f"{backend:<8} {task.instance_id[:34]:<34} {o:7.2f} {s:8.2f} {s / o:10.2f} "
-                  f"{g:8.2f} {host:7.2f} {g / host:10.2f}")
+            print(
+                f"{backend:<8} {task.instance_id[:34]:<34} {o:7.2f} {s:8.2f} {s / o:10.2f} "
+                f"{g:8.2f} {host:7.2f} {g / host:10.2f}"
+            )
         env.close()
 
 

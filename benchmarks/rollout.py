@@ -57,7 +57,9 @@ class EchoEnv(gymnasium.Env):
         return f"You wrote {len(action)} characters.", float(len(action) > 5), self.t >= 3, False, {}
 
 
-def _training_rollout(preset: str, engine: str, batches: int, overrides: list[str]) -> dict[str, tuple[int, float]]:
+def _training_rollout(
+    preset: str, engine: str, batches: int, overrides: list[str]
+) -> dict[str, tuple[int, float]]:
     """Policy tokens and seconds of ``batches`` scheduled batches through the preset's runner
     (``rollout``), and of the same batches' first-turn prompts sent straight to the engine with the
     same sampling and concurrency (``generation``: the engine alone, no env, no tree)."""
@@ -86,16 +88,28 @@ def _training_rollout(preset: str, engine: str, batches: int, overrides: list[st
         tokens = asyncio.run(go(range(batches)))
         out["rollout"] = (tokens, time.perf_counter() - t0)
         stats = getattr(side.runner.engine, "stats", None)
-        if stats:  # the HF engine's: requests that joined a running batch, prompt tokens served by its kept opening
-            print(f"{engine:<14} engine: {stats.get('rows', 0)} requests, {stats.get('joined', 0)} joined a running batch, "
-                  f"{stats.get('opening_tokens', 0)} prompt tokens from the kept opening, "
-                  f"{stats.get('shared_prefill_tokens', 0)} shared by a wave's first requests (run once a wave)", flush=True)
+        if (
+            stats
+        ):  # the HF engine's: requests that joined a running batch, prompt tokens served by its kept opening
+            print(
+                f"{engine:<14} engine: {stats.get('rows', 0)} requests, {stats.get('joined', 0)} joined a running batch, "
+                f"{stats.get('opening_tokens', 0)} prompt tokens from the kept opening, "
+                f"{stats.get('shared_prefill_tokens', 0)} shared by a wave's first requests (run once a wave)",
+                flush=True,
+            )
 
         o = side.runner.options
-        opts = SamplingOptions(temperature=o.temperature, max_tokens=o.max_new_tokens,
-                               stop_token_ids=tuple(side.runner.stop_ids), seed=None)
-        prompts = [side.runner.encode_task(side.rl_tasks[s.task_index])
-                   for k in range(batches) for s in side.schedule.episodes(k)]
+        opts = SamplingOptions(
+            temperature=o.temperature,
+            max_tokens=o.max_new_tokens,
+            stop_token_ids=tuple(side.runner.stop_ids),
+            seed=None,
+        )
+        prompts = [
+            side.runner.encode_task(side.rl_tasks[s.task_index])
+            for k in range(batches)
+            for s in side.schedule.episodes(k)
+        ]
 
         async def gen(p: list[int]) -> int:
             async with sem:
@@ -166,9 +180,17 @@ def cpu_child(preset: str, batches: int, overrides: list[str]) -> dict[str, Any]
         asyncio.run(go(range(3)))
         with freeze_gc(cfg):  # trainer.freeze_gc, as the rollout process runs RL
             gc.callbacks.append(on_gc)
-            cpu0, faults0, t0 = _thread_cpu_ms(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            cpu0, faults0, t0 = (
+                _thread_cpu_ms(),
+                resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+                time.perf_counter(),
+            )
             asyncio.run(go(range(3, 3 + batches)))
-            cpu1, faults1, t1 = _thread_cpu_ms(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            cpu1, faults1, t1 = (
+                _thread_cpu_ms(),
+                resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+                time.perf_counter(),
+            )
             gc.callbacks.remove(on_gc)
         side.close()
     threads = {k: (v - cpu0.get(k, 0.0)) / batches for k, v in cpu1.items() if v - cpu0.get(k, 0.0) > 0}
@@ -193,24 +215,43 @@ def compare_cpu(preset: str, batches: int, rounds: int, overrides: list[str]) ->
         "off": ["trainer.keep_freed_memory=false", "trainer.freeze_gc=false"],
     }
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in settings}
-    print(f"preset {preset}: {batches} batches of {load_batch_size(preset, overrides)} episodes per run, "
-          f"{rounds} rounds alternating (per batch: ms, faults)")
+    print(
+        f"preset {preset}: {batches} batches of {load_batch_size(preset, overrides)} episodes per run, "
+        f"{rounds} rounds alternating (per batch: ms, faults)"
+    )
     for r in range(rounds):
         for name, extra in settings.items():
             out = subprocess.run(
-                [sys.executable, __file__, "--cpu-child", "--preset", preset, "--batches", str(batches),
-                 *overrides, *extra],
-                capture_output=True, text=True, check=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--cpu-child",
+                    "--preset",
+                    preset,
+                    "--batches",
+                    str(batches),
+                    *overrides,
+                    *extra,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             res = json.loads(out.stdout.strip().splitlines()[-1])
             runs[name].append(res)
-            threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(res["threads_ms"].items(), key=lambda kv: -kv[1]))
-            print(f"round {r} {name:<3}: wall {res['wall_ms']:6.1f}  cpu {res['cpu_ms']:6.1f} ({threads})  "
-                  f"faults {res['faults']:7.0f}  gc {res['gc_ms']:5.2f}")
+            threads = ", ".join(
+                f"{k} {v:.1f}" for k, v in sorted(res["threads_ms"].items(), key=lambda kv: -kv[1])
+            )
+            print(
+                f"round {r} {name:<3}: wall {res['wall_ms']:6.1f}  cpu {res['cpu_ms']:6.1f} ({threads})  "
+                f"faults {res['faults']:7.0f}  gc {res['gc_ms']:5.2f}"
+            )
     for name, rs in runs.items():
         med = {k: statistics.median(x[k] for x in rs) for k in ("wall_ms", "cpu_ms", "faults", "gc_ms")}
-        print(f"median {name:<3}: wall {med['wall_ms']:6.1f} ms  cpu {med['cpu_ms']:6.1f} ms  "
-              f"faults {med['faults']:7.0f}  gc {med['gc_ms']:5.2f} ms")
+        print(
+            f"median {name:<3}: wall {med['wall_ms']:6.1f} ms  cpu {med['cpu_ms']:6.1f} ms  "
+            f"faults {med['faults']:7.0f}  gc {med['gc_ms']:5.2f} ms"
+        )
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
@@ -221,8 +262,13 @@ def load_batch_size(preset: str, overrides: list[str]) -> int:
     return load_config(preset, ["warm_start.examples=0", *overrides]).trainer.batch_size
 
 
-def compare_engines(preset: str, batches: int, overrides: list[str], dtypes: list[str] | None = None,
-                    engines: tuple[str, ...] = ("hf", "vllm")) -> None:
+def compare_engines(
+    preset: str,
+    batches: int,
+    overrides: list[str],
+    dtypes: list[str] | None = None,
+    engines: tuple[str, ...] = ("hf", "vllm"),
+) -> None:
     """Each engine (and each of ``dtypes``: ``rollout.dtype``, default the preset's) on the same
     scheduled batches of the preset's training rollout; ratios against the first setting."""
     import os
@@ -235,7 +281,10 @@ def compare_engines(preset: str, batches: int, overrides: list[str], dtypes: lis
         extra = [f"rollout.dtype={dtype}"] if dtype else []
         for what, (tokens, secs) in _training_rollout(preset, engine, batches, [*overrides, *extra]).items():
             rate[name, what] = tokens / secs
-            print(f"{name:<14} {what:<11} {tokens / secs:9.1f} policy tokens/s  ({tokens} tokens, {secs:.2f}s)", flush=True)
+            print(
+                f"{name:<14} {what:<11} {tokens / secs:9.1f} policy tokens/s  ({tokens} tokens, {secs:.2f}s)",
+                flush=True,
+            )
     load = os.getloadavg()
     names = [f"{e}{'/' + d if d else ''}" for e, d in settings]
     for name in names[1:]:
@@ -250,14 +299,30 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engines", action="store_true", help="training rollout with vllm vs hf (see above)")
-    ap.add_argument("--cpu", action="store_true", help="the training rollout's CPU per batch, memory settings on/off")
+    ap.add_argument(
+        "--cpu", action="store_true", help="the training rollout's CPU per batch, memory settings on/off"
+    )
     ap.add_argument("--cpu-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=3, help="alternating runs per setting (--cpu)")
     ap.add_argument("--preset", default="math-tiny", help="preset whose rollout --engines / --cpu measures")
-    ap.add_argument("--dtypes", nargs="+", default=None, help="--engines: each rollout.dtype to measure (default the preset's)")
-    ap.add_argument("--engine-list", nargs="+", default=["hf", "vllm"], help="--engines: the engines to measure (default hf vllm)")
-    ap.add_argument("--batches", type=int, default=None, help="timed batches per engine (--engines, default 4) or "
-                    "per run (--cpu, default 30)")
+    ap.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=None,
+        help="--engines: each rollout.dtype to measure (default the preset's)",
+    )
+    ap.add_argument(
+        "--engine-list",
+        nargs="+",
+        default=["hf", "vllm"],
+        help="--engines: the engines to measure (default hf vllm)",
+    )
+    ap.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help="timed batches per engine (--engines, default 4) or per run (--cpu, default 30)",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the preset (--engines, --cpu)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

@@ -137,15 +137,24 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     batch = make(trajs)
     micro = a.flat_chunk_tokens if form == "flat-chunked" else a.micro_batch_tokens
     cfg = transformers.Qwen2Config(
-        vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(1024, a.tokens + 1),
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max(1024, a.tokens + 1),
         tie_word_embeddings=False,
     )
     cfg._attn_implementation = "sdpa"
     model = transformers.Qwen2ForCausalLM(cfg).float().to(device)
-    learner = Learner(model, torch.optim.SGD(model.parameters(), lr=0.0), objective=ObjectiveConfig(delta=float("inf")),
-                      chunking=Chunking(micro_batch_tokens=micro, packed="never" if flat_form else "always"),
-                      forward=ForwardConfig(tree_attention=form == "packed", tree_min_saving=0))
+    learner = Learner(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        objective=ObjectiveConfig(delta=float("inf")),
+        chunking=Chunking(micro_batch_tokens=micro, packed="never" if flat_form else "always"),
+        forward=ForwardConfig(tree_attention=form == "packed", tree_min_saving=0),
+    )
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -155,7 +164,9 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
         base_sampled = sum(resident_and_swapped())
     times = []
     with PeakSampler() as sampler:
-        for i in range(a.repeat):  # lr 0: every step sees the same model; the batch is rebuilt (a batch is used once)
+        for i in range(
+            a.repeat
+        ):  # lr 0: every step sees the same model; the batch is rebuilt (a batch is used once)
             if i:
                 batch = make(trajs)
             t0 = time.perf_counter()
@@ -166,7 +177,9 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base, sampler.peak - base_sampled)
+        peak = max(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base, sampler.peak - base_sampled
+        )
     seconds = statistics.median(times)
     flat = batch if flat_form else batch.flat
     return {
@@ -190,19 +203,37 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=3, help="steps per form; the median time is reported")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--swap-gib", type=int, default=0,
-                   help="make a swap file of this size (root only) for the run and remove it after, so that a flat "
-                        "step larger than RAM can be measured; its time then includes swap I/O and is reported as such")
-    p.add_argument("--swap-file", default="/var/tmp/fr-agents-bench.swap", help="where --swap-gib puts its file")
-    p.add_argument("--flat-chunk-tokens", type=int, default=0,
-                   help="> 0: also time the flat form in micro-batches of this many tokens (form flat-chunked: the same "
-                        "rows and gradient, a bounded peak), the flat step's time without swap when the whole one does not fit")
-    p.add_argument("--forms", nargs="+", choices=FORMS, default=None,
-                   help="the forms to measure (default: flat, packed, packed-dense, and flat-chunked with --flat-chunk-tokens)")
-    p.add_argument("--keep-freed-memory", action="store_true",
-                   help="run every form's process with glibc told to keep what it frees (MALLOC_MMAP_MAX_=0, "
-                        "MALLOC_TRIM_THRESHOLD_ huge), so that steps after the first reuse their pages instead of "
-                        "faulting fresh ones in; on this VM a fresh page costs ~5x more once ~12 GB are resident")
+    p.add_argument(
+        "--swap-gib",
+        type=int,
+        default=0,
+        help="make a swap file of this size (root only) for the run and remove it after, so that a flat "
+        "step larger than RAM can be measured; its time then includes swap I/O and is reported as such",
+    )
+    p.add_argument(
+        "--swap-file", default="/var/tmp/fr-agents-bench.swap", help="where --swap-gib puts its file"
+    )
+    p.add_argument(
+        "--flat-chunk-tokens",
+        type=int,
+        default=0,
+        help="> 0: also time the flat form in micro-batches of this many tokens (form flat-chunked: the same "
+        "rows and gradient, a bounded peak), the flat step's time without swap when the whole one does not fit",
+    )
+    p.add_argument(
+        "--forms",
+        nargs="+",
+        choices=FORMS,
+        default=None,
+        help="the forms to measure (default: flat, packed, packed-dense, and flat-chunked with --flat-chunk-tokens)",
+    )
+    p.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="run every form's process with glibc told to keep what it frees (MALLOC_MMAP_MAX_=0, "
+        "MALLOC_TRIM_THRESHOLD_ huge), so that steps after the first reuse their pages instead of "
+        "faulting fresh ones in; on this VM a fresh page costs ~5x more once ~12 GB are resident",
+    )
     p.add_argument("--form", choices=FORMS, help=argparse.SUPPRESS)  # one measurement (child process)
     a = p.parse_args()
     if a.quick:
@@ -223,10 +254,28 @@ def main() -> None:
     out = {}
     with swap_file(Path(a.swap_file), a.swap_gib):
         for form in forms:
-            cmd = [sys.executable, __file__, "--form", form, "--roots", str(a.roots), "--leaves", str(a.leaves),
-                   "--tokens", str(a.tokens), "--shared", str(a.shared),
-                   "--micro-batch-tokens", str(a.micro_batch_tokens), "--flat-chunk-tokens", str(a.flat_chunk_tokens),
-                   "--device", a.device, "--repeat", str(a.repeat)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--form",
+                form,
+                "--roots",
+                str(a.roots),
+                "--leaves",
+                str(a.leaves),
+                "--tokens",
+                str(a.tokens),
+                "--shared",
+                str(a.shared),
+                "--micro-batch-tokens",
+                str(a.micro_batch_tokens),
+                "--flat-chunk-tokens",
+                str(a.flat_chunk_tokens),
+                "--device",
+                a.device,
+                "--repeat",
+                str(a.repeat),
+            ]
             env = dict(os.environ)
             if a.keep_freed_memory:
                 env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**62))
@@ -235,10 +284,15 @@ def main() -> None:
             if res.returncode != 0:
                 sys.exit(f"the {form} step failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
             out[form] = json.loads(res.stdout.strip().splitlines()[-1])
-            print(f"  {form}: peak {out[form]['peak_bytes'] / 2**20:,.0f} MiB (swapped at most "
-                  f"{out[form]['swapped_peak_bytes'] / 2**20:,.0f} MiB), steps "
-                  + ", ".join(f"{t:.2f}" for t in out[form]["all_seconds"]) + f" s, {time.perf_counter() - t0:.0f} s "
-                  f"in all ({load()})", file=sys.stderr, flush=True)
+            print(
+                f"  {form}: peak {out[form]['peak_bytes'] / 2**20:,.0f} MiB (swapped at most "
+                f"{out[form]['swapped_peak_bytes'] / 2**20:,.0f} MiB), steps "
+                + ", ".join(f"{t:.2f}" for t in out[form]["all_seconds"])
+                + f" s, {time.perf_counter() - t0:.0f} s "
+                f"in all ({load()})",
+                file=sys.stderr,
+                flush=True,
+            )
     report(out, a)
 
 
@@ -247,11 +301,15 @@ def report(out: dict[str, dict], a: argparse.Namespace) -> None:
     any_form = next(iter(out.values()))
     packed_any = out.get("packed") or out.get("packed-dense")  # both hold the same packed tokens
     ideal = any_form["logical_tokens"] / packed_any["packed_tokens"] if packed_any else math.nan
-    print(f"[tree-packed step] {a.roots} roots x {a.leaves} leaves, {a.tokens} tokens, {a.shared:.0%} shared, "
-          f"device {a.device}, micro_batch_tokens={a.micro_batch_tokens}"
-          + (", freed memory kept (glibc)" if a.keep_freed_memory else ""))
-    print(f"  tokens: logical {any_form['logical_tokens']:,.0f}  packed "
-          + (f"{packed_any['packed_tokens']:,.0f} (ideal speed-up {ideal:.2f}x)" if packed_any else "-"))
+    print(
+        f"[tree-packed step] {a.roots} roots x {a.leaves} leaves, {a.tokens} tokens, {a.shared:.0%} shared, "
+        f"device {a.device}, micro_batch_tokens={a.micro_batch_tokens}"
+        + (", freed memory kept (glibc)" if a.keep_freed_memory else "")
+    )
+    print(
+        f"  tokens: logical {any_form['logical_tokens']:,.0f}  packed "
+        + (f"{packed_any['packed_tokens']:,.0f} (ideal speed-up {ideal:.2f}x)" if packed_any else "-")
+    )
     print("  peak memory: " + "  ".join(f"{f} {r['peak_bytes'] / 2**20:,.0f} MiB" for f, r in out.items()))
     for ref in ("flat", "flat-chunked"):
         if ref not in out:
@@ -260,16 +318,25 @@ def report(out: dict[str, dict], a: argparse.Namespace) -> None:
             if form not in out:
                 continue
             speed = out[ref]["seconds"] / out[form]["seconds"]
-            mem = (f", memory {form}/{ref} {out[form]['peak_bytes'] / max(1.0, out[ref]['peak_bytes']):.2f} (goal <= 0.5)"
-                   if ref == "flat" else "")
-            print(f"  {form} vs {ref}: step time {speed:.2f}x, {speed / ideal:.2f} of ideal (goal >= 0.8){mem}")
+            mem = (
+                f", memory {form}/{ref} {out[form]['peak_bytes'] / max(1.0, out[ref]['peak_bytes']):.2f} (goal <= 0.5)"
+                if ref == "flat"
+                else ""
+            )
+            print(
+                f"  {form} vs {ref}: step time {speed:.2f}x, {speed / ideal:.2f} of ideal (goal >= 0.8){mem}"
+            )
     if "flat-chunked" in out:
-        print(f"  (flat-chunked: the flat rows in micro-batches of {a.flat_chunk_tokens:,} tokens, the same gradient; "
-              f"its steps take the same arithmetic as the whole flat step without its peak)")
+        print(
+            f"  (flat-chunked: the flat rows in micro-batches of {a.flat_chunk_tokens:,} tokens, the same gradient; "
+            f"its steps take the same arithmetic as the whole flat step without its peak)"
+        )
     for form, r in out.items():
         if r["swapped_peak_bytes"]:
-            print(f"  note: the {form} step swapped (up to {r['swapped_peak_bytes'] / 2**20:,.0f} MiB): its memory counts "
-                  f"what was swapped; its time includes swap I/O, so a time ratio against it flatters the other forms")
+            print(
+                f"  note: the {form} step swapped (up to {r['swapped_peak_bytes'] / 2**20:,.0f} MiB): its memory counts "
+                f"what was swapped; its time includes swap I/O, so a time ratio against it flatters the other forms"
+            )
     print(f"  ({load()})")
 
 

@@ -140,9 +140,17 @@ TASKS = {
     "two-attempts": Task("math-tiny", TWO_ATTEMPTS),
     "tool-result": Task("python-tool-tiny", TOOL_RESULT),
     # a 135M model's step costs ~100x the tiny one's: fewer, single-timed learner-cost batches
-    "uncertain-tokens": Task("math-smollm2", UNCERTAIN_TOKENS, tiny=False, steps=30, branch=4, branch_at=(0,),
-                             tree=("rollout.branch_policy=token", "rollout.branch_entropy=0"),
-                             cost_batches=4, cost_repeat=1),
+    "uncertain-tokens": Task(
+        "math-smollm2",
+        UNCERTAIN_TOKENS,
+        tiny=False,
+        steps=30,
+        branch=4,
+        branch_at=(0,),
+        tree=("rollout.branch_policy=token", "rollout.branch_entropy=0"),
+        cost_batches=4,
+        cost_repeat=1,
+    ),
 }
 
 
@@ -156,7 +164,9 @@ def sampled_policy_tokens(run: Path, steps: int) -> int:
     finally:
         ledger.close()
     if any(c is None for c in counts):
-        raise RuntimeError(f"{run}: the ledger has batches without the engine's token count (a run from older code)")
+        raise RuntimeError(
+            f"{run}: the ledger has batches without the engine's token count (a run from older code)"
+        )
     return sum(counts)  # type: ignore[arg-type]
 
 
@@ -210,17 +220,34 @@ def train(run: Path, task: str, overrides: list[str], resume: bool = False) -> d
         raise RuntimeError(f"{run}: {res.stop_reason}")
     after = res.evals.get("after_rl", {})
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = {r["step"]: r for r in rows if r.get("kind") == "step"}  # a resumed run logs each step once more at most
-    return {"success": float(after.get("success", math.nan)), "tokens": float(sampled_policy_tokens(run, res.steps)),
-            "stored_tokens": float(stored_policy_tokens(run)), "steps": res.steps,
-            "temperature": cfg.rollout.temperature,
-            "leaves_per_step": statistics.mean(r["leaves"] for r in steps.values()) if steps else math.nan,
-            "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values()) if steps else math.nan,
-            "samples_per_step": statistics.mean(r.get("samples", r["leaves"]) for r in steps.values()) if steps else math.nan}
+    steps = {
+        r["step"]: r for r in rows if r.get("kind") == "step"
+    }  # a resumed run logs each step once more at most
+    return {
+        "success": float(after.get("success", math.nan)),
+        "tokens": float(sampled_policy_tokens(run, res.steps)),
+        "stored_tokens": float(stored_policy_tokens(run)),
+        "steps": res.steps,
+        "temperature": cfg.rollout.temperature,
+        "leaves_per_step": statistics.mean(r["leaves"] for r in steps.values()) if steps else math.nan,
+        "merged_per_step": statistics.mean(r.get("merged", 0.0) for r in steps.values())
+        if steps
+        else math.nan,
+        "samples_per_step": statistics.mean(r.get("samples", r["leaves"]) for r in steps.values())
+        if steps
+        else math.nan,
+    }
 
 
-def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: float, micro_batch_tokens: int,
-                 repeat: int = 3, autocast: str = "") -> tuple[dict[str, float], dict[str, int]]:
+def learner_cost(
+    run: Path,
+    steps: int,
+    batches: Sequence[int],
+    temperature: float,
+    micro_batch_tokens: int,
+    repeat: int = 3,
+    autocast: str = "",
+) -> tuple[dict[str, float], dict[str, int]]:
     """Learner seconds over the run's ``batches`` (indices), each stepped on the
     final model (step ``steps``; median of ``repeat`` per batch and form) in three forms:
 
@@ -245,7 +272,9 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
     from trainer.learner import Chunking, Learner
 
     ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
-    model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step_{steps:06d}", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        run / "checkpoints" / f"step_{steps:06d}", dtype=torch.float32
+    )
     seconds = {"flat": 0.0, "packed": 0.0, "flat_sampled": 0.0}
     distinct = sampled = packed_tokens = 0
     for k in batches:
@@ -257,7 +286,10 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
         every = [t for t, w in zip(trajs, weights, strict=True) for _ in range(w)]
         probe = build_packed(trajs)
         distinct += int(probe.flat.lengths.sum())
-        sampled += sum(counts[int(leaf)] * int(n) for leaf, n in zip(probe.flat.leaf_ids, probe.flat.lengths, strict=True))
+        sampled += sum(
+            counts[int(leaf)] * int(n)
+            for leaf, n in zip(probe.flat.leaf_ids, probe.flat.lengths, strict=True)
+        )
         packed_tokens += probe.num_tokens
         build = {  # each form's builder and its arguments (built afresh for every timed step)
             "flat": (build_flat, trajs, None),
@@ -270,10 +302,15 @@ def learner_cost(run: Path, steps: int, batches: Sequence[int], temperature: flo
                 m = copy.deepcopy(model)
                 builder, rows, w = build[form]
                 batch = builder(rows, weights=w)
-                learner = Learner(m, torch.optim.SGD(m.parameters(), lr=0.0),
-                                  chunking=Chunking(micro_batch_tokens=micro_batch_tokens,
-                                                    packed="always" if form == "packed" else "never"),
-                                  forward=ForwardConfig(temperature=temperature, autocast=autocast))
+                learner = Learner(
+                    m,
+                    torch.optim.SGD(m.parameters(), lr=0.0),
+                    chunking=Chunking(
+                        micro_batch_tokens=micro_batch_tokens,
+                        packed="always" if form == "packed" else "never",
+                    ),
+                    forward=ForwardConfig(temperature=temperature, autocast=autocast),
+                )
                 t0 = time.perf_counter()
                 learner.step(batch)
                 times[form].append(time.perf_counter() - t0)
@@ -294,21 +331,36 @@ COST_WINDOWS = {
 # the two ratios reported per window: (key, what it compares, the goal's note). Each compares two
 # forms over the same logical tokens, so the ratio of seconds per logical token is that of seconds.
 COST_RATIOS = [
-    ("sampled", "learner s per sampled logical token, flat form of every sampled leaf / the tree's packed step", " (goal >= 2)"),
+    (
+        "sampled",
+        "learner s per sampled logical token, flat form of every sampled leaf / the tree's packed step",
+        " (goal >= 2)",
+    ),
     ("distinct", "learner s per logical token of the distinct leaves, flat / packed (packing alone)", ""),
 ]
 
 
-def learner_costs(run: Path, steps: int, temperature: float, task: Task, autocast: str = "") -> dict[str, dict[str, float]]:
+def learner_costs(
+    run: Path, steps: int, temperature: float, task: Task, autocast: str = ""
+) -> dict[str, dict[str, float]]:
     """Per window of :data:`COST_WINDOWS`: the ratios of :data:`COST_RATIOS` and their ideals."""
     out = {}
     for name, window in COST_WINDOWS.items():
-        seconds, tokens = learner_cost(run, steps, window(steps, task.cost_batches), temperature, 0,
-                                       repeat=task.cost_repeat, autocast=autocast)
+        seconds, tokens = learner_cost(
+            run,
+            steps,
+            window(steps, task.cost_batches),
+            temperature,
+            0,
+            repeat=task.cost_repeat,
+            autocast=autocast,
+        )
         packed = max(1, tokens["packed"])
         out[name] = {
-            "sampled": seconds["flat_sampled"] / seconds["packed"], "ideal_sampled": tokens["sampled"] / packed,
-            "distinct": seconds["flat"] / seconds["packed"], "ideal_distinct": tokens["distinct"] / packed,
+            "sampled": seconds["flat_sampled"] / seconds["packed"],
+            "ideal_sampled": tokens["sampled"] / packed,
+            "distinct": seconds["flat"] / seconds["packed"],
+            "ideal_distinct": tokens["distinct"] / packed,
         }
     return out
 
@@ -324,8 +376,10 @@ def cost_line(costs: dict[str, dict[str, float]]) -> str:
 def cost_summary(per_seed: list[dict[str, dict[str, float]]]) -> None:
     for name in COST_WINDOWS:
         for key, what, goal in COST_RATIOS:
-            print(f"  {what} ({name} of each tree run): {spread([c[name][key] for c in per_seed])}x{goal}; "
-                  f"ideal (logical / packed tokens) {spread([c[name]['ideal_' + key] for c in per_seed])}x")
+            print(
+                f"  {what} ({name} of each tree run): {spread([c[name][key] for c in per_seed])}x{goal}; "
+                f"ideal (logical / packed tokens) {spread([c[name]['ideal_' + key] for c in per_seed])}x"
+            )
 
 
 def spread(xs: list[float]) -> str:
@@ -342,36 +396,74 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--task", choices=sorted(TASKS), default="two-attempts",
-                   help="two-attempts: math-tiny with a second attempt after a wrong answer (the fork); tool-result: "
-                        "python-tool-tiny, forked after the sandbox's reply; uncertain-tokens: math-smollm2 "
-                        "(SmolLM2-135M), the reply forked at its highest-entropy tokens")
-    p.add_argument("--steps", type=int, default=None, help="steps of the linear run (default: the task's, 60; 30 for uncertain-tokens)")
+    p.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="two-attempts",
+        help="two-attempts: math-tiny with a second attempt after a wrong answer (the fork); tool-result: "
+        "python-tool-tiny, forked after the sandbox's reply; uncertain-tokens: math-smollm2 "
+        "(SmolLM2-135M), the reply forked at its highest-entropy tokens",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps of the linear run (default: the task's, 60; 30 for uncertain-tokens)",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="leaves per step (both runs)")
-    p.add_argument("--branch", type=int, default=None,
-                   help="continuations forked at each branch turn (rollout.branch_factor; default: the task's, 8; 4 for uncertain-tokens)")
-    p.add_argument("--branch-at", type=int, nargs="+", default=None,
-                   help="the turns where a tree forks (rollout.branch_at; default 1: the second attempt, or the answer "
-                        "after the tool result; 0 for uncertain-tokens); e.g. 0 1 also forks the first reply, branch ** 2 leaves at most")
+    p.add_argument(
+        "--branch",
+        type=int,
+        default=None,
+        help="continuations forked at each branch turn (rollout.branch_factor; default: the task's, 8; 4 for uncertain-tokens)",
+    )
+    p.add_argument(
+        "--branch-at",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the turns where a tree forks (rollout.branch_at; default 1: the second attempt, or the answer "
+        "after the tool result; 0 for uncertain-tokens); e.g. 0 1 also forks the first reply, branch ** 2 leaves at most",
+    )
     p.add_argument("--eval-episodes", type=int, default=200)
-    p.add_argument("--warm-start", type=int, default=0,
-                   help="warm-start demos (both runs, reported apart; 0: 500 for two-attempts, the preset's otherwise)")
+    p.add_argument(
+        "--warm-start",
+        type=int,
+        default=0,
+        help="warm-start demos (both runs, reported apart; 0: 500 for two-attempts, the preset's otherwise)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes that prove the script works")
     p.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
-    p.add_argument("--match-leaves", action="store_true",
-                   help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, about "
-                        "--batch-size leaves per step survive merging and J_max, as the linear run trains on")
-    p.add_argument("--match-samples", action="store_true",
-                   help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, its rows "
-                        "stand for about --batch-size sampled leaves per step, as the linear run trains on")
-    p.add_argument("--baseline", choices=BASELINES, nargs="+", default=["batch"],
-                   help="the tree run's objective.baseline, one tree run per value: batch (the product's default, as the "
-                        "linear run: the two runs then differ only in how they sample), tree (each leaf also against its "
-                        "branching node's leaves) or nodes (per token, the tree's node values)")
-    p.add_argument("--match-steps", action="store_true",
-                   help="give the tree run the linear run's step count, with a trainer.batch_size (whole trees) at "
-                        "which, by the pilot, a tree step samples at most the linear step's policy tokens (whole trees, rounded down)")
-    p.add_argument("--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out")
+    p.add_argument(
+        "--match-leaves",
+        action="store_true",
+        help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, about "
+        "--batch-size leaves per step survive merging and J_max, as the linear run trains on",
+    )
+    p.add_argument(
+        "--match-samples",
+        action="store_true",
+        help="give the tree run a trainer.batch_size (episodes x branch) at which, by the pilot, its rows "
+        "stand for about --batch-size sampled leaves per step, as the linear run trains on",
+    )
+    p.add_argument(
+        "--baseline",
+        choices=BASELINES,
+        nargs="+",
+        default=["batch"],
+        help="the tree run's objective.baseline, one tree run per value: batch (the product's default, as the "
+        "linear run: the two runs then differ only in how they sample), tree (each leaf also against its "
+        "branching node's leaves) or nodes (per token, the tree's node values)",
+    )
+    p.add_argument(
+        "--match-steps",
+        action="store_true",
+        help="give the tree run the linear run's step count, with a trainer.batch_size (whole trees) at "
+        "which, by the pilot, a tree step samples at most the linear step's policy tokens (whole trees, rounded down)",
+    )
+    p.add_argument(
+        "--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out"
+    )
     a = p.parse_args()
     task = TASKS[a.task]
     a.steps = a.steps or task.steps
@@ -379,7 +471,9 @@ def main() -> None:
     a.branch_at = a.branch_at or list(task.branch_at)
     if a.match_leaves + a.match_samples + a.match_steps > 1:
         p.error("--match-leaves, --match-samples and --match-steps: choose one")
-    shared_cfg = load_config(task.preset, task.overrides)  # the runs' own temperature and learner dtype (not overridden)
+    shared_cfg = load_config(
+        task.preset, task.overrides
+    )  # the runs' own temperature and learner dtype (not overridden)
     if a.cost_only:
         if not a.out:
             p.error("--cost-only: needs --out, the folder of an earlier run")
@@ -387,7 +481,9 @@ def main() -> None:
         for seed in a.seeds:
             run = Path(a.out) / f"tree-{seed}"
             step = int((run / "checkpoints" / "LATEST").read_text().strip().rsplit("_", 1)[-1])
-            costs.append(learner_costs(run, step, shared_cfg.rollout.temperature, task, shared_cfg.learner_autocast))
+            costs.append(
+                learner_costs(run, step, shared_cfg.rollout.temperature, task, shared_cfg.learner_autocast)
+            )
             print(f"seed {seed}: {cost_line(costs[-1])}", flush=True)
         cost_summary(costs)
         return
@@ -398,8 +494,11 @@ def main() -> None:
     if not a.warm_start:
         a.warm_start = 500 if a.task == "two-attempts" else shared_cfg.warm_start.examples
     out = Path(a.out or tempfile.mkdtemp(prefix="tree_rl_"))
-    common = [f"trainer.batch_size={a.batch_size}", f"trainer.eval_episodes={a.eval_episodes}",
-              f"warm_start.examples={a.warm_start}"]
+    common = [
+        f"trainer.batch_size={a.batch_size}",
+        f"trainer.eval_episodes={a.eval_episodes}",
+        f"warm_start.examples={a.warm_start}",
+    ]
     if task.tiny:
         common.append("model.tiny_size=micro")
     if a.quick and task.tiny:
@@ -407,20 +506,36 @@ def main() -> None:
         if a.task == "tool-result":  # nano's smaller vocabulary spells the expert's call in more tokens
             common += ["rollout.max_new_tokens=40", "rollout.max_context=160"]
     fan = a.branch ** len(a.branch_at)  # leaves of a fully branched tree: trainer.batch_size's unit
-    base_over = [f"rollout.branch_factor={a.branch}", f"rollout.branch_at=[{','.join(map(str, a.branch_at))}]",
-                 "trainer.max_per_root=5", *task.tree]
+    base_over = [
+        f"rollout.branch_factor={a.branch}",
+        f"rollout.branch_at=[{','.join(map(str, a.branch_at))}]",
+        "trainer.max_per_root=5",
+        *task.tree,
+    ]
     rows = []
     for seed in a.seeds:
         s = [f"trainer.seed={seed}", *([f"model.tiny_seed={seed}"] if task.tiny else [])]
         lin = train(out / f"linear-{seed}", a.task, [*common, *s, f"trainer.steps={a.steps}"])
         slim(out / f"linear-{seed}", keep_model=False)
         pilot_steps = 4 if a.match_leaves or a.match_samples or a.match_steps else 2
-        pilot = train(out / f"pilot-{seed}", a.task, [*common, *s, *base_over, f"objective.baseline={a.baseline[0]}",
-                                                      f"trainer.steps={pilot_steps}", "trainer.eval_episodes=0"])
+        pilot = train(
+            out / f"pilot-{seed}",
+            a.task,
+            [
+                *common,
+                *s,
+                *base_over,
+                f"objective.baseline={a.baseline[0]}",
+                f"trainer.steps={pilot_steps}",
+                "trainer.eval_episodes=0",
+            ],
+        )
         slim(out / f"pilot-{seed}", keep_model=False)
         per_step = max(1.0, pilot["tokens"] / pilot_steps)
         tree_batch = a.batch_size
-        if a.match_leaves or a.match_samples:  # episodes so that about batch_size rows (samples) are trained a step
+        if (
+            a.match_leaves or a.match_samples
+        ):  # episodes so that about batch_size rows (samples) are trained a step
             trained = pilot["samples_per_step"] if a.match_samples else pilot["leaves_per_step"]
             tree_batch = max(fan, round(a.batch_size * a.batch_size / trained / fan) * fan)
         elif a.match_steps:  # whole trees so that a step samples at most about the linear step's tokens
@@ -438,27 +553,38 @@ def main() -> None:
             for _ in range(6):
                 if tree["tokens"] >= 0.95 * lin["tokens"]:
                     break
-                steps = tree["steps"] + max(1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"])))
+                steps = tree["steps"] + max(
+                    1, round((lin["tokens"] - tree["tokens"]) * tree["steps"] / max(1.0, tree["tokens"]))
+                )
                 tree = train(run, a.task, [*common, *s, *tree_over, f"trainer.steps={steps}"], resume=True)
             costs = learner_costs(run, tree["steps"], tree["temperature"], task, shared_cfg.learner_autocast)
             slim(run)  # the last model stays, for --cost-only
             trees[baseline] = (tree, costs)
-            print(f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
-                  f"tree (baseline {baseline}) {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
-                  f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f} standing for "
-                  f"{tree['samples_per_step']:.1f} sampled, merged siblings per step {tree['merged_per_step']:.1f}) | "
-                  f"{cost_line(costs)}", flush=True)
+            print(
+                f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
+                f"tree (baseline {baseline}) {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
+                f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f} standing for "
+                f"{tree['samples_per_step']:.1f} sampled, merged siblings per step {tree['merged_per_step']:.1f}) | "
+                f"{cost_line(costs)}",
+                flush=True,
+            )
         rows.append((seed, lin, trees))
-    print(f"[tree RL] {task.preset} ({a.task}), {len(a.seeds)} seeds, runs in {out}; load average {load_average()}")
+    print(
+        f"[tree RL] {task.preset} ({a.task}), {len(a.seeds)} seeds, runs in {out}; load average {load_average()}"
+    )
     lin_success = [r[1]["success"] for r in rows]
-    print(f"  linear: held-out success {spread(lin_success)}, sampled policy tokens {spread([r[1]['tokens'] for r in rows])}, "
-          f"stored {spread([r[1]['stored_tokens'] for r in rows])}")
+    print(
+        f"  linear: held-out success {spread(lin_success)}, sampled policy tokens {spread([r[1]['tokens'] for r in rows])}, "
+        f"stored {spread([r[1]['stored_tokens'] for r in rows])}"
+    )
     for baseline in a.baseline:
         tree_success = [r[2][baseline][0]["success"] for r in rows]
         gain = [t - x for t, x in zip(tree_success, lin_success, strict=True)]
-        print(f"  tree (J_max=5, baseline {baseline}): held-out success {spread(tree_success)} "
-              f"(tree - linear {spread(gain)}, goal >= +0.02), sampled policy tokens "
-              f"{spread([r[2][baseline][0]['tokens'] for r in rows])}, stored {spread([r[2][baseline][0]['stored_tokens'] for r in rows])}")
+        print(
+            f"  tree (J_max=5, baseline {baseline}): held-out success {spread(tree_success)} "
+            f"(tree - linear {spread(gain)}, goal >= +0.02), sampled policy tokens "
+            f"{spread([r[2][baseline][0]['tokens'] for r in rows])}, stored {spread([r[2][baseline][0]['stored_tokens'] for r in rows])}"
+        )
         cost_summary([r[2][baseline][1] for r in rows])
 
 

@@ -96,7 +96,9 @@ from pathlib import Path
 from typing import Any
 
 TRL_VERSION = "1.16.0"  # the version the `bench` extra pins (pyproject.toml)
-INSTALL_HINT = f"bash scripts/setup.sh --bench   (or: pip install -e '.[bench]', or: pip install 'trl=={TRL_VERSION}')"
+INSTALL_HINT = (
+    f"bash scripts/setup.sh --bench   (or: pip install -e '.[bench]', or: pip install 'trl=={TRL_VERSION}')"
+)
 
 
 @dataclass(frozen=True)
@@ -122,12 +124,21 @@ class Preset:
         return load_config(self.name).learner_autocast == "bfloat16"
 
 
-PRESETS = {p.name: p for p in (
-    Preset("math-tiny", bench="arithmetic", prompts_per_step=16, generations=4, minutes=5.0),
-    Preset("math-smollm2", bench="preset:math-smollm2", prompts_per_step=8, generations=4, minutes=10.0),
-)}
-HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json", "chat_template.jinja")
+PRESETS = {
+    p.name: p
+    for p in (
+        Preset("math-tiny", bench="arithmetic", prompts_per_step=16, generations=4, minutes=5.0),
+        Preset("math-smollm2", bench="preset:math-smollm2", prompts_per_step=8, generations=4, minutes=10.0),
+    )
+}
+HF_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
 POLL_S = 20.0  # seconds between progress lines
 
 
@@ -191,7 +202,9 @@ def require_trl() -> str:
     try:
         import trl
     except ImportError:
-        raise SystemExit(f"TRL is not installed (a benchmark-only dependency). Install it with:\n  {INSTALL_HINT}") from None
+        raise SystemExit(
+            f"TRL is not installed (a benchmark-only dependency). Install it with:\n  {INSTALL_HINT}"
+        ) from None
     if trl.__version__ != TRL_VERSION:
         say(f"warning: TRL {trl.__version__} is installed; this benchmark was written for TRL {TRL_VERSION}")
     return trl.__version__
@@ -201,7 +214,9 @@ def fr_agents(*args: str, log: Path) -> subprocess.Popen:
     """Start ``fr-agents ARGS`` in a fresh process of this Python, output to ``log``."""
     env = {**os.environ, "FR_AGENTS_LOG": os.environ.get("FR_AGENTS_LOG", "INFO")}
     with open(log, "w") as fh:
-        return subprocess.Popen([sys.executable, "-m", "fr_agents.cli", *args], stdout=fh, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "fr_agents.cli", *args], stdout=fh, stderr=subprocess.STDOUT, env=env
+        )
 
 
 def finish(proc: subprocess.Popen, log: Path, what: str) -> int:
@@ -223,7 +238,9 @@ def build_start(preset: Preset, work: Path) -> Path:
     if (start / "model.safetensors").exists():
         built_for = marker.read_text().strip() if marker.exists() else "math-tiny"
         if built_for != preset.name:
-            raise SystemExit(f"--work-dir {work} holds the {built_for} start; use another work dir for {preset.name}")
+            raise SystemExit(
+                f"--work-dir {work} holds the {built_for} start; use another work dir for {preset.name}"
+            )
         say(f"start checkpoint: reusing {start}")
         return start
     shutil.rmtree(work / "eval-start", ignore_errors=True)  # figures of an older start
@@ -231,8 +248,16 @@ def build_start(preset: Preset, work: Path) -> Path:
     shutil.rmtree(run, ignore_errors=True)
     say(f"start checkpoint: the {preset.name} start, no RL (log: {run}.log) ...")
     t0 = time.perf_counter()
-    proc = fr_agents("train", preset.name, "trainer.steps=0", "trainer.eval_episodes=0", "trainer.checkpoint_every=0",
-                     "--run-dir", str(run), log=Path(f"{run}.log"))
+    proc = fr_agents(
+        "train",
+        preset.name,
+        "trainer.steps=0",
+        "trainer.eval_episodes=0",
+        "trainer.checkpoint_every=0",
+        "--run-dir",
+        str(run),
+        log=Path(f"{run}.log"),
+    )
     if finish(proc, Path(f"{run}.log"), "the warm start") != 0:
         raise SystemExit(f"the warm start did not end cleanly; see {run}.log")
     ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
@@ -274,14 +299,21 @@ def project_prompts(cfg: Any, tokenizer: Any) -> tuple[list[dict], list[str], li
     from fr_agents.rollout import encode_prompt, example_turns, reset_args
     from trainer.parts import env_factory
 
-    tasks = [dict(t) for t in get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params).split(cfg.tasks.train_split)]
+    tasks = [
+        dict(t)
+        for t in get_task_source(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params).split(
+            cfg.tasks.train_split
+        )
+    ]
     env = env_factory(cfg)()
     texts, ids = [], []
     try:
         for task in tasks:
             seed, option = reset_args(task, 0)
             obs, _ = env.reset(seed=seed, options={"task": option})
-            text, tok_ids = encode_prompt(tokenizer, obs, cfg.env.system_prompt, example_turns(cfg.env.examples))
+            text, tok_ids = encode_prompt(
+                tokenizer, obs, cfg.env.system_prompt, example_turns(cfg.env.examples)
+            )
             texts.append(text)
             ids.append(tok_ids)
     finally:
@@ -331,9 +363,18 @@ def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: 
     log = Path(f"{run}.log")
     say(f"fr-agents seed {seed}: {minutes:g} min of RL (log: {log})")
     proc = fr_agents(
-        "train", preset.name, f"model.name={start}", "warm_start.examples=0", "trainer.steps=100000000",
-        f"trainer.max_minutes={minutes}", "trainer.plateau_patience=0", f"trainer.seed={seed}", "trainer.eval_episodes=0",
-        "--run-dir", str(run), log=log,
+        "train",
+        preset.name,
+        f"model.name={start}",
+        "warm_start.examples=0",
+        "trainer.steps=100000000",
+        f"trainer.max_minutes={minutes}",
+        "trainer.plateau_patience=0",
+        f"trainer.seed={seed}",
+        "trainer.eval_episodes=0",
+        "--run-dir",
+        str(run),
+        log=log,
     )
     t0 = time.perf_counter()
     cpu, metrics = CpuWindow(), MetricsTail(run / "metrics.jsonl")
@@ -349,22 +390,36 @@ def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: 
     rc = finish(proc, log, f"fr-agents seed {seed}")
     ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
-    with sqlite3.connect(run / "episodes.sqlite") as db:  # the ledger: one row per finished leaf (no branching here)
-        completions, tokens = db.execute("SELECT COUNT(*), COALESCE(SUM(sampled), 0) FROM episode_leaves").fetchone()
-        trained = db.execute("SELECT COUNT(*) FROM episode_leaves WHERE batch < ?", (int(state["step"]),)).fetchone()[0]
+    with sqlite3.connect(
+        run / "episodes.sqlite"
+    ) as db:  # the ledger: one row per finished leaf (no branching here)
+        completions, tokens = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(sampled), 0) FROM episode_leaves"
+        ).fetchone()
+        trained = db.execute(
+            "SELECT COUNT(*) FROM episode_leaves WHERE batch < ?", (int(state["step"]),)
+        ).fetchone()[0]
     end = [r for r in _rows(run / "metrics.jsonl") if r.get("kind") == "end"]
     res = {
-        "run": "fr-agents", "seed": seed, "steps": int(state["step"]), "rl_s": float(state["rl_elapsed_s"]),
+        "run": "fr-agents",
+        "seed": seed,
+        "steps": int(state["step"]),
+        "rl_s": float(state["rl_elapsed_s"]),
         "torch_threads": _learner_threads(run),
-        "completions": int(completions), "trained_completions": int(trained), "tokens": int(tokens),
+        "completions": int(completions),
+        "trained_completions": int(trained),
+        "tokens": int(tokens),
         "stop": end[-1]["reason"] if end else f"exit {rc}",
-        "model": str(ckpt), "run_dir": str(run),
+        "model": str(ckpt),
+        "run_dir": str(run),
     }
     res["completions_per_s"] = res["completions"] / res["rl_s"]
     res["tokens_per_s"] = res["tokens"] / res["rl_s"]
     _cpu_fields(res, cpu.cores())
-    say(f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
-        f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s), stopped: {res['stop']}; {_cpu_text(res)}")
+    say(
+        f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
+        f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s), stopped: {res['stop']}; {_cpu_text(res)}"
+    )
     return res
 
 
@@ -425,7 +480,9 @@ class MetricsTail:
                     self.last_step = max(self.last_step, int(row["step"]))
 
 
-def regrade_fr_rollouts(run_dir: Path, grader: Grader, prompt_ids: dict[str, list[int]], n: int, seed: int) -> dict:
+def regrade_fr_rollouts(
+    run_dir: Path, grader: Grader, prompt_ids: dict[str, list[int]], n: int, seed: int
+) -> dict:
     """Re-grade ``n`` stored rollouts (0: all) of a fr-agents run with ``grader``; every reward and
     every prompt must match (the prompt against the project's encoding of its task)."""
     from fr_agents.tree import TrajectoryTree
@@ -440,14 +497,20 @@ def regrade_fr_rollouts(run_dir: Path, grader: Grader, prompt_ids: dict[str, lis
             traj = tree.trajectory(leaf)
             task = tree.root_meta(traj.root_id)["task"]
             if traj.token_ids[: traj.prompt_len] != prompt_ids[task["id"]]:
-                raise SystemExit(f"fr-agents leaf {leaf}: its prompt ids differ from the project's encoding of {task['id']}")
+                raise SystemExit(
+                    f"fr-agents leaf {leaf}: its prompt ids differ from the project's encoding of {task['id']}"
+                )
             reward = grader(task, traj.token_ids[traj.prompt_len :])
             if reward != traj.reward:
-                mismatched.append({"leaf": leaf, "task": task["id"], "stored": traj.reward, "regraded": reward})
+                mismatched.append(
+                    {"leaf": leaf, "task": task["id"], "stored": traj.reward, "regraded": reward}
+                )
     finally:
         tree.close()
     if mismatched:
-        raise SystemExit(f"re-grading {run_dir}: {len(mismatched)} of {len(leaves)} rewards differ, e.g. {mismatched[:3]}")
+        raise SystemExit(
+            f"re-grading {run_dir}: {len(mismatched)} of {len(leaves)} rewards differ, e.g. {mismatched[:3]}"
+        )
     return {"regraded": len(leaves), "mismatches": 0}
 
 
@@ -460,8 +523,20 @@ def run_trl(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
     come through; warnings and errors go to ``WORK/trl-seed<s>.log``."""
     log = work / f"trl-seed{seed}.log"
     say(f"TRL seed {seed}: {minutes:g} min of RL (log: {log})")
-    cmd = [sys.executable, __file__, "--trl-run", str(seed), "--preset", preset.name, "--minutes", str(minutes),
-           "--work-dir", str(work), "--trl-threads", str(threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--trl-run",
+        str(seed),
+        "--preset",
+        preset.name,
+        "--minutes",
+        str(minutes),
+        "--work-dir",
+        str(work),
+        "--trl-threads",
+        str(threads),
+    ]
     with open(log, "w") as err:
         rc = subprocess.run(cmd, stderr=err).returncode
     if rc != 0:
@@ -516,29 +591,52 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
 
     def mathverifier_reward(prompts, completions, completion_ids, task_index, **_):
         sampled["completions"] += len(completion_ids)
-        sampled["tokens"] += sum(len(c) for c in completion_ids)  # up to and with the stop token, as fr-agents counts
+        sampled["tokens"] += sum(
+            len(c) for c in completion_ids
+        )  # up to and with the stop token, as fr-agents counts
         return [grader(tasks[i], c) for i, c in zip(task_index, completion_ids, strict=True)]
 
     r, o = cfg.rollout, cfg.optim
     config = GRPOConfig(
         # float32 weights and Adam; bf16: the products under CPU autocast (the preset's trainer.autocast)
-        output_dir=str(out), seed=seed, use_cpu=True, bf16=preset.bf16, fp16=False,
+        output_dir=str(out),
+        seed=seed,
+        use_cpu=True,
+        bf16=preset.bf16,
+        fp16=False,
         model_init_kwargs={"dtype": "float32"},
-        per_device_train_batch_size=preset.completions_per_step, num_generations=preset.generations,
+        per_device_train_batch_size=preset.completions_per_step,
+        num_generations=preset.generations,
         gradient_accumulation_steps=1,
         # the preset's sampling and optimizer settings, read from it (math-tiny: temperature 1, top-p 1,
         # 6 new tokens, lr 1e-4; math-smollm2: temperature 0.7, top-p 1, 128 new tokens, lr 1e-5; both
         # held constant, clip 1.0), no KL term
-        max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, beta=0.0,
-        learning_rate=o.lr, lr_scheduler_type=o.scheduler, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
+        max_completion_length=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        beta=0.0,
+        learning_rate=o.lr,
+        lr_scheduler_type=o.scheduler,
+        warmup_steps=o.warmup_steps,
+        weight_decay=o.weight_decay,
         max_grad_norm=o.grad_clip,
-        gradient_checkpointing=False, max_steps=100_000_000, save_strategy="no", report_to="none",
-        logging_steps=100, disable_tqdm=True,
+        gradient_checkpointing=False,
+        max_steps=100_000_000,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=100,
+        disable_tqdm=True,
     )
     dataset = Dataset.from_dict({"prompt": texts, "task_index": list(range(len(texts)))})
     limit = TimeLimit()
-    trainer = GRPOTrainer(model=str(start), reward_funcs=mathverifier_reward, args=config,
-                          train_dataset=dataset, callbacks=[limit])
+    trainer = GRPOTrainer(
+        model=str(start),
+        reward_funcs=mathverifier_reward,
+        args=config,
+        train_dataset=dataset,
+        callbacks=[limit],
+    )
     trainer.remove_callback(PrinterCallback)  # TRL's own log lines; the progress lines above suffice
     check_trl_matches(trainer, texts, ids, grader.stop_ids)
     trainer.train()
@@ -547,16 +645,25 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
     final = out / "final"
     trainer.save_model(str(final))
     res = {
-        "run": "TRL GRPOTrainer", "seed": seed, "steps": steps, "rl_s": rl_s, "torch_threads": torch.get_num_threads(),
+        "run": "TRL GRPOTrainer",
+        "seed": seed,
+        "steps": steps,
+        "rl_s": rl_s,
+        "torch_threads": torch.get_num_threads(),
         "bf16": preset.bf16,
-        "completions": sampled["completions"], "trained_completions": steps * preset.completions_per_step,
-        "tokens": sampled["tokens"], "stop": "time budget" if limit.t_end else "steps", "model": str(final),
+        "completions": sampled["completions"],
+        "trained_completions": steps * preset.completions_per_step,
+        "tokens": sampled["tokens"],
+        "stop": "time budget" if limit.t_end else "steps",
+        "model": str(final),
     }
     res["completions_per_s"] = res["completions"] / rl_s
     res["tokens_per_s"] = res["tokens"] / rl_s
     _cpu_fields(res, limit.cpu.cores())
-    say(f"TRL seed {seed}: {steps} steps, {res['completions']} completions in {rl_s:.0f}s "
-        f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s); {_cpu_text(res)}")
+    say(
+        f"TRL seed {seed}: {steps} steps, {res['completions']} completions in {rl_s:.0f}s "
+        f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s); {_cpu_text(res)}"
+    )
     grader.close()
     (work / f"trl-seed{seed}.json").write_text(json.dumps(res, indent=2))
 
@@ -565,19 +672,25 @@ def check_trl_matches(trainer: Any, texts: list[str], ids: list[list[int]], stop
     """TRL's own prompt tokenization must give the project's ids for every prompt, and TRL must stop
     on the project's stop ids; anything else ends the benchmark here."""
     if set(trainer.eos_token_ids) != stop_ids:
-        raise SystemExit(f"TRL stops on {sorted(trainer.eos_token_ids)}, the project's rollout on {sorted(stop_ids)}")
+        raise SystemExit(
+            f"TRL stops on {sorted(trainer.eos_token_ids)}, the project's rollout on {sorted(stop_ids)}"
+        )
     for lo in range(0, len(texts), 1000):
         got, _, _ = trainer._tokenize_prompts(texts[lo : lo + 1000])  # what TRL feeds its generate()
         for i, row in enumerate(got, start=lo):
             if list(row) != ids[i]:
-                raise SystemExit(f"prompt {i} {texts[i]!r}: TRL tokenizes it to {list(row)}, the project to {ids[i]}")
+                raise SystemExit(
+                    f"prompt {i} {texts[i]!r}: TRL tokenizes it to {list(row)}, the project to {ids[i]}"
+                )
     say(f"TRL: token-identical prompts ({len(texts)} of {len(texts)}), stop ids {sorted(stop_ids)}")
 
 
 # ---------------------------------------------------------------------------- evaluation and report
 
 
-def evaluate(bench: str, models: dict[str, str], out: Path, *, reuse: bool = False) -> tuple[dict[str, float], int]:
+def evaluate(
+    bench: str, models: dict[str, str], out: Path, *, reuse: bool = False
+) -> tuple[dict[str, float], int]:
     """Greedy held-out success of each model on the whole of ``bench`` (the preset's held-out problems
     and prompt; ``fr-agents eval``), and the number of problems. ``reuse``: take the figures already in
     ``out`` when it has them all."""
@@ -602,30 +715,59 @@ def evaluate(bench: str, models: dict[str, str], out: Path, *, reuse: bool = Fal
 
 
 def table(rows: list[dict], before: float) -> str:
-    lines = ["| run | seed | steps | completions/s | tokens/s | cores busy | CPU-ms per completion | held-out before -> after |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| run | seed | steps | completions/s | tokens/s | cores busy | CPU-ms per completion | held-out before -> after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for r in rows:
-        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | {r['tokens_per_s']:.1f} | "
-                     f"{fmt(r.get('cores_busy'), '.2f')} | {fmt(r.get('cpu_ms_per_completion'), '.2f')} | "
-                     f"{100 * before:.1f} -> {100 * r['held_out']:.1f} |")
+        lines.append(
+            f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | {r['tokens_per_s']:.1f} | "
+            f"{fmt(r.get('cores_busy'), '.2f')} | {fmt(r.get('cpu_ms_per_completion'), '.2f')} | "
+            f"{100 * before:.1f} -> {100 * r['held_out']:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="math-tiny",
-                    help="the preset both sides train on (default math-tiny)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, one run per side each (default 0 1 2)")
-    ap.add_argument("--minutes", type=float, default=None,
-                    help="minutes of RL per run, each side (default: math-tiny 5, math-smollm2 10)")
+    ap.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="math-tiny",
+        help="the preset both sides train on (default math-tiny)",
+    )
+    ap.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, one run per side each (default 0 1 2)"
+    )
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="minutes of RL per run, each side (default: math-tiny 5, math-smollm2 10)",
+    )
     ap.add_argument("--out", default="vs_trl.json", help="JSON results file (default vs_trl.json)")
-    ap.add_argument("--work-dir", default=None, help="runs, logs and the start checkpoint (reused when present); default a new temp dir")
-    ap.add_argument("--trl-threads", type=int, default=0,
-                    help="torch threads of the TRL runs (default 0: torch's default, what a TRL user gets); "
-                    "fr-agents uses its preset's trainer.threads")
-    ap.add_argument("--regrade", type=int, default=2000, help="stored fr-agents rollouts re-graded per run (0: all; default 2000)")
-    ap.add_argument("--trl-run", type=int, default=None, metavar="SEED", help=argparse.SUPPRESS)  # one TRL run (internal)
+    ap.add_argument(
+        "--work-dir",
+        default=None,
+        help="runs, logs and the start checkpoint (reused when present); default a new temp dir",
+    )
+    ap.add_argument(
+        "--trl-threads",
+        type=int,
+        default=0,
+        help="torch threads of the TRL runs (default 0: torch's default, what a TRL user gets); "
+        "fr-agents uses its preset's trainer.threads",
+    )
+    ap.add_argument(
+        "--regrade",
+        type=int,
+        default=2000,
+        help="stored fr-agents rollouts re-graded per run (0: all; default 2000)",
+    )
+    ap.add_argument(
+        "--trl-run", type=int, default=None, metavar="SEED", help=argparse.SUPPRESS
+    )  # one TRL run (internal)
     a = ap.parse_args()
     preset = PRESETS[a.preset]
     if a.minutes is None:
@@ -650,31 +792,45 @@ def main() -> int:
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="fr-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
     load_start = load_avg()
-    say(f"# fr-agents {preset.name} vs TRL {trl_version} GRPOTrainer: seeds {a.seeds}, {a.minutes:g} min of RL each, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}, load average {load_start}; work dir {work}")
+    say(
+        f"# fr-agents {preset.name} vs TRL {trl_version} GRPOTrainer: seeds {a.seeds}, {a.minutes:g} min of RL each, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, load average {load_start}; work dir {work}"
+    )
     if load_start[0] >= 0.5 * (os.cpu_count() or 1):
-        say(f"warning: the machine is busy (load {load_start[0]} on {os.cpu_count()} cores); a multi-threaded torch "
-            "(TRL's default) slows down far more under contention than a 1-thread learner: time both on an idle machine")
+        say(
+            f"warning: the machine is busy (load {load_start[0]} on {os.cpu_count()} cores); a multi-threaded torch "
+            "(TRL's default) slows down far more under contention than a 1-thread learner: time both on an idle machine"
+        )
 
     start = build_start(preset, work)
     cfg, tokenizer = project_config(preset, start)
     if cfg.trainer.batch_size != preset.completions_per_step:
-        raise SystemExit(f"{preset.name}: trainer.batch_size is {cfg.trainer.batch_size}, TRL would take "
-                         f"{preset.completions_per_step} completions a step (PRESETS)")
+        raise SystemExit(
+            f"{preset.name}: trainer.batch_size is {cfg.trainer.batch_size}, TRL would take "
+            f"{preset.completions_per_step} completions a step (PRESETS)"
+        )
     tasks, _, ids = project_prompts(cfg, tokenizer)
     say(f"prompts: {len(tasks)} train tasks of '{cfg.tasks.source}' encoded by the project's rollout encoder")
     grader = Grader(cfg, tokenizer)
     ids_by_task = {t["id"]: i for t, i in zip(tasks, ids, strict=True)}
 
-    scores, problems = evaluate(preset.bench, {"start": str(start)}, work / "eval-start", reuse=True)  # once per start checkpoint
+    scores, problems = evaluate(
+        preset.bench, {"start": str(start)}, work / "eval-start", reuse=True
+    )  # once per start checkpoint
     before = scores["start"]
     rows: list[dict] = []
     for seed in a.seeds:
         fr = run_fr_agents(preset, seed, a.minutes, start, work)
         fr["reward_check"] = regrade_fr_rollouts(Path(fr["run_dir"]), grader, ids_by_task, a.regrade, seed)
-        say(f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} stored rollouts, every reward matches")
+        say(
+            f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} stored rollouts, every reward matches"
+        )
         trl = run_trl(preset, seed, a.minutes, work, a.trl_threads)
-        held, _ = evaluate(preset.bench, {f"fr-agents-seed{seed}": fr["model"], f"trl-seed{seed}": trl["model"]}, work / f"eval-seed{seed}")
+        held, _ = evaluate(
+            preset.bench,
+            {f"fr-agents-seed{seed}": fr["model"], f"trl-seed{seed}": trl["model"]},
+            work / f"eval-seed{seed}",
+        )
         fr["held_out"], trl["held_out"] = held[f"fr-agents-seed{seed}"], held[f"trl-seed{seed}"]
         fr["ratio_completions_per_s"] = fr["completions_per_s"] / trl["completions_per_s"]
         rows += [fr, trl]
@@ -687,35 +843,72 @@ def main() -> int:
     summary = {
         "held_out_before": before,
         "held_out_after_mean": {"fr-agents": mean(fr_rows, "held_out"), "trl": mean(trl_rows, "held_out")},
-        "completions_per_s_mean": {"fr-agents": mean(fr_rows, "completions_per_s"), "trl": mean(trl_rows, "completions_per_s")},
+        "completions_per_s_mean": {
+            "fr-agents": mean(fr_rows, "completions_per_s"),
+            "trl": mean(trl_rows, "completions_per_s"),
+        },
     }
-    summary["ratio_completions_per_s"] = summary["completions_per_s_mean"]["fr-agents"] / summary["completions_per_s_mean"]["trl"]
-    summary["tokens_per_s_mean"] = {"fr-agents": mean(fr_rows, "tokens_per_s"), "trl": mean(trl_rows, "tokens_per_s")}
-    summary["ratio_tokens_per_s"] = summary["tokens_per_s_mean"]["fr-agents"] / summary["tokens_per_s_mean"]["trl"]
+    summary["ratio_completions_per_s"] = (
+        summary["completions_per_s_mean"]["fr-agents"] / summary["completions_per_s_mean"]["trl"]
+    )
+    summary["tokens_per_s_mean"] = {
+        "fr-agents": mean(fr_rows, "tokens_per_s"),
+        "trl": mean(trl_rows, "tokens_per_s"),
+    }
+    summary["ratio_tokens_per_s"] = (
+        summary["tokens_per_s_mean"]["fr-agents"] / summary["tokens_per_s_mean"]["trl"]
+    )
     if all(r.get("cpu_ms_per_completion") is not None for r in rows):
-        summary["cpu_ms_per_completion_mean"] = {"fr-agents": mean(fr_rows, "cpu_ms_per_completion"),
-                                                 "trl": mean(trl_rows, "cpu_ms_per_completion")}
-        summary["cores_busy_mean"] = {"fr-agents": mean(fr_rows, "cores_busy"), "trl": mean(trl_rows, "cores_busy")}
+        summary["cpu_ms_per_completion_mean"] = {
+            "fr-agents": mean(fr_rows, "cpu_ms_per_completion"),
+            "trl": mean(trl_rows, "cpu_ms_per_completion"),
+        }
+        summary["cores_busy_mean"] = {
+            "fr-agents": mean(fr_rows, "cores_busy"),
+            "trl": mean(trl_rows, "cores_busy"),
+        }
     say("\n" + table(rows, before))
-    say(f"\ncompletions/s fr-agents / TRL: {summary['ratio_completions_per_s']:.2f}x (per seed: "
-        + ", ".join(f"{r['seed']}: {r['ratio_completions_per_s']:.2f}x" for r in fr_rows) + ")")
+    say(
+        f"\ncompletions/s fr-agents / TRL: {summary['ratio_completions_per_s']:.2f}x (per seed: "
+        + ", ".join(f"{r['seed']}: {r['ratio_completions_per_s']:.2f}x" for r in fr_rows)
+        + ")"
+    )
     t = summary["tokens_per_s_mean"]
-    say(f"policy tokens/s, mean over seeds: fr-agents {t['fr-agents']:.1f}, TRL {t['trl']:.1f}: "
+    say(
+        f"policy tokens/s, mean over seeds: fr-agents {t['fr-agents']:.1f}, TRL {t['trl']:.1f}: "
         f"{summary['ratio_tokens_per_s']:.2f}x (tokens per completion {mean(fr_rows, 'tokens') / mean(fr_rows, 'completions'):.1f} "
-        f"vs {mean(trl_rows, 'tokens') / mean(trl_rows, 'completions'):.1f})")
-    say(f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
+        f"vs {mean(trl_rows, 'tokens') / mean(trl_rows, 'completions'):.1f})"
+    )
+    say(
+        f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
         f"TRL {100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; "
-        f"greedy, {problems} held-out problems of {preset.bench})")
+        f"greedy, {problems} held-out problems of {preset.bench})"
+    )
     if "cpu_ms_per_completion_mean" in summary:
         c, b = summary["cpu_ms_per_completion_mean"], summary["cores_busy_mean"]
-        say(f"CPU per completion during RL, mean over seeds: fr-agents {c['fr-agents']:.2f} ms ({b['fr-agents']:.2f} cores busy), "
-            f"TRL {c['trl']:.2f} ms ({b['trl']:.2f} cores busy): fr-agents / TRL {c['fr-agents'] / c['trl']:.2f}x")
+        say(
+            f"CPU per completion during RL, mean over seeds: fr-agents {c['fr-agents']:.2f} ms ({b['fr-agents']:.2f} cores busy), "
+            f"TRL {c['trl']:.2f} ms ({b['trl']:.2f} cores busy): fr-agents / TRL {c['fr-agents'] / c['trl']:.2f}x"
+        )
     say("torch threads: " + ", ".join(f"{r['run']} seed {r['seed']}: {r['torch_threads']}" for r in rows))
     say(f"load average at start {load_start}, at end {load_end}")
     result = {
-        "benchmark": "vs_trl", "preset": preset.name, "bench": preset.bench, "minutes": a.minutes, "seeds": a.seeds, "trl_version": trl_version,
-        "torch": torch.__version__, "cores": os.cpu_count(), "load_average_start": load_start, "load_average_end": load_end,
-        "start_checkpoint": str(start), "prompts": len(tasks), "eval_problems": problems, "prompt_ids_identical": True, "runs": rows, **summary,
+        "benchmark": "vs_trl",
+        "preset": preset.name,
+        "bench": preset.bench,
+        "minutes": a.minutes,
+        "seeds": a.seeds,
+        "trl_version": trl_version,
+        "torch": torch.__version__,
+        "cores": os.cpu_count(),
+        "load_average_start": load_start,
+        "load_average_end": load_end,
+        "start_checkpoint": str(start),
+        "prompts": len(tasks),
+        "eval_problems": problems,
+        "prompt_ids_identical": True,
+        "runs": rows,
+        **summary,
     }
     Path(a.out).write_text(json.dumps(result, indent=2))
     say(f"results: {a.out}")

@@ -56,7 +56,10 @@ def one_run(preset: str, overrides: list[str], run_dir: Path, cpus: list[int] | 
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-c", code, preset, json.dumps(overrides), str(run_dir)],
-        cwd=ROOT, env=env, capture_output=True, text=True,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )
     if proc.returncode != 0:
@@ -69,9 +72,16 @@ def one_run(preset: str, overrides: list[str], run_dir: Path, cpus: list[int] | 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="math-tiny")
-    ap.add_argument("--recipe", action="append", default=[], metavar="NAME=OVERRIDES",
-                    help="a recipe: a name, '=', then overrides (repeatable; default: the preset's own)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="trainer.seed values on every core")
+    ap.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        metavar="NAME=OVERRIDES",
+        help="a recipe: a name, '=', then overrides (repeatable; default: the preset's own)",
+    )
+    ap.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="trainer.seed values on every core"
+    )
     ap.add_argument("--no-one-core", action="store_true", help="skip the run of the first seed on one core")
     ap.add_argument("--episodes", type=int, default=1000, help="held-out problems (trainer.eval_episodes)")
     ap.add_argument("--out", default=None, help="keep the run directories here (default: a temporary folder)")
@@ -91,8 +101,11 @@ def main() -> None:
     runs = [(f"seed {s}, {cores} cores", s, None) for s in a.seeds]
     if not a.no_one_core and cores > 1 and first:
         runs.append((f"seed {a.seeds[0]}, 1 core", a.seeds[0], first))
-    print(f"{a.preset}: warm start then held-out success on {a.episodes} problems; {cores} cores given; "
-          f"load average {tuple(round(x, 2) for x in os.getloadavg())}", flush=True)
+    print(
+        f"{a.preset}: warm start then held-out success on {a.episodes} problems; {cores} cores given; "
+        f"load average {tuple(round(x, 2) for x in os.getloadavg())}",
+        flush=True,
+    )
     work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="warm_start_"))
     report = []
     for name, overrides in recipes:
@@ -100,15 +113,25 @@ def main() -> None:
         for label, seed, cpus in runs:
             run_dir = work / f"{name.replace(' ', '_')}-{label.replace(' ', '').replace(',', '_')}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            res = one_run(a.preset, [*overrides, f"trainer.seed={seed}", f"trainer.eval_episodes={a.episodes}"], run_dir, cpus)
+            res = one_run(
+                a.preset,
+                [*overrides, f"trainer.seed={seed}", f"trainer.eval_episodes={a.episodes}"],
+                run_dir,
+                cpus,
+            )
             scores.append(100 * res["success"])
             report.append({"recipe": name, "overrides": overrides, "run": label, **res})
-            print(f"  {name:<24} {label:<18} held-out {100 * res['success']:5.1f}%   warm start {res['steps']} steps, "
-                  f"{res['seconds']:.0f} s on {res['threads']} threads, loss {res['loss']:.3f}", flush=True)
+            print(
+                f"  {name:<24} {label:<18} held-out {100 * res['success']:5.1f}%   warm start {res['steps']} steps, "
+                f"{res['seconds']:.0f} s on {res['threads']} threads, loss {res['loss']:.3f}",
+                flush=True,
+            )
         spread = max(scores) - min(scores)
         mean = statistics.mean(scores)
-        print(f"{name:<26} mean {mean:5.1f}%  max - min {spread:4.1f} points  ({' / '.join(f'{x:.1f}' for x in scores)})",
-              flush=True)
+        print(
+            f"{name:<26} mean {mean:5.1f}%  max - min {spread:4.1f} points  ({' / '.join(f'{x:.1f}' for x in scores)})",
+            flush=True,
+        )
     print(f"load average at the end {tuple(round(x, 2) for x in os.getloadavg())}")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))

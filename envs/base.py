@@ -94,7 +94,9 @@ class TextEnv(gymnasium.Env[str, str]):
         """The episode's transcript in ``"ansi"`` mode (one ``transcript_line`` per turn), else None."""
         if self.render_mode != "ansi":
             return None
-        return self.transcript_sep.join(self.transcript_line.format(role=r, text=t) for r, t in self._transcript)
+        return self.transcript_sep.join(
+            self.transcript_line.format(role=r, text=t) for r, t in self._transcript
+        )
 
     def release(self) -> None:
         """Free what the env holds (a sandbox, a game engine); nothing by default. ``close()`` calls it."""

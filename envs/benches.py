@@ -287,7 +287,11 @@ def resolve_bench(
     if not isinstance(name, str) or not name.strip():
         raise ConfigError("--bench: a bench name is required")
     name = name.strip()
-    if name in ALFWORLD_SPLITS and run_config is not None and load_config(str(run_config)).env.id == ALFWORLD_ENV:
+    if (
+        name in ALFWORLD_SPLITS
+        and run_config is not None
+        and load_config(str(run_config)).env.id == ALFWORLD_ENV
+    ):
         cfg = load_config(str(run_config), [f"tasks.test_split={ALFWORLD_SPLITS[name]}"])
         bench = bench_from_config(cfg, name)
     elif name in NAMED:

@@ -451,7 +451,9 @@ class HumanEvalEnv(TextEnv):
         return {"won": False, **failure, "checks_completed": False}
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        self.ensure_running(ready=self._task is not None, message="step() called before reset() or after the episode ended")
+        self.ensure_running(
+            ready=self._task is not None, message="step() called before reset() or after the episode ended"
+        )
         if not isinstance(action, str):
             raise TypeError(f"action: expected a str, got {type(action).__name__}")
         result = self.run_tests(action)

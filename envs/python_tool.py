@@ -94,8 +94,10 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]]:
 
 def parse_tag_calls(text: str) -> list[dict[str, Any]]:
     """Every compact ``<tool>code</tool>`` call of ``text`` in order (``call_format="tag"``)."""
-    calls = [{"code": m.group(1)} if m.group(1).strip() else {"error": "the <tool> call is empty"}
-             for m in _TAG_RE.finditer(text)]
+    calls = [
+        {"code": m.group(1)} if m.group(1).strip() else {"error": "the <tool> call is empty"}
+        for m in _TAG_RE.finditer(text)
+    ]
     tail = text[text.rfind("</tool>") + len("</tool>") :] if calls else text
     if "<tool>" in tail:
         calls.append({"error": "a <tool> was opened but never closed with </tool>"})

@@ -132,12 +132,22 @@ def _cmd_envs(a: argparse.Namespace) -> int:
 
 
 def _add_simulate_elastic(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", default="xlong", help="xlong, tool or alfworld (trainer/elastic/simulator.py documents each)")
+    p.add_argument(
+        "--workload",
+        default="xlong",
+        help="xlong, tool or alfworld (trainer/elastic/simulator.py documents each)",
+    )
     p.add_argument("--gpus", type=int, default=16, help="devices in the cluster")
-    p.add_argument("--json", action="store_true", help="print one JSON object (speedup_vs_colocated, speedup_vs_static_async, ...)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (speedup_vs_colocated, speedup_vs_static_async, ...)",
+    )
     p.add_argument("--plot", metavar="PNG", help="write the elastic run's pool sizes over time")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="learner steps to simulate (default: the workload's)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="learner steps to simulate (default: the workload's)"
+    )
 
 
 @command("simulate-elastic", "simulate colocated-sync vs best static async vs elastic pools on a workload")
@@ -152,19 +162,31 @@ def _cmd_simulate_elastic(a: argparse.Namespace) -> int:
 
 
 def _add_eval(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT", help="tiny, a model/checkpoint dir, a run dir (its latest checkpoint) or a hub id")
+    p.add_argument(
+        "checkpoints",
+        nargs="*",
+        metavar="CHECKPOINT",
+        help="tiny, a model/checkpoint dir, a run dir (its latest checkpoint) or a hub id",
+    )
     p.add_argument("--bench", action="append", default=[], help="bench name (repeatable); --list shows them")
     p.add_argument("-k", type=int, default=1, help="samples per problem (pass@1..k, mean@k)")
     p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE, help="0 = greedy (k must be 1)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "openai"])
     p.add_argument("--out", help="output folder (samples/, results.json, results.md, results.png)")
-    p.add_argument("--limit", type=int, default=None,
-                   help="a seeded sample of N problems of each bench (not the first N: stored order is often sorted); "
-                   "the same sample fr-agents train evaluates on with tasks.seed = --limit-seed")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="a seeded sample of N problems of each bench (not the first N: stored order is often sorted); "
+        "the same sample fr-agents train evaluates on with tasks.seed = --limit-seed",
+    )
     p.add_argument("--limit-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
-    p.add_argument("--env-kwargs", default=None,
-                   help="JSON object merged over each bench's gymnasium.make kwargs (e.g. the env kwargs a run "
-                        "trained with: '{\"list_admissible\": false}' for alfworld-tiny)")
+    p.add_argument(
+        "--env-kwargs",
+        default=None,
+        help="JSON object merged over each bench's gymnasium.make kwargs (e.g. the env kwargs a run "
+        "trained with: '{\"list_admissible\": false}' for alfworld-tiny)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: the bench's)")
     p.add_argument("--max-turns", type=int, default=None)
@@ -176,10 +198,16 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--base-url", default=None, help="--engine openai: server URL ending in /v1")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--tokenizer", default=None, help="tokenizer for --engine openai/vllm (default: CHECKPOINT) and --agent expert (default: tiny)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer for --engine openai/vllm (default: CHECKPOINT) and --agent expert (default: tiny)",
+    )
     p.add_argument("--list", action="store_true", help="list the bench names and exit")
     p.add_argument(
-        "--agent", choices=["expert"], default=None,
+        "--agent",
+        choices=["expert"],
+        default=None,
         help="expert: evaluate the env's own expert (expert_action()) instead of checkpoints, label 'expert'",
     )
 
@@ -194,15 +222,22 @@ def _run_config(checkpoints: list[str]) -> Path | None:
     found: dict[str, Path] = {}
     for arg in checkpoints:
         p = Path(arg)
-        run = p if (p / CONFIG_FILE).is_file() else p.parent.parent if p.parent.name == CHECKPOINT_DIR else None
+        run = (
+            p if (p / CONFIG_FILE).is_file() else p.parent.parent if p.parent.name == CHECKPOINT_DIR else None
+        )
         if run is not None and (run / CONFIG_FILE).is_file():
             cfg = to_dict(load_config(str(run / CONFIG_FILE)))  # what a bench of the run depends on:
-            key = json.dumps([cfg["env"], cfg["tasks"], cfg["rollout"]["max_new_tokens"], cfg["rollout"]["max_context"]],
-                             sort_keys=True, default=str)
+            key = json.dumps(
+                [cfg["env"], cfg["tasks"], cfg["rollout"]["max_new_tokens"], cfg["rollout"]["max_context"]],
+                sort_keys=True,
+                default=str,
+            )
             found.setdefault(key, run / CONFIG_FILE)
     if len(found) > 1:
-        raise ConfigError("CHECKPOINT: the checkpoints come from runs that played their benches differently (env, tasks "
-                          "or reply limits); evaluate each run on its own")
+        raise ConfigError(
+            "CHECKPOINT: the checkpoints come from runs that played their benches differently (env, tasks "
+            "or reply limits); evaluate each run on its own"
+        )
     return next(iter(found.values()), None)
 
 
@@ -213,7 +248,6 @@ def _eval_checkpoint(arg: str, engine: str) -> str:
     from fr_agents.run_layout import CHECKPOINT_DIR, latest_checkpoint
 
     if engine != "openai" and (Path(arg) / CHECKPOINT_DIR).is_dir():
-
         ckpt = latest_checkpoint(arg)
         if ckpt is None:
             raise ConfigError(f"CHECKPOINT: run directory {arg} has no complete checkpoint")
@@ -243,8 +277,14 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         raise ConfigError("--out: the output folder is required")
     try:
         settings = EvalSettings(
-            k=a.k, temperature=a.temperature, seed=a.seed, max_new_tokens=a.max_new_tokens, max_turns=a.max_turns,
-            max_context=a.max_context, system_prompt=a.system_prompt, concurrency=a.concurrency,
+            k=a.k,
+            temperature=a.temperature,
+            seed=a.seed,
+            max_new_tokens=a.max_new_tokens,
+            max_turns=a.max_turns,
+            max_context=a.max_context,
+            system_prompt=a.system_prompt,
+            concurrency=a.concurrency,
         )
         run_config = _run_config(a.checkpoints)
         benches = [resolve_bench(name, a.limit, a.limit_seed, run_config) for name in a.bench]
@@ -255,12 +295,22 @@ def _cmd_eval(a: argparse.Namespace) -> int:
             except ValueError as e:
                 raise ConfigError(f"--env-kwargs: {e}") from e
         if a.agent == "expert":
-            results = suite.evaluate_expert(benches, settings, out_dir=a.out, tokenizer=load_tokenizer(a.tokenizer or "tiny"))
+            results = suite.evaluate_expert(
+                benches, settings, out_dir=a.out, tokenizer=load_tokenizer(a.tokenizer or "tiny")
+            )
         else:
             results = suite.evaluate_checkpoints(
-                [_eval_checkpoint(c, a.engine) for c in a.checkpoints], suite.eval_labels(a.checkpoints, a.label),
-                benches, settings, out_dir=a.out, engine=a.engine, dtype=a.dtype, device=a.device,
-                base_url=a.base_url, api_key=a.api_key, tokenizer=a.tokenizer,
+                [_eval_checkpoint(c, a.engine) for c in a.checkpoints],
+                suite.eval_labels(a.checkpoints, a.label),
+                benches,
+                settings,
+                out_dir=a.out,
+                engine=a.engine,
+                dtype=a.dtype,
+                device=a.device,
+                base_url=a.base_url,
+                api_key=a.api_key,
+                tokenizer=a.tokenizer,
             )
     except ConfigError:
         raise
@@ -282,17 +332,23 @@ def _add_repo_tasks(p: argparse.ArgumentParser) -> None:
     b.add_argument("--repos", nargs="+", default=None, help="repo names, or seed / real / all (default all)")
     b.add_argument("--quota", type=int, default=None, help="tasks per repository (default: per-repo setting)")
     b.add_argument("--workers", type=int, default=2, help="parallel test runs (default 2)")
-    b.add_argument("--cache-dir", default=None, help="sdist + test-run cache (default ~/.cache/fr_agents/repo_coding)")
+    b.add_argument(
+        "--cache-dir", default=None, help="sdist + test-run cache (default ~/.cache/fr_agents/repo_coding)"
+    )
     b.add_argument("--force", action="store_true", help="rebuild even when DIR holds the same build")
     s = sub.add_parser("stats", help="count the tasks of a task file/folder per repo and mutation kind")
     s.add_argument("path", help="tasks.jsonl / .parquet, or a folder holding tasks.jsonl")
-    v = sub.add_parser("validate", help="grade each task's gold patch (must score 1) and empty diff in a sandbox")
+    v = sub.add_parser(
+        "validate", help="grade each task's gold patch (must score 1) and empty diff in a sandbox"
+    )
     v.add_argument("path", help="tasks.jsonl / .parquet, or a folder holding tasks.jsonl")
     v.add_argument("--backend", default="auto", help="auto (default), docker or bwrap")
     v.add_argument("--limit", type=int, default=None, help="only the first N tasks")
 
 
-@command("repo-tasks", "RepoCoding-v0 tasks: `repo-tasks build --out DIR [--seed S]`, `repo-tasks stats PATH`")
+@command(
+    "repo-tasks", "RepoCoding-v0 tasks: `repo-tasks build --out DIR [--seed S]`, `repo-tasks stats PATH`"
+)
 @args(_add_repo_tasks)
 def _cmd_repo_tasks(a: argparse.Namespace) -> int:
     import time
@@ -305,14 +361,30 @@ def _cmd_repo_tasks(a: argparse.Namespace) -> int:
 
         t0 = time.monotonic()
         try:
-            tasks = build_tasks(a.out, seed=a.seed, repos=a.repos, cache_dir=a.cache_dir, workers=a.workers,
-                                quota=a.quota, force=a.force)
+            tasks = build_tasks(
+                a.out,
+                seed=a.seed,
+                repos=a.repos,
+                cache_dir=a.cache_dir,
+                workers=a.workers,
+                quota=a.quota,
+                force=a.force,
+            )
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         per_repo = Counter(t.repo for t in tasks)
-        print(json.dumps({"out": a.out, "tasks": len(tasks), "per_repo": per_repo,
-                          "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "out": a.out,
+                    "tasks": len(tasks),
+                    "per_repo": per_repo,
+                    "seconds": round(time.monotonic() - t0, 1),
+                },
+                indent=1,
+            )
+        )
         return 0 if tasks else 1
     tasks = load_tasks(a.path)
     if a.repo_tasks_cmd == "validate":
@@ -324,8 +396,16 @@ def _cmd_repo_tasks(a: argparse.Namespace) -> int:
             bad += not row["ok"]
             print(json.dumps(row))
         return 1 if bad else 0
-    print(json.dumps({"tasks": len(tasks), "per_repo": Counter(t.repo for t in tasks),
-                      "per_kind": Counter(t.mutation.get("kind", "?") for t in tasks)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "tasks": len(tasks),
+                "per_repo": Counter(t.repo for t in tasks),
+                "per_kind": Counter(t.mutation.get("kind", "?") for t in tasks),
+            },
+            indent=1,
+        )
+    )
     return 0
 
 
@@ -334,10 +414,16 @@ def _cmd_repo_tasks(a: argparse.Namespace) -> int:
 
 def _add_sandbox(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="sandbox_cmd", metavar="ACTION")
-    b = sub.add_parser("build-image", help="debootstrap + docker import the sandbox image (cached by recipe hash)")
+    b = sub.add_parser(
+        "build-image", help="debootstrap + docker import the sandbox image (cached by recipe hash)"
+    )
     b.add_argument("--force", action="store_true", help="rebuild the rootfs and re-import even when cached")
-    b.add_argument("--rootfs-only", action="store_true", help="only debootstrap the rootfs (no Docker needed)")
-    g = sub.add_parser("gc", help="remove sandboxes (containers, bwrap processes, cgroups) whose owner is gone")
+    b.add_argument(
+        "--rootfs-only", action="store_true", help="only debootstrap the rootfs (no Docker needed)"
+    )
+    g = sub.add_parser(
+        "gc", help="remove sandboxes (containers, bwrap processes, cgroups) whose owner is gone"
+    )
     g.add_argument("--all", action="store_true", help="also remove sandboxes of live owners")
     sub.add_parser("status", help="which sandbox backends work here, and why not")
 
@@ -398,7 +484,11 @@ def _cmd_alfworld(a: argparse.Namespace) -> int:
 
     from envs.alfworld.generate import DEFAULT_COUNTS, generate
 
-    counts = {"train": DEFAULT_COUNTS["train"] if a.n is None else a.n, "valid_seen": a.seen, "valid_unseen": a.unseen}
+    counts = {
+        "train": DEFAULT_COUNTS["train"] if a.n is None else a.n,
+        "valid_seen": a.seen,
+        "valid_unseen": a.unseen,
+    }
     for name, n in (("--n", counts["train"]), ("--seen", a.seen), ("--unseen", a.unseen)):
         if n < 0:
             raise ConfigError(f"{name} must be >= 0, got {n}")
@@ -412,16 +502,33 @@ def _cmd_alfworld(a: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    columns = (TextColumn("[bold]games"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
-               TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:  # stdout keeps the one JSON line
+    columns = (
+        TextColumn("[bold]games"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+    )
+    with Progress(
+        *columns, console=Console(stderr=True), transient=True
+    ) as bar:  # stdout keeps the one JSON line
         job = bar.add_task("games", total=sum(counts.values()))
         records = generate(a.out, counts, seed=a.seed, workers=a.workers, on_game=lambda _: bar.advance(job))
     manifest = json.loads((Path(a.out) / "manifest.json").read_text())
     by_split: dict[str, int] = {}
     for r in records:
         by_split[r.split] = by_split.get(r.split, 0) + 1
-    print(json.dumps({"out": a.out, "games": by_split, "seconds": manifest["seconds"], "content_hash": manifest["content_hash"]}))
+    print(
+        json.dumps(
+            {
+                "out": a.out,
+                "games": by_split,
+                "seconds": manifest["seconds"],
+                "content_hash": manifest["content_hash"],
+            }
+        )
+    )
     return 0
 
 
@@ -557,7 +664,9 @@ def _make_env_factory(env_id: str, kwargs: dict) -> Callable[[], object]:
         gymnasium.make(env_id, **kwargs).close()
     except gymnasium.error.Error as e:
         close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.4)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; `fr-agents envs` lists the registered ids"
+        hint = (
+            f"; did you mean {', '.join(close)}?" if close else "; `fr-agents envs` lists the registered ids"
+        )
         raise _EnvIdError(f"ENV_ID: cannot make {env_id!r} ({e}){hint}") from e
     return lambda: gymnasium.make(env_id, **kwargs)
 
@@ -578,14 +687,18 @@ def _add_rollout(p: argparse.ArgumentParser) -> None:
     p.add_argument("env_id", metavar="ENV_ID")
     p.add_argument("--model", default="tiny", help="tiny, tiny-<size>, smollm2-135m, a local dir or a hub id")
     p.add_argument(
-        "--agent", choices=["expert"], default=None,
+        "--agent",
+        choices=["expert"],
+        default=None,
         help="expert: the env's expert_action() plays; its replies are stored as non-policy tokens "
         "(SFT demos, leaf info demo_spans) tokenized with --model's tokenizer",
     )
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--out", required=True, help="trajectory store file (SQLite) to write")
     p.add_argument("--branch", type=int, default=1, help="branch factor K at each --branch-at turn")
-    p.add_argument("--branch-at", default="0", help="comma-separated turn boundaries to branch at (0 = prompt)")
+    p.add_argument(
+        "--branch-at", default="0", help="comma-separated turn boundaries to branch at (0 = prompt)"
+    )
     p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE)
     p.add_argument("--max-new-tokens", type=int, default=defaults.MAX_NEW_TOKENS)
     p.add_argument("--max-context", type=int, default=defaults.MAX_CONTEXT)
@@ -615,8 +728,13 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
         raise ConfigError("--branch: the expert is deterministic; branching would store one path K times")
     try:
         opts = RolloutOptions(
-            temperature=a.temperature, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
-            max_turns=a.max_turns, system_prompt=a.system_prompt, branch_factor=a.branch, branch_at=branch_at,
+            temperature=a.temperature,
+            max_new_tokens=a.max_new_tokens,
+            max_context=a.max_context,
+            max_turns=a.max_turns,
+            system_prompt=a.system_prompt,
+            branch_factor=a.branch,
+            branch_at=branch_at,
         )
         make_env = _make_env_factory(a.env_id, _json_kwargs(a.env_kwargs, "--env-kwargs"))
         if a.agent == "expert":
@@ -632,7 +750,14 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
         return 2
     try:
         lines = collect(
-            make_env, engine, tokenizer, a.out, a.episodes, opts, concurrency=a.concurrency, seed=a.seed,
+            make_env,
+            engine,
+            tokenizer,
+            a.out,
+            a.episodes,
+            opts,
+            concurrency=a.concurrency,
+            seed=a.seed,
             actor=expert_actor if a.agent == "expert" else None,
         )
     finally:
@@ -648,17 +773,33 @@ def _cmd_rollout(a: argparse.Namespace) -> int:
 def _add_play(p: argparse.ArgumentParser) -> None:
     p.add_argument("env_id", metavar="ENV_ID")
     who = p.add_mutually_exclusive_group()
-    who.add_argument("--model", default=None, help="play with this model (default: tiny); a run directory plays its "
-                     "latest checkpoint with the run's prompt, env kwargs and limits (flags given here win)")
+    who.add_argument(
+        "--model",
+        default=None,
+        help="play with this model (default: tiny); a run directory plays its "
+        "latest checkpoint with the run's prompt, env kwargs and limits (flags given here win)",
+    )
     who.add_argument("--human", action="store_true", help="you type the actions (stdin, pipes work)")
-    who.add_argument("--agent", choices=["expert"], default=None, help="expert: the env's expert_action() plays")
-    p.add_argument("--temperature", type=float, default=None, help=f"default {defaults.TEMPERATURE} (a run: its own)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help=f"default {defaults.MAX_NEW_TOKENS} (a run: its own)")
-    p.add_argument("--max-context", type=int, default=None, help=f"default {defaults.MAX_CONTEXT} (a run: its own)")
-    p.add_argument("--max-turns", type=int, default=None, help=f"default {defaults.MAX_TURNS} (a run: its own)")
+    who.add_argument(
+        "--agent", choices=["expert"], default=None, help="expert: the env's expert_action() plays"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=None, help=f"default {defaults.TEMPERATURE} (a run: its own)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help=f"default {defaults.MAX_NEW_TOKENS} (a run: its own)"
+    )
+    p.add_argument(
+        "--max-context", type=int, default=None, help=f"default {defaults.MAX_CONTEXT} (a run: its own)"
+    )
+    p.add_argument(
+        "--max-turns", type=int, default=None, help=f"default {defaults.MAX_TURNS} (a run: its own)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system-prompt", default=None)
-    p.add_argument("--env-kwargs", default=None, help="JSON object passed to gymnasium.make (over a run's own)")
+    p.add_argument(
+        "--env-kwargs", default=None, help="JSON object passed to gymnasium.make (over a run's own)"
+    )
 
 
 @command("play", "play one episode in the terminal, as a model or as a human (--human)")
@@ -676,13 +817,20 @@ def _cmd_play(a: argparse.Namespace) -> int:
         cfg = load_config(str(run_config))
         if cfg.env.id != a.env_id:
             raise ConfigError(f"--model: the run trained on {cfg.env.id}, not {a.env_id}")
-        ran = {"env_kwargs": dict(cfg.env.kwargs), "temperature": cfg.rollout.temperature,
-               "max_new_tokens": cfg.rollout.max_new_tokens, "max_context": cfg.rollout.max_context,
-               "max_turns": cfg.env.max_turns, "system_prompt": cfg.env.system_prompt,
-               "examples": example_turns(cfg.env.examples)}
+        ran = {
+            "env_kwargs": dict(cfg.env.kwargs),
+            "temperature": cfg.rollout.temperature,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "max_context": cfg.rollout.max_context,
+            "max_turns": cfg.env.max_turns,
+            "system_prompt": cfg.env.system_prompt,
+            "examples": example_turns(cfg.env.examples),
+        }
     max_turns = a.max_turns or ran.get("max_turns", defaults.MAX_TURNS)
     try:
-        make_env = _make_env_factory(a.env_id, {**ran.get("env_kwargs", {}), **_json_kwargs(a.env_kwargs, "--env-kwargs")})
+        make_env = _make_env_factory(
+            a.env_id, {**ran.get("env_kwargs", {}), **_json_kwargs(a.env_kwargs, "--env-kwargs")}
+        )
     except _EnvIdError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -694,7 +842,9 @@ def _cmd_play(a: argparse.Namespace) -> int:
             env.close()
     try:
         opts = RolloutOptions(
-            temperature=a.temperature if a.temperature is not None else ran.get("temperature", defaults.TEMPERATURE),
+            temperature=a.temperature
+            if a.temperature is not None
+            else ran.get("temperature", defaults.TEMPERATURE),
             max_new_tokens=a.max_new_tokens or ran.get("max_new_tokens", defaults.MAX_NEW_TOKENS),
             max_context=a.max_context or ran.get("max_context", defaults.MAX_CONTEXT),
             max_turns=max_turns,
@@ -713,7 +863,11 @@ def _cmd_play(a: argparse.Namespace) -> int:
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config (each value with its help), the checks and the placement plan; start nothing; exit 2 when the real run would refuse")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config (each value with its help), the checks and the placement plan; start nothing; exit 2 when the real run would refuse",
+    )
     p.add_argument("--run-dir", help="write the run here (default run.out_dir/<preset>-<time>)")
     p.add_argument(
         "--env",
@@ -724,9 +878,13 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_train(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", nargs="?", default=None, help="a shipped preset's name or a YAML path (default math-tiny)")
+    p.add_argument(
+        "preset", nargs="?", default=None, help="a shipped preset's name or a YAML path (default math-tiny)"
+    )
     # REMAINDER so that flags may follow the overrides: `train math-tiny x=1 --dry-run y=2`
-    p.add_argument("overrides", nargs=argparse.REMAINDER, help="dotted key=value overrides, e.g. trainer.steps=50")
+    p.add_argument(
+        "overrides", nargs=argparse.REMAINDER, help="dotted key=value overrides, e.g. trainer.steps=50"
+    )
     _train_flags(p)
 
 
@@ -756,8 +914,19 @@ def _cmd_train(a: argparse.Namespace) -> int:
 
 # The order `fr-agents --help` lists commands in: the main job first, tools last.
 _HELP_ORDER = (
-    "train", "play", "rollout", "eval", "envs", "model", "store", "view",
-    "sandbox", "alfworld", "repo-tasks", "simulate-elastic", "doctor",
+    "train",
+    "play",
+    "rollout",
+    "eval",
+    "envs",
+    "model",
+    "store",
+    "view",
+    "sandbox",
+    "alfworld",
+    "repo-tasks",
+    "simulate-elastic",
+    "doctor",
 )
 
 

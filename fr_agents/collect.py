@@ -39,7 +39,12 @@ def collect(
         task = bar.add_task("episodes", total=episodes)
         results = asyncio.run(
             run_episodes(
-                make_env, engine, tokenizer, tree, episodes, opts,
+                make_env,
+                engine,
+                tokenizer,
+                tree,
+                episodes,
+                opts,
                 concurrency=concurrency,
                 seeds=[seed + i for i in range(episodes)],
                 on_done=lambda r: bar.advance(task),
@@ -54,16 +59,24 @@ def collect(
     lines = [
         f"episodes     {len(results)}",
         f"leaves       {len(leaves)}",
-        f"mean reward  {sum(leaf.reward for leaf in graded) / len(graded):.4f}" if graded else "mean reward  n/a",
+        f"mean reward  {sum(leaf.reward for leaf in graded) / len(graded):.4f}"
+        if graded
+        else "mean reward  n/a",
     ]
     if len(graded) < len(leaves):
         reasons = sorted({str(leaf.info.get("aborted_by")) for leaf in leaves if leaf.status == "aborted"})
-        lines.append(f"aborted      {len(leaves) - len(graded)} (not graded: {', '.join(reasons)}; not in the mean)")
+        lines.append(
+            f"aborted      {len(leaves) - len(graded)} (not graded: {', '.join(reasons)}; not in the mean)"
+        )
     if actor is not None:
         demo = sum(e - s for leaf in leaves for s, e in leaf.info.get("demo_spans", []))
         won = sum(bool(leaf.info.get("won")) for leaf in leaves)
-        lines.append(f"expert       won {won}/{len(leaves)}, {demo} demo tokens (policy_mask=False) in {elapsed:.1f}s")
+        lines.append(
+            f"expert       won {won}/{len(leaves)}, {demo} demo tokens (policy_mask=False) in {elapsed:.1f}s"
+        )
     else:
         lines.append(f"tokens/s     {tokens / elapsed:.1f}  ({tokens} policy tokens in {elapsed:.1f}s)")
-    lines.append(f"store        {out}  (leaves {stats['leaves']}, sharing_ratio {stats['sharing_ratio']:.2f})")
+    lines.append(
+        f"store        {out}  (leaves {stats['leaves']}, sharing_ratio {stats['sharing_ratio']:.2f})"
+    )
     return lines

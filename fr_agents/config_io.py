@@ -70,8 +70,7 @@ def _preset_path(preset_or_path: str) -> Path:
     close = difflib.get_close_matches(preset_or_path, list_presets(), n=3)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     raise ConfigError(
-        f"preset: no preset or YAML file named '{preset_or_path}'.{hint} "
-        f"Presets: {', '.join(list_presets())}"
+        f"preset: no preset or YAML file named '{preset_or_path}'.{hint} Presets: {', '.join(list_presets())}"
     )
 
 
@@ -236,7 +235,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 def _unknown_key(dotted: str, prefix: str, fields: dict[str, dataclasses.Field]) -> ConfigError:
     """The error for a key the section does not have: up to three close spellings ("did you
     mean"), the help line of the closest, and every key the section allows."""
-    key = dotted[len(prefix):]
+    key = dotted[len(prefix) :]
     close = difflib.get_close_matches(key, list(fields), n=3)
     hint = ""
     if close:
@@ -294,7 +293,9 @@ def annotated_yaml(cfg: Any) -> str:
     """The resolved config as YAML, every value followed by its help line (``--dry-run``)."""
 
     def scalar(value: Any) -> str:
-        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
+        return (
+            yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
+        )
 
     def section(obj: Any, indent: str) -> list[str]:
         hints = typing.get_type_hints(type(obj))

@@ -124,7 +124,9 @@ class HopPool:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.max_workers = max_workers
         self.name = name
-        self._queue: collections.deque[tuple[Callable[[], Any], Callable[[Outcome], None]]] = collections.deque()
+        self._queue: collections.deque[tuple[Callable[[], Any], Callable[[Outcome], None]]] = (
+            collections.deque()
+        )
         self._cond = threading.Condition(threading.Lock())
         self._idle = 0
         self._threads = 0
@@ -139,7 +141,9 @@ class HopPool:
                 self._cond.notify()
             elif self._threads < self.max_workers:
                 self._threads += 1
-                threading.Thread(target=self._work, name=f"{self.name}_{self._threads - 1}", daemon=True).start()
+                threading.Thread(
+                    target=self._work, name=f"{self.name}_{self._threads - 1}", daemon=True
+                ).start()
         return await fut
 
     def _work(self) -> None:

@@ -107,7 +107,9 @@ def leaf_episodes(conn: sqlite3.Connection, leaf: int) -> list[dict[str, int]]:
     """
     for table in ("episode_leaves", LEGACY_LEDGER_TABLE):
         with contextlib.suppress(sqlite3.OperationalError):
-            rows = conn.execute(f"SELECT episode, batch FROM {table} WHERE leaf = ? ORDER BY episode", (leaf,)).fetchall()
+            rows = conn.execute(
+                f"SELECT episode, batch FROM {table} WHERE leaf = ? ORDER BY episode", (leaf,)
+            ).fetchall()
             return [{"episode": int(e), "batch": int(b)} for e, b in rows]
     return []
 
@@ -118,7 +120,9 @@ def first_leaves(conn: sqlite3.Connection, episodes: Iterable[int]) -> dict[int,
     if not eps:
         return {}
     marks = ",".join("?" * len(eps))
-    rows = conn.execute(f"SELECT episode, leaf FROM episode_leaves WHERE branch = 0 AND episode IN ({marks})", eps).fetchall()
+    rows = conn.execute(
+        f"SELECT episode, leaf FROM episode_leaves WHERE branch = 0 AND episode IN ({marks})", eps
+    ).fetchall()
     return {int(e): int(leaf) for e, leaf in rows}
 
 
@@ -205,7 +209,9 @@ class EpisodeLedger:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=60)
+        self._conn = sqlite3.connect(
+            str(self.path), isolation_level=None, check_same_thread=False, timeout=60
+        )
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(LEDGER_SCHEMA)
@@ -222,7 +228,9 @@ class EpisodeLedger:
             except sqlite3.OperationalError as e:  # another process (the rollout's) added it first
                 if "duplicate column" not in str(e):
                     raise
-        old = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'episodes'").fetchone()
+        old = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'episodes'"
+        ).fetchone()
         if old:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.execute(
@@ -261,12 +269,21 @@ class EpisodeLedger:
             kept = [x for x in leaves if not aborted(x)]
             lost = [x for x in leaves if aborted(x)]
             trained += [
-                (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), sampled(x)) for i, x in enumerate(kept)
+                (episode, i, batch, int(x[0]), float(x[1]), int(x[2]), int(version), sampled(x))
+                for i, x in enumerate(kept)
             ]
             aborts += [
-                (episode, n, int(x[5]) if len(x) > 5 and x[5] is not None else 0, batch,
-                 None if x[0] is None or int(x[0]) < 0 else int(x[0]), str(x[6]) if len(x) > 6 and x[6] else "unknown",
-                 int(x[2]), int(version), sampled(x))
+                (
+                    episode,
+                    n,
+                    int(x[5]) if len(x) > 5 and x[5] is not None else 0,
+                    batch,
+                    None if x[0] is None or int(x[0]) < 0 else int(x[0]),
+                    str(x[6]) if len(x) > 6 and x[6] else "unknown",
+                    int(x[2]),
+                    int(version),
+                    sampled(x),
+                )
                 for n, x in enumerate(lost)
             ]
         with self._lock:
@@ -274,7 +291,8 @@ class EpisodeLedger:
             try:
                 for table in ("episode_leaves", "episode_aborts"):
                     self._conn.executemany(
-                        f"DELETE FROM {table} WHERE episode = ?", [(episode,) for episode, _, _, _ in episodes]
+                        f"DELETE FROM {table} WHERE episode = ?",
+                        [(episode,) for episode, _, _, _ in episodes],
                     )
                 self._conn.executemany(
                     "INSERT INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version, sampled) "
@@ -301,8 +319,10 @@ class EpisodeLedger:
                 spec.episode,
                 spec.batch,
                 [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens) for x in out.leaves]
-                + [(x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens, "aborted", x.attempt, x.reason)
-                   for x in out.aborted],
+                + [
+                    (x.leaf_id, x.reward, x.policy_tokens, x.sampled_tokens, "aborted", x.attempt, x.reason)
+                    for x in out.aborted
+                ],
                 spec.version,
             )
             for spec, out in finished

@@ -67,8 +67,14 @@ def at_least(n: int) -> Callable[[Any], None]:
     return rule
 
 
-def option(default: Any = dataclasses.MISSING, *, help: str, choices: tuple[Any, ...] = (), rule: Any = None,
-           factory: Any = dataclasses.MISSING) -> Any:
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    choices: tuple[Any, ...] = (),
+    rule: Any = None,
+    factory: Any = dataclasses.MISSING,
+) -> Any:
     """A config field with its one line of ``help`` (and optional ``choices`` / value ``rule``)."""
     meta = {"help": help, "choices": choices, "rule": rule}
     if factory is not dataclasses.MISSING:
@@ -119,29 +125,51 @@ def validate_aggregation(value: str) -> None:
 class ObjectiveConfig:
     """The policy-gradient objective and its ablation switches."""
 
-    algo: str = option("flashreinforce", help="flashreinforce (batch-mean baseline, one rollout per prompt) or grpo",
-                       choices=ALGOS)
-    delta: float = option(3e-3, help="sequence trust region: rows whose mean per-token binary KL (behaviour vs current probability of the "
-                          "sampled token) exceeds it are dropped (inf: off)",
-                          rule=rule_delta)
+    algo: str = option(
+        "flashreinforce",
+        help="flashreinforce (batch-mean baseline, one rollout per prompt) or grpo",
+        choices=ALGOS,
+    )
+    delta: float = option(
+        3e-3,
+        help="sequence trust region: rows whose mean per-token binary KL (behaviour vs current probability of the "
+        "sampled token) exceeds it are dropped (inf: off)",
+        rule=rule_delta,
+    )
     importance_sampling: bool = option(True, help="weight tokens by the policy / behaviour probability ratio")
-    aggregation: str = option("sample_mean", help="loss average: sample_mean (per row, then rows) or token_mean",
-                              rule=rule_aggregation)
-    negative_token_fraction: float = option(1.0, help="share of a failed row's tokens (highest entropy first) that get the "
-                                            "negative signal", rule=rule_fraction)
-    negative_min_prob: float = option(0.0, help="in rows with a negative advantage, tokens sampled with a probability below "
-                                      "this get no gradient (pushing an already unlikely token further down can give one "
-                                      "token a gradient thousands of times the rest); 0: off, the paper's loss",
-                                      rule=rule_fraction)
-    negative_min_prob_scope: str = option("token", help="where objective.negative_min_prob cuts a row pushed down: token "
-                                          "(only its unlikely tokens) or suffix (from its first unlikely token to the row's "
-                                          "end: the tokens after an unlikely deviation are its consequences; see "
-                                          "trainer/objective.py)", choices=MIN_PROB_SCOPES)
-    baseline: str = option("batch", help="flashreinforce advantage: batch (R - batch mean), tree (also against the mean "
-                           "of the leaves sharing the leaf's branching node, TreeRL-style) or nodes (per token: the value "
-                           "of the tree node it lies in, the mean reward of the leaves under it, minus that of the fork "
-                           "above, or the batch mean above the first fork; see trainer/objective.py)",
-                           choices=BASELINES)
+    aggregation: str = option(
+        "sample_mean",
+        help="loss average: sample_mean (per row, then rows) or token_mean",
+        rule=rule_aggregation,
+    )
+    negative_token_fraction: float = option(
+        1.0,
+        help="share of a failed row's tokens (highest entropy first) that get the negative signal",
+        rule=rule_fraction,
+    )
+    negative_min_prob: float = option(
+        0.0,
+        help="in rows with a negative advantage, tokens sampled with a probability below "
+        "this get no gradient (pushing an already unlikely token further down can give one "
+        "token a gradient thousands of times the rest); 0: off, the paper's loss",
+        rule=rule_fraction,
+    )
+    negative_min_prob_scope: str = option(
+        "token",
+        help="where objective.negative_min_prob cuts a row pushed down: token "
+        "(only its unlikely tokens) or suffix (from its first unlikely token to the row's "
+        "end: the tokens after an unlikely deviation are its consequences; see "
+        "trainer/objective.py)",
+        choices=MIN_PROB_SCOPES,
+    )
+    baseline: str = option(
+        "batch",
+        help="flashreinforce advantage: batch (R - batch mean), tree (also against the mean "
+        "of the leaves sharing the leaf's branching node, TreeRL-style) or nodes (per token: the value "
+        "of the tree node it lies in, the mean reward of the leaves under it, minus that of the fork "
+        "above, or the batch mean above the first fork; see trainer/objective.py)",
+        choices=BASELINES,
+    )
     grpo_group_size: int = option(4, help="samples per prompt when objective.algo=grpo", rule=at_least(1))
     grpo_clip: float = option(0.2, help="PPO-style ratio clip of objective.algo=grpo", rule=positive)
 

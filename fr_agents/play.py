@@ -14,7 +14,10 @@ from typing import Any
 def play_human(env: object, seed: int, max_turns: int) -> int:
     obs, _ = env.reset(seed=seed)
     if not isinstance(obs, str):
-        print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
+        print(
+            f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation",
+            file=sys.stderr,
+        )
         return 2
     total, interactive = 0.0, sys.stdin.isatty()
     print(f"[observation]\n{obs}")
@@ -30,7 +33,10 @@ def play_human(env: object, seed: int, max_turns: int) -> int:
         total += float(reward)
         print(f"[action {turn}] {action}\n[reward] {float(reward)}")
         if not isinstance(obs, str):
-            print(f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation", file=sys.stderr)
+            print(
+                f"error: env {env.spec.id if env.spec else env} returned a {type(obs).__name__} observation",
+                file=sys.stderr,
+            )
             return 2
         if terminated or truncated:
             status = "finished" if terminated else "truncated"
@@ -96,11 +102,18 @@ def play_model(env: Any, make_env: Any, model: Any, tokenizer: Any, opts: Any, s
             if not ev["done"]:
                 print(f"[observation]\n{ev['text']}", flush=True)
         elif kind == "finish":
-            print(f"[result] {ev['status']}, reward {ev['reward']}, partial_score {ev['partial_score']}", flush=True)
+            print(
+                f"[result] {ev['status']}, reward {ev['reward']}, partial_score {ev['partial_score']}",
+                flush=True,
+            )
 
     engine = HFEngine(model, tokenizer, on_token=on_token)
     try:
-        asyncio.run(run_episode(env, engine, tokenizer, TrajectoryTree(), opts, seed=seed, make_env=make_env, on_event=show))
+        asyncio.run(
+            run_episode(
+                env, engine, tokenizer, TrajectoryTree(), opts, seed=seed, make_env=make_env, on_event=show
+            )
+        )
     except ObservationTypeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -54,7 +54,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("envs/repo_coding/task.py", "created_at"): "SWE-style task record field",
     ("envs/alfworld/generate.py", "walkthrough_len"): "manifest field of generated games",
     ("trainer/schedule.py", "member"): "EpisodeSpec field, written to the ledger/metrics",
-    ("trainer/elastic/simulator.py", "learner_busy_frac"): "simulator report field (benchmarks read it from summary())",
+    (
+        "trainer/elastic/simulator.py",
+        "learner_busy_frac",
+    ): "simulator report field (benchmarks read it from summary())",
     # public API kept on purpose (documented, exercised by hand)
     ("tools_sandbox/session.py", "restart"): "public session API",
     ("tools_sandbox/pool.py", "handed_out"): "pool statistic shown in repr/debugging",
@@ -67,7 +70,9 @@ ALLOWED_PATTERNS: dict[tuple[str, str], str] = {
     ("fr_agents/cli.py", r"_cmd_\w+"): "registered by the @command decorator, dispatched by argparse",
 }
 
-_LINE = re.compile(r"^(?P<path>[^:]+):(?P<line>\d+): (?P<what>.+?) '(?P<name>[^']+)' \((?P<conf>\d+)% confidence\)$")
+_LINE = re.compile(
+    r"^(?P<path>[^:]+):(?P<line>\d+): (?P<what>.+?) '(?P<name>[^']+)' \((?P<conf>\d+)% confidence\)$"
+)
 
 
 def _findings() -> list[tuple[str, int, str, str]]:
@@ -86,6 +91,7 @@ def _findings() -> list[tuple[str, int, str, str]]:
 def test_no_dead_code_outside_the_allow_list() -> None:
     pytest.importorskip("vulture")
     found = _findings()
+
     def allowed(path: str, name: str) -> bool:
         return (path, name) in ALLOWED or any(
             path == p and re.fullmatch(pat, name) for p, pat in ALLOWED_PATTERNS

@@ -36,8 +36,12 @@ def see_active_packages(venv_python: Path) -> None:
     ``pip install --target`` do: a ``.pth`` file in its site-packages lists the active folders, after
     its own (so the wheel installed into it wins). Only their paths are added: the ``.pth`` files in
     them (such as this checkout's editable install of fr-agents) are not run."""
-    out = subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(out) / "active_env.pth").write_text("".join(f"{p}\n" for p in active_site_packages()))
 
 
@@ -52,11 +56,27 @@ def test_wheel_installs_into_a_fresh_venv_and_trains_from_another_directory(tmp_
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, src / rel)
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)], tmp_path)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(src),
+        ],
+        tmp_path,
+    )
     (wheel,) = dist.glob("fr_agents-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     presets = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
-    assert presets and {f"fr_agents/configs/{p}" for p in presets} <= names  # configs/ shipped as package data
+    assert (
+        presets and {f"fr_agents/configs/{p}" for p in presets} <= names
+    )  # configs/ shipped as package data
     assert {f"fr_agents/view/static/{f}" for f in ("app.js", "index.html", "style.css")} <= names
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
@@ -65,13 +85,23 @@ def test_wheel_installs_into_a_fresh_venv_and_trains_from_another_directory(tmp_
     _run([str(py), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], tmp_path)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    where = _run([str(py), "-c", "import fr_agents, trainer; print(fr_agents.__file__); print(trainer.__file__)"], work)
+    where = _run(
+        [str(py), "-c", "import fr_agents, trainer; print(fr_agents.__file__); print(trainer.__file__)"], work
+    )
     assert all(line.startswith(str(venv)) for line in where.stdout.split()), where.stdout
     assert "fr_agents/MathVerifier-v0" in _run([str(cli), "envs"], work).stdout
     dry = _run([str(cli), "train", "--dry-run"], work).stdout
     assert "preset: math-tiny" in dry and "nothing was started" in dry
-    small = ["model.tiny_size=nano", "warm_start.examples=0", "trainer.eval_episodes=0", "trainer.steps=3",
-             "trainer.batch_size=8", "rollout.concurrency=8", "trainer.max_minutes=0", "trainer.threads=1"]
+    small = [
+        "model.tiny_size=nano",
+        "warm_start.examples=0",
+        "trainer.eval_episodes=0",
+        "trainer.steps=3",
+        "trainer.batch_size=8",
+        "rollout.concurrency=8",
+        "trainer.max_minutes=0",
+        "trainer.threads=1",
+    ]
     out = _run([str(cli), "train", "math-tiny", *small, "--run-dir", str(work / "run")], work)
     assert "3 steps" in out.stdout, out.stdout[-2000:]
     assert (work / "run" / "checkpoints" / "step_000003").is_dir()

@@ -125,7 +125,11 @@ def test_no_method_reassignment_on_another_object_in_trainer() -> None:
             else:
                 pairs = []
             for t, value in pairs:
-                own = isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in ("self", "cls")
+                own = (
+                    isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id in ("self", "cls")
+                )
                 if isinstance(t, ast.Attribute) and not own and _function_like(value, defs):
                     bad.append(f"{where}:{t.lineno} puts a function on .{t.attr} of another object")
             if (
@@ -183,7 +187,11 @@ def test_the_rollout_is_a_package_of_short_modules() -> None:
 
 def test_the_known_long_modules_are_still_long() -> None:
     """A known exception that was split (or is gone) leaves KNOWN_LONG, so the list only shrinks."""
-    done = [str(p.relative_to(ROOT)) for p in sorted(KNOWN_LONG) if not p.is_file() or _lines(p) <= MAX_MODULE_LINES]
+    done = [
+        str(p.relative_to(ROOT))
+        for p in sorted(KNOWN_LONG)
+        if not p.is_file() or _lines(p) <= MAX_MODULE_LINES
+    ]
     assert not done, "no longer over the limit, remove from KNOWN_LONG: " + ", ".join(done)
 
 
@@ -213,7 +221,10 @@ def test_the_learner_is_an_optimizer_and_a_loop_over_chunks() -> None:
     params = _parameters(_class_method(tree, "Learner", "__init__"))
     assert len(params) <= LEARNER_MAX_PARAMETERS, f"Learner.__init__ takes {len(params)}: {params}"
     imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert ("trainer.objective", "objective_loss") in imported and ("fr_agents.models.forward", "PolicyForward") in imported
+    assert ("trainer.objective", "objective_loss") in imported and (
+        "fr_agents.models.forward",
+        "PolicyForward",
+    ) in imported
     defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert not {d for d in defined if d.endswith("_loss") or d in ("forward", "log_probs")}, defined
 
@@ -230,8 +241,11 @@ def _switch_places(source: str, switches: set[str]) -> dict[str, set[str]]:
         elif isinstance(node, ast.FunctionDef) and node.name == "__init__":
             found = [(p, f"__init__ at line {node.lineno}") for p in _parameters(node) if p in switches]
         elif isinstance(node, ast.ClassDef):
-            found = [(b.target.id, f"class {node.name}") for b in node.body
-                     if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name) and b.target.id in switches]
+            found = [
+                (b.target.id, f"class {node.name}")
+                for b in node.body
+                if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name) and b.target.id in switches
+            ]
         for name, where in found:
             places.setdefault(name, set()).add(where)
     return places
@@ -252,11 +266,14 @@ def test_each_objective_switch_is_spelled_as_a_keyword_once() -> None:
             for name, where in _switch_places(path.read_text(encoding="utf-8"), switches).items():
                 places.setdefault(name, []).extend(f"{path.relative_to(ROOT)} {w}" for w in sorted(where))
     declared = {name: [w for w in where if " class " in w] for name, where in places.items()}
-    assert all(d == ["fr_agents/objective_config.py class ObjectiveConfig"] for d in declared.values()), declared
+    assert all(d == ["fr_agents/objective_config.py class ObjectiveConfig"] for d in declared.values()), (
+        declared
+    )
     again = {name: [w for w in where if " class " not in w] for name, where in places.items()}
     again = {name: where for name, where in again.items() if len(where) > 1}
     assert not again, "objective switches spelled as a keyword in more than one place:\n" + "\n".join(
-        f"{name}: {', '.join(where)}" for name, where in sorted(again.items()))
+        f"{name}: {', '.join(where)}" for name, where in sorted(again.items())
+    )
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -277,8 +294,16 @@ def test_run_dir_names_are_declared_in_one_module() -> None:
     ``evals``, ``tb``, ``step_*``) counts where it is joined onto a path or globbed."""
     from fr_agents import run_layout as rl
 
-    files = {rl.CONFIG_FILE, rl.METRICS_FILE, rl.PLOT_FILE, rl.STORE_FILE, rl.LEDGER_FILE, rl.DEMO_STORE,
-             rl.STATE_FILE, rl.DURING_TRAINING_FILE}
+    files = {
+        rl.CONFIG_FILE,
+        rl.METRICS_FILE,
+        rl.PLOT_FILE,
+        rl.STORE_FILE,
+        rl.LEDGER_FILE,
+        rl.DEMO_STORE,
+        rl.STATE_FILE,
+        rl.DURING_TRAINING_FILE,
+    }
     folders = {rl.CHECKPOINT_DIR, rl.LATEST, rl.EVALS_DIR, rl.TENSORBOARD_DIR, rl.CHECKPOINT_GLOB}
     home = ROOT / "fr_agents" / "run_layout.py"
     bad = []
@@ -294,12 +319,19 @@ def test_run_dir_names_are_declared_in_one_module() -> None:
                 joined = []
                 if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
                     joined = [node.right]
-                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("glob", "rglob"):
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("glob", "rglob")
+                ):
                     joined = node.args[:1]
                 elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
                     joined = [node.value]
-                bad += [f"{path.relative_to(ROOT)}:{x.lineno} {x.value!r}" for x in joined
-                        if isinstance(x, ast.Constant) and x.value in folders]
+                bad += [
+                    f"{path.relative_to(ROOT)}:{x.lineno} {x.value!r}"
+                    for x in joined
+                    if isinstance(x, ast.Constant) and x.value in folders
+                ]
     assert not bad, "run-directory names spelled outside fr_agents/run_layout.py:\n" + "\n".join(bad)
 
 
@@ -309,8 +341,19 @@ def test_run_dir_names_are_declared_in_one_module() -> None:
 # metrics, task_balance 2 each, weights, step_stats, schedule, ledger, evaluate 1 each); now none.
 # ``Any`` is left only inside JSON-like containers (``dict[str, Any]``), which this count does not match.
 TYPED_TRAINER = (
-    "batches", "checkpoint", "episodes", "evaluate", "guards", "learner",
-    "metrics", "objective", "parts", "schedule", "task_balance", "types", "warm_start",
+    "batches",
+    "checkpoint",
+    "episodes",
+    "evaluate",
+    "guards",
+    "learner",
+    "metrics",
+    "objective",
+    "parts",
+    "schedule",
+    "task_balance",
+    "types",
+    "warm_start",
     "weights",
 )
 TYPED_ANY_CEILING = 0
@@ -328,7 +371,9 @@ def _any_lines(path: Path) -> int:
 
 def test_trainer_seams_are_typed() -> None:
     typed = {name: _any_lines(ROOT / "trainer" / f"{name}.py") for name in TYPED_TRAINER}
-    typed["fr_agents/ledger"] = _any_lines(ROOT / "fr_agents" / "ledger.py")  # the ledger's home since it owns reads too
+    typed["fr_agents/ledger"] = _any_lines(
+        ROOT / "fr_agents" / "ledger.py"
+    )  # the ledger's home since it owns reads too
     assert sum(typed.values()) <= TYPED_ANY_CEILING, typed
     total = sum(_any_lines(p) for p in (ROOT / "trainer").rglob("*.py"))
     assert total <= TRAINER_ANY_CEILING, f"{total} ': Any' in trainer/"
@@ -339,8 +384,11 @@ def test_batches_are_told_apart_by_kind_not_hasattr() -> None:
 
     assert (FlatBatch.kind, PackedBatch.kind) == ("flat", "packed")
     assert flat_view.__annotations__["return"] == "FlatBatch"
-    duck = {str(p.relative_to(ROOT)) for p in (ROOT / "trainer").rglob("*.py")
-            if _BATCH_HASATTR.search(p.read_text(encoding="utf-8"))}
+    duck = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "trainer").rglob("*.py")
+        if _BATCH_HASATTR.search(p.read_text(encoding="utf-8"))
+    }
     assert duck <= KNOWN_DUCK_TYPED, f"batches duck-typed with hasattr in {sorted(duck - KNOWN_DUCK_TYPED)}"
     done = {p for p in KNOWN_DUCK_TYPED if (ROOT / p).exists()} - duck
     assert not done, f"{sorted(done)} no longer duck-type batches: remove them from KNOWN_DUCK_TYPED"
@@ -375,7 +423,9 @@ def test_each_env_subclasses_the_text_env_base() -> None:
 
     for env in (ALFWorldEnv, HumanEvalEnv, MathVerifierEnv, PythonToolEnv, RepoCodingEnv):
         assert issubclass(env, TextEnv), env
-        assert "render" not in vars(env) and "close" not in vars(env), f"{env.__name__} repeats the base's render/close"
+        assert "render" not in vars(env) and "close" not in vars(env), (
+            f"{env.__name__} repeats the base's render/close"
+        )
 
 
 # ---------------------------------------------------------------- docs for users (issue #46)
@@ -399,7 +449,11 @@ def test_readme_measured_table_is_short() -> None:
     (a command in backticks in its last cell); the history of runs lives in docs/measurements.md."""
     rows = _measured_rows()
     assert 0 < len(rows) <= MEASURED_ROWS_MAX, f"{len(rows)} rows (at most {MEASURED_ROWS_MAX})"
-    no_command = [row[0][:60] for row in rows if not re.search(r"`[^`]*(fr-agents|python|pytest|benchmarks/)[^`]*`", row[-1])]
+    no_command = [
+        row[0][:60]
+        for row in rows
+        if not re.search(r"`[^`]*(fr-agents|python|pytest|benchmarks/)[^`]*`", row[-1])
+    ]
     assert not no_command, no_command
     assert "docs/measurements.md" in (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -469,10 +523,14 @@ def test_the_trainer_copies_no_part_of_its_sides() -> None:
     klass = _class(ast.parse((ROOT / "trainer" / "loop.py").read_text(encoding="utf-8")), "Trainer")
     copied = sorted(
         f"line {t.lineno}: self.{t.attr}"
-        for node in ast.walk(klass) if isinstance(node, ast.Assign | ast.AnnAssign)
+        for node in ast.walk(klass)
+        if isinstance(node, ast.Assign | ast.AnnAssign)
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         for t in ast.walk(target)
-        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr in parts
+        if isinstance(t, ast.Attribute)
+        and isinstance(t.value, ast.Name)
+        and t.value.id == "self"
+        and t.attr in parts
     )
     assert not copied, "parts of a side copied onto the Trainer:\n" + "\n".join(copied)
 
@@ -484,23 +542,41 @@ def test_nothing_in_trainer_subclasses_the_trainer() -> None:
     for path in sorted((ROOT / "trainer").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
-                bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases]
+                bases = [
+                    b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                    for b in node.bases
+                ]
                 if "Trainer" in bases:
-                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} class {node.name}({', '.join(bases)})")
+                    bad.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} class {node.name}({', '.join(bases)})"
+                    )
     assert not bad, "\n".join(bad)
 
 
 def _trainer_objects(tree: ast.AST) -> set[str]:
     """Names in a script bound to what a ``trainer`` module gives: the imported names themselves
     and variables assigned from a call of one (``t = Trainer(...)``, ``hooks = ElasticHooks(...)``)."""
-    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
-                and n.module.split(".")[0] == "trainer" for a in n.names}
-    imported |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
-                 for a in n.names if a.name.split(".")[0] == "trainer"}
+    imported = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == "trainer"
+        for a in n.names
+    }
+    imported |= {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import)
+        for a in n.names
+        if a.name.split(".")[0] == "trainer"
+    }
     bound = set(imported)
     for n in ast.walk(tree):
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) \
-                and n.value.func.id in imported:
+        if (
+            isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Name)
+            and n.value.func.id in imported
+        ):
             bound |= {t.id for target in n.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
     return bound
 
@@ -544,17 +620,26 @@ def test_the_backends_share_one_batch_loop() -> None:
         gathers = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "gather"]
         assert not gathers, f"{name} gathers episodes itself at lines {gathers}"
     recorders = sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "trainer").rglob("*.py")
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "trainer").rglob("*.py")
         if p.name not in ("ledger.py", "rollout_batch.py")
-        and any(isinstance(n, ast.Attribute) and n.attr in ("record_outcome", "record_outcomes")
-                for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))
+        and any(
+            isinstance(n, ast.Attribute) and n.attr in ("record_outcome", "record_outcomes")
+            for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        )
     )
     assert not recorders, f"episodes recorded outside trainer/rollout_batch.py: {recorders}"
 
 
 # ---------------------------------------------------------------- the step a newcomer reads (issue 60 item 1)
-STEP_OVERRIDES = ["trainer.steps=2", "warm_start.examples=0", "trainer.eval_episodes=0", "trainer.eval_before=false",
-                  "trainer.max_minutes=0", "trainer.threads=1"]
+STEP_OVERRIDES = [
+    "trainer.steps=2",
+    "warm_start.examples=0",
+    "trainer.eval_episodes=0",
+    "trainer.eval_before=false",
+    "trainer.max_minutes=0",
+    "trainer.threads=1",
+]
 
 
 def _step_files(run_dir: Path) -> list[str]:
@@ -597,11 +682,12 @@ def test_the_reading_order_in_design_is_the_step(tmp_path: Path) -> None:
     text = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
     start = text.index("## Reading order: one training step")
     section = text[start : text.index("\n## ", start + 1)]
-    steps = section[section.index("\n1. "):]
+    steps = section[section.index("\n1. ") :]
     listed = re.findall(r"`([a-z_/]+\.py)`", steps)
     assert all((ROOT / f).is_file() for f in listed), listed
     entry = ["fr_agents/cli.py", "trainer/train.py"]  # the command and the run, before the loop's first step
     ran = _step_files(tmp_path / "run")
     assert len(listed) == len(set(listed)) and set(listed) == set(entry + ran), (
         f"DESIGN.md lists {sorted(set(listed) - set(entry + ran))} that the step does not run, and not "
-        f"{sorted(set(entry + ran) - set(listed))} that it does")
+        f"{sorted(set(entry + ran) - set(listed))} that it does"
+    )

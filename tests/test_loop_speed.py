@@ -32,18 +32,39 @@ def test_a_variant_is_a_name_overrides_and_at_most_one_checkout(tmp_path: Path) 
         parse(["x", f"@{tmp_path}"])
 
 
-def test_a_short_real_run_reports_the_steps_tokens_after_the_skipped_ones(tmp_path: Path, monkeypatch) -> None:
+def test_a_short_real_run_reports_the_steps_tokens_after_the_skipped_ones(
+    tmp_path: Path, monkeypatch
+) -> None:
     out = tmp_path / "runs"
-    monkeypatch.setattr(sys, "argv", ["loop_speed.py", "--preset", "math-tiny", "--minutes", "0.25", "--skip", "1",
-                                      "--variant", "base", "warm_start.examples=0", "--out", str(out),
-                                      "--json", str(tmp_path / "f.json")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "loop_speed.py",
+            "--preset",
+            "math-tiny",
+            "--minutes",
+            "0.25",
+            "--skip",
+            "1",
+            "--variant",
+            "base",
+            "warm_start.examples=0",
+            "--out",
+            str(out),
+            "--json",
+            str(tmp_path / "f.json"),
+        ],
+    )
     assert _script().main() == 0
     [fig] = json.loads((tmp_path / "f.json").read_text())
     steps = [json.loads(x) for x in (out / "base" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r.get("kind") == "step"]
     used = steps[2:]
     assert fig["steps"] == len(steps) and fig["tokens"] == sum(r["sampled_tokens"] for r in used)
-    assert fig["tokens_per_s"] == pytest.approx(fig["tokens"] / (used[-1]["elapsed_s"] - steps[1]["elapsed_s"]))
+    assert fig["tokens_per_s"] == pytest.approx(
+        fig["tokens"] / (used[-1]["elapsed_s"] - steps[1]["elapsed_s"])
+    )
     assert 0 < fig["cores_busy"] <= 2.5
     assert fig["tokens_per_s"] < fig["ceiling"] < fig["no_weight_grad_ceiling"]
 
@@ -65,19 +86,30 @@ def test_the_ceiling_is_the_stated_flop_arithmetic_over_the_steps_after_the_skip
     run = tmp_path / "run"
     run.mkdir()
     dump_config(load_config("math-tiny"), run / "config.yaml")
-    steps = [{"kind": "step", "forward_tokens": 100.0 * i, "policy_tokens": 40.0 * i, "sampled_tokens": 50 * i,
-              "tokens": 50 * i}
-             for i in range(1, 5)]
+    steps = [
+        {
+            "kind": "step",
+            "forward_tokens": 100.0 * i,
+            "policy_tokens": 40.0 * i,
+            "sampled_tokens": 50 * i,
+            "tokens": 50 * i,
+        }
+        for i in range(1, 5)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     # a stand-in for the timed products: 100 GFLOP/s for the learner's chunk, 50 for the engine's step
-    monkeypatch.setattr(script, "_product_gflops", lambda rows, k, n, dtype, repeat: 100.0 if rows == 1024 else 50.0)
+    monkeypatch.setattr(
+        script, "_product_gflops", lambda rows, k, n, dtype, repeat: 100.0 if rows == 1024 else 50.0
+    )
     sizes = script.model_products("tiny")
     out = script.ceiling(run, skip=1, cores=2)
     forward, policy, sampled = 700.0, 280.0, 350  # steps 3 and 4: after the skipped one and the first kept
     passes = sizes["body"] * forward + sizes["head"] * policy
     rollout = 2 * (sizes["body"] * forward + sizes["head"] * sampled)
     assert out["ceiling"] == pytest.approx(sampled / ((6 * passes / 100e9 + rollout / 50e9) / 2))
-    assert out["no_weight_grad_ceiling"] == pytest.approx(sampled / ((4 * passes / 100e9 + rollout / 50e9) / 2))
+    assert out["no_weight_grad_ceiling"] == pytest.approx(
+        sampled / ((4 * passes / 100e9 + rollout / 50e9) / 2)
+    )
     assert out["gflop_per_token"] == pytest.approx((6 * passes + rollout) / sampled / 1e9)
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "step", "tokens": 5}) + "\n")
     assert script.ceiling(run, skip=0, cores=2) == {}

@@ -48,12 +48,14 @@ def test_the_pinned_seeds_are_the_ones_drawn_before() -> None:
     assert derive_seed("sample", 99, 3) == 3709623152963497141
     assert _mix(1550039684152772504, 1, 0) == 9073831344510171617
     assert _rng(0, "train", 0, 0).random() == 0.6244718810817054
-    assert stable_seed("alfworld", 0, "train", 0, 0, sep="|", bits=64, algorithm="sha256", byteorder="big") == (
-        15421885887249995067
-    )
+    assert stable_seed(
+        "alfworld", 0, "train", 0, 0, sep="|", bits=64, algorithm="sha256", byteorder="big"
+    ) == (15421885887249995067)
 
 
-@pytest.mark.parametrize("parts", [(0,), ("episode", 7, 123), ("fr-eval", 1, "b", "t/1", 4), (2**62, -3, "x\x1fy")])
+@pytest.mark.parametrize(
+    "parts", [(0,), ("episode", 7, 123), ("fr-eval", 1, "b", "t/1", 4), (2**62, -3, "x\x1fy")]
+)
 def test_every_caller_matches_its_old_formula(parts: tuple) -> None:
     assert stable_seed(*parts) == _old_eval(*parts)
     assert derive_seed(*parts) == _old_63(*parts)
@@ -61,7 +63,9 @@ def test_every_caller_matches_its_old_formula(parts: tuple) -> None:
     assert _mix(*ints) == _old_63(*ints)
 
 
-@pytest.mark.parametrize("args", [(0, "train", 0, 0), (7, "valid_seen", 12, 3), (123, "valid_unseen", 99, 19)])
+@pytest.mark.parametrize(
+    "args", [(0, "train", 0, 0), (7, "valid_seen", 12, 3), (123, "valid_unseen", 99, 19)]
+)
 def test_alfworld_games_draw_the_streams_they_drew(args: tuple) -> None:
     import random
 
@@ -88,13 +92,19 @@ def test_no_other_module_hashes_a_seed() -> None:
                 continue
             tree = ast.parse(path.read_text(encoding="utf-8"))
             imports_hashlib = any(
-                isinstance(n, ast.Import) and any(a.name == "hashlib" for a in n.names)
-                or isinstance(n, ast.ImportFrom) and n.module == "hashlib"
+                isinstance(n, ast.Import)
+                and any(a.name == "hashlib" for a in n.names)
+                or isinstance(n, ast.ImportFrom)
+                and n.module == "hashlib"
                 for n in ast.walk(tree)
             )
             if not imports_hashlib:
                 continue
             for node in ast.walk(tree):
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "from_bytes":
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "from_bytes"
+                ):
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not bad, "a seed hashed outside fr_agents.seeding.stable_seed: " + ", ".join(bad)

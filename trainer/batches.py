@@ -63,7 +63,9 @@ class BatchTrees:
     samples: int = 0  # sum of the kept rows' weights
     aborted: int = 0  # leaves of the batch's episodes whose grading could not happen (all attempts)
     aborted_episodes: int = 0  # scheduled episodes every attempt of which aborted: nothing to train on
-    abort_reasons: dict[str, int] = field(default_factory=dict)  # InfrastructureFailure.reason -> aborted leaves
+    abort_reasons: dict[str, int] = field(
+        default_factory=dict
+    )  # InfrastructureFailure.reason -> aborted leaves
 
     @property
     def leaves_per_tree(self) -> float:
@@ -95,13 +97,20 @@ def export_batch(
     for a in aborts:
         reasons[a.reason] = reasons.get(a.reason, 0) + 1
     if not rows:
-        return None, [], [], BatchTrees(aborted=len(aborts), aborted_episodes=len(lost), abort_reasons=reasons)
+        return (
+            None,
+            [],
+            [],
+            BatchTrees(aborted=len(aborts), aborted_episodes=len(lost), abort_reasons=reasons),
+        )
     reward_mode = cfg.rollout.reward
     by_leaf = {t.leaf_id: t for t in tree.trajectories(sorted({r.leaf for r in rows}))}
     per_episode: dict[int, list[LedgerRow]] = {}
     for r in rows:
         per_episode.setdefault(r.episode, []).append(r)
-    trees = [[(r.leaf, by_leaf[r.leaf].learner_reward(reward_mode)) for r in eps] for eps in per_episode.values()]
+    trees = [
+        [(r.leaf, by_leaf[r.leaf].learner_reward(reward_mode)) for r in eps] for eps in per_episode.values()
+    ]
     kept_ids, counts, merged, capped = keep_per_tree(trees, cfg.trainer.max_per_root)
     kept_rows: list[LedgerRow] = []
     weights: list[float] = []
@@ -116,8 +125,22 @@ def export_batch(
     if dropped:
         tree.mark_pruned(dropped)
     trajs = [by_leaf[leaf] for leaf in leaves]
-    partial = sum(1 for t in trajs if reward_mode == "partial" and t.status != "finished" and t.partial_score is not None)
-    info = BatchTrees(len(per_episode), len(rows), merged, capped, partial, int(sum(weights)), len(aborts), len(lost), reasons)
+    partial = sum(
+        1
+        for t in trajs
+        if reward_mode == "partial" and t.status != "finished" and t.partial_score is not None
+    )
+    info = BatchTrees(
+        len(per_episode),
+        len(rows),
+        merged,
+        capped,
+        partial,
+        int(sum(weights)),
+        len(aborts),
+        len(lost),
+        reasons,
+    )
     shared = len(set(by_leaf[leaf].root_id for leaf in leaves)) < len(leaves)
     packed_mode = cfg.trainer.packed
     if packed_mode == "always" or (packed_mode == "auto" and shared):

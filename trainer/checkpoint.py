@@ -113,7 +113,9 @@ def save_checkpoint(
         wdir = tmp / "rollout_weights"
         wdir.mkdir()
         for version, sd in rollout_weights.items():
-            save_file({k: v.detach().contiguous().cpu() for k, v in sd.items()}, wdir / f"v{version}.safetensors")
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in sd.items()}, wdir / f"v{version}.safetensors"
+            )
     torch.save(
         {
             "trainer": asdict(state),
@@ -138,7 +140,9 @@ def save_checkpoint(
 def _prune(root: Path, keep: int) -> None:
     """Keep the ``keep`` newest complete checkpoints, and always ``step_000000`` (the start of RL,
     after any warm start), so that "before RL" can be evaluated later."""
-    done = sorted(p for p in root.glob(CHECKPOINT_GLOB) if (p / STATE_FILE).exists() and p.name != checkpoint_name(0))
+    done = sorted(
+        p for p in root.glob(CHECKPOINT_GLOB) if (p / STATE_FILE).exists() and p.name != checkpoint_name(0)
+    )
     for old in done[: max(0, len(done) - max(1, keep))]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -162,7 +166,9 @@ def load_weights(path: str | Path, model: torch.nn.Module) -> None:
     # Tied embeddings are saved once; anything else missing is a real mismatch.
     real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if real_missing or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing={real_missing} unexpected={unexpected}")
+        raise RuntimeError(
+            f"checkpoint {path} does not match the model: missing={real_missing} unexpected={unexpected}"
+        )
 
 
 def load_checkpoint(

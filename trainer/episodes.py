@@ -62,7 +62,9 @@ class LeafOutcome:
 
 def aborted_attempt(attempt: int, failure: BaseException) -> LeafOutcome:
     """An attempt that failed before it sampled anything (its env's ``reset``): no leaf (id -1)."""
-    return LeafOutcome(-1, 0.0, 0, 0, "aborted", None, 0, attempt, getattr(failure, "reason", type(failure).__name__))
+    return LeafOutcome(
+        -1, 0.0, 0, 0, "aborted", None, 0, attempt, getattr(failure, "reason", type(failure).__name__)
+    )
 
 
 @dataclass
@@ -121,7 +123,9 @@ def make_engine(
             engine.generate_sync([int(tokenizer.eos_token_id or 0)], SamplingOptions(max_tokens=1))
         except Exception as e:
             engine.close_sync()
-            raise ConfigError(f"rollout.engine=vllm: vLLM cannot serve {model_dir} ({type(e).__name__}: {e})") from e
+            raise ConfigError(
+                f"rollout.engine=vllm: vLLM cannot serve {model_dir} ({type(e).__name__}: {e})"
+            ) from e
         return engine
     if r.engine != "hf":
         raise ValueError(f"rollout.engine: unknown engine {r.engine!r}")
@@ -135,11 +139,17 @@ def make_engine(
     else:
         model = copy.deepcopy(model).to(getattr(torch, cfg.engine_dtype))
     engine = HFEngine(
-        model, tokenizer, max_batch_size=max(1, r.concurrency), seed=cfg.trainer.seed, compact=cfg.model.compact_forward
+        model,
+        tokenizer,
+        max_batch_size=max(1, r.concurrency),
+        seed=cfg.trainer.seed,
+        compact=cfg.model.compact_forward,
     )
     if engine.compact_reason is None:
-        log.info("rollout engine: %s, running batches through the compact forward (fr_agents.models.compact)",
-                 cfg.engine_dtype)
+        log.info(
+            "rollout engine: %s, running batches through the compact forward (fr_agents.models.compact)",
+            cfg.engine_dtype,
+        )
     else:
         log.info("rollout engine: transformers' forward (no compact forward: %s)", engine.compact_reason)
     return engine
@@ -248,7 +258,10 @@ class EpisodeRunner:
                 return EpisodeOutcome(kept, aborted, attempt + 1)
             last = attempt + 1 == attempts
             log.warning(
-                "episode %d: attempt %d of %d aborted (%s): %s", spec.episode, attempt + 1, attempts,
+                "episode %d: attempt %d of %d aborted (%s): %s",
+                spec.episode,
+                attempt + 1,
+                attempts,
                 ", ".join(sorted({str(x.reason) for x in leaves})),
                 f"no retry left, it adds nothing to batch {spec.batch}" if last else "running it again",
             )
@@ -272,8 +285,17 @@ class EpisodeRunner:
             make_env=self.make_env,
         )
         return [
-            LeafOutcome(x.leaf_id, x.reward, x.policy_tokens, x.turns, x.status, x.partial_score, x.sampled_tokens,
-                        attempt, x.info.get("aborted_by"))
+            LeafOutcome(
+                x.leaf_id,
+                x.reward,
+                x.policy_tokens,
+                x.turns,
+                x.status,
+                x.partial_score,
+                x.sampled_tokens,
+                attempt,
+                x.info.get("aborted_by"),
+            )
             for x in result.leaves
         ]
 

@@ -38,15 +38,23 @@ class HeldOutEval:
     """Greedy held-out figures of the live policy (see the module docstring)."""
 
     def __init__(
-        self, bench: Bench, out_dir: str | Path, *, seed: int = 0, concurrency: int = 32, compact: bool = True,
-        dtype: str | None = None, during_episodes: int = 0,
+        self,
+        bench: Bench,
+        out_dir: str | Path,
+        *,
+        seed: int = 0,
+        concurrency: int = 32,
+        compact: bool = True,
+        dtype: str | None = None,
+        during_episodes: int = 0,
     ) -> None:
         self.bench = bench
         # the evaluations every eval_every steps: the first during_episodes of the sample (0: all)
         self.during = bench.limited(during_episodes) if 0 < during_episodes < len(bench.items) else bench
         self.out_dir = Path(out_dir)
-        self.settings = EvalSettings(k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency), compact=compact,
-                                     dtype=dtype)
+        self.settings = EvalSettings(
+            k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency), compact=compact, dtype=dtype
+        )
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, run_dir: str | Path, bench: Bench) -> HeldOutEval | None:
@@ -66,7 +74,13 @@ class HeldOutEval:
         )
 
     def run(
-        self, name: str, step: int, model: PolicyModel, tokenizer: Tokenizer, *, during: bool = False,
+        self,
+        name: str,
+        step: int,
+        model: PolicyModel,
+        tokenizer: Tokenizer,
+        *,
+        during: bool = False,
     ) -> dict[str, float]:
         """Evaluate ``model`` now: ``{success, reward, turns, tool_calls, episodes, seconds}``, plus
         ``by_group`` (per task type: tasks, success, mean reward, turns) when the bench's problems
@@ -78,10 +92,21 @@ class HeldOutEval:
         def progress(_row: dict) -> None:  # a 134-game ALFWorld evaluation takes minutes: say how far it is
             done[0] += 1
             if done[0] % max(1, total // 4) == 0 and done[0] < total:
-                log.info("held-out %s: %d/%d episodes in %.0f s", name, done[0], total, time.perf_counter() - started)
+                log.info(
+                    "held-out %s: %d/%d episodes in %.0f s",
+                    name,
+                    done[0],
+                    total,
+                    time.perf_counter() - started,
+                )
 
         res = evaluate_live(
-            model, tokenizer, bench, self.settings, label=f"{name}_step{step:06d}", out_dir=self.out_dir,
+            model,
+            tokenizer,
+            bench,
+            self.settings,
+            label=f"{name}_step{step:06d}",
+            out_dir=self.out_dir,
             on_sample=progress,
         )
         per_episode = res.extra["per_episode"]
@@ -94,6 +119,13 @@ class HeldOutEval:
             "seconds": res.seconds,
         }
         if by_group := res.extra.get("by_group"):
-            figures["by_group"] = {g: {"tasks": int(m["tasks"]), "success": m["success"], "reward": m["mean@k"],
-                                       "turns": m["turns"]} for g, m in by_group.items()}
+            figures["by_group"] = {
+                g: {
+                    "tasks": int(m["tasks"]),
+                    "success": m["success"],
+                    "reward": m["mean@k"],
+                    "turns": m["turns"],
+                }
+                for g, m in by_group.items()
+            }
         return figures

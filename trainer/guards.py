@@ -42,7 +42,9 @@ class Guards:
         lags = [int(k - o) for o in oldest]
         self.lag_histogram.update(lags)
         if max(lags, default=0) > self.lag:
-            raise RuntimeError(f"step {k}: a trajectory lags {max(lags)} versions > max_policy_lag={self.lag}")
+            raise RuntimeError(
+                f"step {k}: a trajectory lags {max(lags)} versions > max_policy_lag={self.lag}"
+            )
         return lags
 
     def collapsed(self, reward: float, state: TrainerState) -> bool:

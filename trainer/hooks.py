@@ -78,8 +78,12 @@ def acts_inside_rollout(hooks: TrainerHooks) -> list[str]:
     """``Class.hook`` for each of :data:`ROLLOUT_HOOKS` that ``hooks`` (or a member of a
     :class:`HookList`) overrides."""
     members = hooks.hooks if isinstance(hooks, HookList) else [hooks]
-    return [f"{type(h).__name__}.{name}" for h in members for name in ROLLOUT_HOOKS
-            if getattr(type(h), name) is not getattr(TrainerHooks, name)]
+    return [
+        f"{type(h).__name__}.{name}"
+        for h in members
+        for name in ROLLOUT_HOOKS
+        if getattr(type(h), name) is not getattr(TrainerHooks, name)
+    ]
 
 
 def refuse_rollout_hooks(hooks: TrainerHooks, backend: str) -> None:

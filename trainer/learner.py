@@ -196,7 +196,10 @@ class Learner:
         self.params = [p for p in model.parameters() if p.requires_grad]
         o = self.optim
         self.optimizer = optimizer or torch.optim.AdamW(
-            self.params, lr=o.lr, betas=tuple(float(b) for b in o.betas), weight_decay=o.weight_decay,
+            self.params,
+            lr=o.lr,
+            betas=tuple(float(b) for b in o.betas),
+            weight_decay=o.weight_decay,
             fused=_fusable(self.params),
         )
         self.scheduler = scheduler
@@ -222,8 +225,11 @@ class Learner:
             objective=cfg.objective,
             optim=cfg.optim,
             chunking=Chunking(micro_batch_tokens=t.micro_batch_tokens, packed=t.packed),
-            forward=ForwardConfig(temperature=cfg.rollout.temperature, compact_forward=cfg.model.compact_forward,
-                                  autocast=cfg.learner_autocast),
+            forward=ForwardConfig(
+                temperature=cfg.rollout.temperature,
+                compact_forward=cfg.model.compact_forward,
+                autocast=cfg.learner_autocast,
+            ),
             before_micro_batch=before_micro_batch,
         )
         opt = cfg.optim
@@ -272,10 +278,17 @@ class Learner:
         rewards = flat.rewards.to(device)
         weights = self._weights(flat, device)
         try:
-            advantages = self._finite(batch_advantages(
-                self.objective, rewards, weights=weights, branch_rows=getattr(flat, "branch_rows", None),
-                root_ids=getattr(flat, "root_ids", None), node_spans=getattr(flat, "node_spans", None),
-                width=int(flat.token_ids.shape[1])))
+            advantages = self._finite(
+                batch_advantages(
+                    self.objective,
+                    rewards,
+                    weights=weights,
+                    branch_rows=getattr(flat, "branch_rows", None),
+                    root_ids=getattr(flat, "root_ids", None),
+                    node_spans=getattr(flat, "node_spans", None),
+                    width=int(flat.token_ids.shape[1]),
+                )
+            )
         except NonFiniteLossError as e:
             e.batch = batch
             raise
@@ -285,7 +298,9 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             if use_packed:
-                todo: list[Any] = [PackedChunk(batch, r) for r in batch.root_chunks(self.chunking.micro_batch_tokens)]
+                todo: list[Any] = [
+                    PackedChunk(batch, r) for r in batch.root_chunks(self.chunking.micro_batch_tokens)
+                ]
             else:
                 todo = [FlatChunk(flat, rows) for rows in self.chunking.micro_batches(flat.attention_mask)]
             chunks = []
@@ -322,7 +337,9 @@ class Learner:
         clip = self.optim.grad_clip
         fixed = clip if clip and clip > 0 else math.inf
         spike_bound = self.spike.bound() if self.spike is not None else math.inf
-        stats["spike_clipped"] = float(grad_norm > spike_bound and spike_bound < fixed)  # the spike clip cut it
+        stats["spike_clipped"] = float(
+            grad_norm > spike_bound and spike_bound < fixed
+        )  # the spike clip cut it
         max_norm = min(fixed, spike_bound)
         if grad_norm > max_norm:
             torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, torch.tensor(grad_norm))
@@ -340,8 +357,16 @@ class Learner:
         logger.info(
             "step %d loss=%.4g accept=%.3f kl_mean=%.3g kl_max=%.3g ratio_mean=%.3f ratio_max=%.3f "
             "adv_std=%.3g retained=%.3f grad_norm=%.3g",
-            self.version, loss, stats["acceptance_rate"], stats["seq_kl_mean"], stats["seq_kl_max"],
-            stats["ratio_mean"], stats["ratio_max"], stats["adv_std"], stats["retained_fraction"], grad_norm,
+            self.version,
+            loss,
+            stats["acceptance_rate"],
+            stats["seq_kl_mean"],
+            stats["seq_kl_max"],
+            stats["ratio_mean"],
+            stats["ratio_max"],
+            stats["adv_std"],
+            stats["retained_fraction"],
+            grad_norm,
         )
         return stats
 
@@ -353,8 +378,15 @@ class Learner:
         if self.scheduler is not None:
             self.scheduler.step()
         self.version += 1
-        logger.warning("step %d: no leaf to train on (every episode of the batch aborted); weights unchanged", self.version)
-        return {"version": float(self.version), "lr": float(self.optimizer.param_groups[0]["lr"]), "skipped": 1.0}
+        logger.warning(
+            "step %d: no leaf to train on (every episode of the batch aborted); weights unchanged",
+            self.version,
+        )
+        return {
+            "version": float(self.version),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "skipped": 1.0,
+        }
 
     # ----------------------------------------------------------------------- helpers
 
@@ -374,7 +406,9 @@ class Learner:
         if bool((flat.action_mask & ~flat.attention_mask).any()):
             raise ValueError("action_mask: a policy token lies outside attention_mask")
         if bool(flat.action_mask[:, 0].any()):
-            raise ValueError("action_mask: the first token of a row has no context and cannot be a policy token")
+            raise ValueError(
+                "action_mask: the first token of a row has no context and cannot be a policy token"
+            )
         if not isinstance(flat.rewards, Tensor) or tuple(flat.rewards.shape) != shape[:1]:
             raise ValueError(f"rewards: expected shape [{shape[0]}]")
 
@@ -407,8 +441,14 @@ class Learner:
         return (failures if rows is None else failures[rows]).to(device)
 
     def _run_chunk(
-        self, chunk: FlatChunk | PackedChunk, flat: FlatBatch, advantages: Tensor, weights: Tensor | None, num_rows: float,
-        num_tokens: float, device: torch.device,
+        self,
+        chunk: FlatChunk | PackedChunk,
+        flat: FlatBatch,
+        advantages: Tensor,
+        weights: Tensor | None,
+        num_rows: float,
+        num_tokens: float,
+        device: torch.device,
     ) -> dict[str, Any]:
         """Forward + backward of one chunk: its log-probs, then the objective on its rows."""
         out = self.policy.logprobs(chunk, device, entropies=self._entropies)
@@ -428,11 +468,17 @@ class Learner:
             weights=None if weights is None else weights[on_device],
         )
         loss.backward()
-        return {"rows": rows, "loss": loss.detach(), "stats": st, "forward_tokens": out.forward_tokens,
-                "tree_attention": out.tree_attention}
+        return {
+            "rows": rows,
+            "loss": loss.detach(),
+            "stats": st,
+            "forward_tokens": out.forward_tokens,
+            "tree_attention": out.tree_attention,
+        }
 
 
 # =========================================================================== chunking
+
 
 @dataclass
 class Chunking:
@@ -527,8 +573,14 @@ class SpikeClip:
 
 # =========================================================================== step stats
 
+
 def merge_stats(
-    chunks: list[dict[str, Any]], flat: FlatBatch, rewards: Tensor, advantages: Tensor, algo: str, version: int
+    chunks: list[dict[str, Any]],
+    flat: FlatBatch,
+    rewards: Tensor,
+    advantages: Tensor,
+    algo: str,
+    version: int,
 ) -> dict[str, float]:
     """Reassemble the chunks' per-row stats in batch order and reduce them to the step's floats.
 

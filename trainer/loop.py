@@ -79,7 +79,11 @@ class Trainer:
     rollout_side: RolloutSide
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: str | Path, *, console: bool = True,
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        *,
+        console: bool = True,
         hooks: TrainerHooks | Sequence[TrainerHooks] | None = None,
     ) -> None:
         self.cfg = cfg
@@ -88,11 +92,15 @@ class Trainer:
         self.console = console
         self.hooks = as_hooks(hooks)
         self.rollout_process: RolloutProcess | None = None  # trainer.backend=process: spawned by build()
-        self.cpus: tuple[list[int], list[int]] | None = None  # trainer.pin_cpus: (learner, rollout) CPUs, by build()
+        self.cpus: tuple[list[int], list[int]] | None = (
+            None  # trainer.pin_cpus: (learner, rollout) CPUs, by build()
+        )
         refuse_rollout_hooks(self.hooks, cfg.trainer.backend)
         self.lag = cfg.rollout.max_policy_lag
         self.guards = Guards(self.lag, cfg.trainer.collapse_guard)
-        self.plateau = Plateau(cfg.trainer.plateau_patience, cfg.trainer.plateau_window, cfg.trainer.plateau_min_delta)
+        self.plateau = Plateau(
+            cfg.trainer.plateau_patience, cfg.trainer.plateau_window, cfg.trainer.plateau_min_delta
+        )
         self.ready = ReadyBatches(cfg.trainer.backend)
 
     # the parts read most, read through the sides (nothing is copied onto the trainer)
@@ -110,8 +118,12 @@ class Trainer:
             cfg, self.run_dir, console=self.console, before_micro_batch=self.hooks.before_micro_batch
         )
         self.rollout_side = build_rollout_side(
-            cfg, self.run_dir, tokenizer=self.learner_side.tokenizer, engine_model=self.model,
-            with_engine=cfg.trainer.backend == "local", engine=self.hooks.engine,
+            cfg,
+            self.run_dir,
+            tokenizer=self.learner_side.tokenizer,
+            engine_model=self.model,
+            with_engine=cfg.trainer.backend == "local",
+            engine=self.hooks.engine,
         )
         self.marks = ConsumedMarks(self.rollout_side.tree)
         self.cpus = cpu_split(cfg)  # (learner, rollout) CPUs with trainer.pin_cpus
@@ -119,16 +131,26 @@ class Trainer:
             log.warning("trainer.pin_cpus: nothing is pinned: %s", why)
         if cfg.trainer.backend == "process":
             self.rollout_process = RolloutProcess(
-                cfg=cfg, run_dir=self.run_dir, last_batch=cfg.trainer.steps, board=self.board,
-                on_batch_done=self.ready.done, threads=rollout_threads(cfg), cpus=self.cpus[1] if self.cpus else None,
+                cfg=cfg,
+                run_dir=self.run_dir,
+                last_batch=cfg.trainer.steps,
+                board=self.board,
+                on_batch_done=self.ready.done,
+                threads=rollout_threads(cfg),
+                cpus=self.cpus[1] if self.cpus else None,
             )
             self.rollout_process.start()
 
     def _checkpoint(self, state: TrainerState) -> Path:
         self.marks.settle()  # the checkpoint stores the store's cursor: every consumed batch in it
         return checkpoint_run(
-            self.run_dir, self.learner_side, state, tree=self.rollout_side.tree, lag=self.lag,
-            lag_histogram=self.guards.histogram(), keep=self.cfg.trainer.keep_checkpoints,
+            self.run_dir,
+            self.learner_side,
+            state,
+            tree=self.rollout_side.tree,
+            lag=self.lag,
+            lag_histogram=self.guards.histogram(),
+            keep=self.cfg.trainer.keep_checkpoints,
         )
 
     def open_run(self, resume: bool) -> tuple[TrainerState, dict[str, dict[str, float]]]:
@@ -143,16 +165,30 @@ class Trainer:
         self.hooks.run_started(self)
         ls, rs = self.learner_side, self.rollout_side
         where = "process" if cfg.trainer.backend == "process" else "workers"
-        engine = type(rs.runner.engine).__name__ if rs.runner.engine is not None else f"{cfg.rollout.engine} (rollout {where})"
-        ls.metrics.event("start", engine=engine, backend=cfg.trainer.backend, resume=resume,
-                         **({"recipe_warning": recipe} if recipe else {}))
+        engine = (
+            type(rs.runner.engine).__name__
+            if rs.runner.engine is not None
+            else f"{cfg.rollout.engine} (rollout {where})"
+        )
+        ls.metrics.event(
+            "start",
+            engine=engine,
+            backend=cfg.trainer.backend,
+            resume=resume,
+            **({"recipe_warning": recipe} if recipe else {}),
+        )
         state = TrainerState()
         if resume:
             state, ckpt = resume_run(self.run_dir, ls, tree=rs.tree)
             self.guards.restore(state.extra.get("lag_histogram", {}))
             self.plateau.restore(state.extra.get("plateau"))
             evals = dict(state.extra.get("evals", {}))
-            log.info("resumed from %s at step %d (open episodes in the store: %d)", ckpt, state.step, len(rs.tree.open_paths()))
+            log.info(
+                "resumed from %s at step %d (open episodes in the store: %d)",
+                ckpt,
+                state.step,
+                len(rs.tree.open_paths()),
+            )
         else:
             evals = before_rl(cfg, ls, rs, state, self.run_dir)
         self.board.publish(self.learner.version, ls.model)
@@ -179,7 +215,13 @@ class Trainer:
                 stats = self.hooks.around_step(lambda: ls.learner.step(batch))
         except NonFiniteLossError as e:
             path = save_bad_batch(self.run_dir, k, batch, leaves, e)
-            log.error("non-finite loss at step %d: %s; batch saved to %s; last good checkpoint %s", k, e, path, self.last_ckpt)
+            log.error(
+                "non-finite loss at step %d: %s; batch saved to %s; last good checkpoint %s",
+                k,
+                e,
+                path,
+                self.last_ckpt,
+            )
             ls.metrics.event("stop", step=k, reason="non-finite loss", batch_file=str(path))
             return "non-finite loss"
         # the new weights first: the rollout may be waiting for them to start its next batch
@@ -189,8 +231,16 @@ class Trainer:
         state.step = k + 1
         ls.board.drop_below(max(0, state.step - self.lag))
         row = step_row(
-            state.step, ls.learner.version, stats, rows, self.guards.lags(flat, k) if flat is not None else [], batch, trees,
-            seconds=self.clock.lap(), elapsed_s=self.clock.elapsed(state), sampled=rs.ledger.sampled_tokens(k),
+            state.step,
+            ls.learner.version,
+            stats,
+            rows,
+            self.guards.lags(flat, k) if flat is not None else [],
+            batch,
+            trees,
+            seconds=self.clock.lap(),
+            elapsed_s=self.clock.elapsed(state),
+            sampled=rs.ledger.sampled_tokens(k),
         )
         self.last_row = row
         ls.metrics.step(row)
@@ -211,13 +261,22 @@ class Trainer:
     def plateau_reached(self, state: TrainerState) -> bool:
         """After a step: has the run reached its plateau (``trainer.plateau_patience``)?"""
         reward = self.last_row["reward"]
-        if math.isnan(reward) or not self.plateau.reached(reward, state):  # nan: nothing trained (all aborted)
+        if math.isnan(reward) or not self.plateau.reached(
+            reward, state
+        ):  # nan: nothing trained (all aborted)
             return False
-        log.info("plateau at step %d: the batch reward's %d-step mean last gained %s at step %d",
-                 state.step, self.plateau.window, self.cfg.trainer.plateau_min_delta, self.plateau.best_step)
+        log.info(
+            "plateau at step %d: the batch reward's %d-step mean last gained %s at step %d",
+            state.step,
+            self.plateau.window,
+            self.cfg.trainer.plateau_min_delta,
+            self.plateau.best_step,
+        )
         return True
 
-    def close_run(self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str) -> float:
+    def close_run(
+        self, state: TrainerState, evals: dict[str, dict[str, float]], ok: bool, stop_reason: str
+    ) -> float:
         """The end of the RL phase: the final evaluation and checkpoint (when ``ok``; a run stopped
         by a guard evaluates its last good checkpoint instead: :func:`~trainer.loop.evaluate_kept`),
         the ``end`` event; closes the metrics sink. Returns the RL seconds (resumed runs included)."""
@@ -229,7 +288,9 @@ class Trainer:
                 evals["after_rl"] = ev
             state.extra["evals"] = evals
             self.last_ckpt = self._checkpoint(state)
-        elif self.last_ckpt is not None and (ev := evaluate_kept(ls, Path(self.last_ckpt), state.step, stop_reason)):
+        elif self.last_ckpt is not None and (
+            ev := evaluate_kept(ls, Path(self.last_ckpt), state.step, stop_reason)
+        ):
             evals["after_rl"] = ev
         ls.metrics.event("end", step=state.step, reason=stop_reason, lag_histogram=self.guards.histogram())
         ls.metrics.close()
@@ -243,8 +304,13 @@ class Trainer:
             self.rollout_process.begin(first_batch)
             return self.rollout_process
         return RolloutThread.beside(
-            self.rollout_side, first_batch=first_batch, last_batch=self.cfg.trainer.steps, board=self.board,
-            concurrency=self.cfg.rollout.concurrency, on_batch_done=self.ready.done, on_episode_done=self.hooks.episode_done,
+            self.rollout_side,
+            first_batch=first_batch,
+            last_batch=self.cfg.trainer.steps,
+            board=self.board,
+            concurrency=self.cfg.rollout.concurrency,
+            on_batch_done=self.ready.done,
+            on_episode_done=self.hooks.episode_done,
         )
 
     def run(self, *, resume: bool = False) -> TrainResult:
@@ -284,18 +350,35 @@ class Trainer:
             rollout.join(timeout=60)
         rl_elapsed = self.close_run(state, evals, ok, stop_reason)
         self.rollout_side.close()
-        return TrainResult(ok, self.run_dir, state.step, stop_reason, time.perf_counter() - t0, rl_elapsed, evals, self.last_ckpt)
+        return TrainResult(
+            ok,
+            self.run_dir,
+            state.step,
+            stop_reason,
+            time.perf_counter() - t0,
+            rl_elapsed,
+            evals,
+            self.last_ckpt,
+        )
 
 
-def run_training(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, console: bool = True) -> TrainResult:
+def run_training(
+    cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, console: bool = True
+) -> TrainResult:
     """Train ``cfg`` in ``run_dir`` (``resume``: continue from its latest checkpoint)."""
     return Trainer(cfg, run_dir, console=console).run(resume=resume)
 
 
 # =========================================================================== held-out evaluations
 
+
 def evaluate_held_out(
-    side: LearnerSide, name: str, step: int, *, during: bool = False, **extra: int,
+    side: LearnerSide,
+    name: str,
+    step: int,
+    *,
+    during: bool = False,
+    **extra: int,
 ) -> dict[str, float] | None:
     """Greedy held-out figures of ``side``'s model now (:class:`~trainer.evaluate.HeldOutEval`; ``during``:
     one of the evaluations every ``trainer.eval_every`` steps, on ``trainer.eval_during_episodes``
@@ -308,15 +391,27 @@ def evaluate_held_out(
     side.metrics.event("eval", **res, name=name, step=step)
     log.info(
         "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",
-        name, step, 100 * res["success"], res["reward"], res["turns"], res["tool_calls"], res["episodes"], res["seconds"],
+        name,
+        step,
+        100 * res["success"],
+        res["reward"],
+        res["turns"],
+        res["tool_calls"],
+        res["episodes"],
+        res["seconds"],
     )
     if by_group := res.get("by_group"):
-        log.info("held-out %s by group: %s", name, ", ".join(
-            f"{g} {100 * m['success']:.0f}% of {m['tasks']}" for g, m in by_group.items()))
+        log.info(
+            "held-out %s by group: %s",
+            name,
+            ", ".join(f"{g} {100 * m['success']:.0f}% of {m['tasks']}" for g, m in by_group.items()),
+        )
     return res
 
 
-def evaluate_kept(side: LearnerSide, checkpoint: Path, stopped_at: int, reason: str) -> dict[str, float] | None:
+def evaluate_kept(
+    side: LearnerSide, checkpoint: Path, stopped_at: int, reason: str
+) -> dict[str, float] | None:
     """A run stopped by a guard (a non-finite loss, the collapse guard) hands back its last good
     ``checkpoint``, not the weights it stopped with at step ``stopped_at``: those are loaded into
     ``side.model`` and evaluated as ``after_rl`` (the event's ``step`` is the checkpoint's,
@@ -325,13 +420,18 @@ def evaluate_kept(side: LearnerSide, checkpoint: Path, stopped_at: int, reason: 
     if side.held_out is None:
         return None
     step = int(checkpoint.name.removeprefix("step_"))
-    log.warning("the run stopped at step %d (%s); its result is the last good checkpoint %s: evaluating that",
-                stopped_at, reason, checkpoint)
+    log.warning(
+        "the run stopped at step %d (%s); its result is the last good checkpoint %s: evaluating that",
+        stopped_at,
+        reason,
+        checkpoint,
+    )
     load_weights(checkpoint, side.model)
     return evaluate_held_out(side, "after_rl", step, checkpoint_step=step)
 
 
 # =========================================================================== before RL
+
 
 def before_rl(
     cfg: TrainConfig, learner: LearnerSide, rollout: RolloutSide, state: TrainerState, run_dir: Path
@@ -346,7 +446,9 @@ def before_rl(
         evals["before"] = ev
     if cfg.warm_start.examples > 0:
         with warm_start_cores():  # supervised steps with nothing beside them
-            run_warm_start(cfg, learner.model, rollout.runner, rollout.demo_tasks, learner.metrics, state, run_dir)
+            run_warm_start(
+                cfg, learner.model, rollout.runner, rollout.demo_tasks, learner.metrics, state, run_dir
+            )
         release_freed_memory()
         if ev := evaluate_held_out(learner, "after_warm_start", 0):
             evals["after_warm_start"] = ev
@@ -355,6 +457,7 @@ def before_rl(
 
 
 # =========================================================================== the RL clock
+
 
 class RLClock:
     """Starts when RL starts; see the module docstring."""
@@ -387,6 +490,7 @@ class RLClock:
 
 # =========================================================================== the run's result
 
+
 @dataclass
 class TrainResult:
     """What one ``fr-agents train`` run did."""
@@ -401,10 +505,18 @@ class TrainResult:
     last_checkpoint: Path | None = None
 
     def summary(self) -> str:
-        lines = [f"run {self.run_dir}: {self.steps} steps, stopped: {self.stop_reason}, wall {self.wall_s:.0f}s (RL {self.rl_s:.0f}s)"]
+        lines = [
+            f"run {self.run_dir}: {self.steps} steps, stopped: {self.stop_reason}, wall {self.wall_s:.0f}s (RL {self.rl_s:.0f}s)"
+        ]
         for name, ev in self.evals.items():
-            per_episode = f", {ev['turns']:.1f} turns, {ev['tool_calls']:.1f} tool calls" if "turns" in ev else ""
-            kept = f", the last good checkpoint (step {ev['checkpoint_step']})" if "checkpoint_step" in ev else ""
+            per_episode = (
+                f", {ev['turns']:.1f} turns, {ev['tool_calls']:.1f} tool calls" if "turns" in ev else ""
+            )
+            kept = (
+                f", the last good checkpoint (step {ev['checkpoint_step']})"
+                if "checkpoint_step" in ev
+                else ""
+            )
             lines.append(
                 f"  held-out success {name}: {100 * ev['success']:.1f}% ({int(ev['episodes'])} tasks, "
                 f"reward {ev['reward']:.3f}{per_episode}{kept})"

@@ -86,7 +86,9 @@ class _Curves:
 class MetricsSink:
     """Fan one metrics row out to jsonl, TensorBoard, the PNG and the console."""
 
-    def __init__(self, run_dir: str | Path, *, plot_every: int = 100, log_every: int = 1, console: bool = True) -> None:
+    def __init__(
+        self, run_dir: str | Path, *, plot_every: int = 100, log_every: int = 1, console: bool = True
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)  # noqa: SIM115 - held for the run
@@ -169,7 +171,9 @@ class MetricsSink:
         if row.get("aborted"):  # grading could not happen: left out of the batch, not scored 0
             reasons = row.get("abort_reasons") or {}
             why = f": {', '.join(f'{r} {n}' for r, n in sorted(reasons.items()))}" if reasons else ""
-            parts.append(f"aborted {int(row['aborted'])} leaves{why}, {int(row.get('aborted_episodes', 0))} episodes lost")
+            parts.append(
+                f"aborted {int(row['aborted'])} leaves{why}, {int(row.get('aborted_episodes', 0))} episodes lost"
+            )
         return " | ".join(parts)
 
     def plot(self) -> Path | None:
@@ -216,9 +220,19 @@ class MetricsSink:
 
 # =========================================================================== step row
 
+
 def step_row(
-    step: int, version: int, stats: dict[str, float], rows: Sequence[LedgerRow], lags: list[int],
-    batch: TrainBatch | None, trees: BatchTrees, *, seconds: float, elapsed_s: float, sampled: int | None,
+    step: int,
+    version: int,
+    stats: dict[str, float],
+    rows: Sequence[LedgerRow],
+    lags: list[int],
+    batch: TrainBatch | None,
+    trees: BatchTrees,
+    *,
+    seconds: float,
+    elapsed_s: float,
+    sampled: int | None,
 ) -> dict[str, float]:
     """The row of the step that made ``version`` (``step``: steps done): the batch's mean env
     reward and tokens (from its ledger ``rows``), the learner's ``stats``, throughput over the
@@ -260,8 +274,17 @@ def tree_metrics(batch: TrainBatch | None, trees: BatchTrees) -> dict[str, float
     if trees.abort_reasons:
         aborted["abort_reasons"] = dict(trees.abort_reasons)  # type: ignore[assignment]
     if batch is None:  # nothing to train on: every episode aborted
-        return {"leaves_per_tree": 0.0, "leaves": 0.0, "samples": 0.0, "merged": 0.0, "pruned": 0.0,
-                "partial_scored": 0.0, "learner_reward": float("nan"), "sharing_ratio": 1.0, **aborted}
+        return {
+            "leaves_per_tree": 0.0,
+            "leaves": 0.0,
+            "samples": 0.0,
+            "merged": 0.0,
+            "pruned": 0.0,
+            "partial_scored": 0.0,
+            "learner_reward": float("nan"),
+            "sharing_ratio": 1.0,
+            **aborted,
+        }
     flat = flat_view(batch)
     logical = float(flat.lengths.sum())
     stored = float(batch.num_tokens) if isinstance(batch, PackedBatch) else logical

@@ -119,7 +119,6 @@ Tensor = torch.Tensor
 PROB_EPS = 1e-6
 
 
-
 # --------------------------------------------------------------------------- validation
 
 
@@ -278,18 +277,42 @@ def flashreinforce_loss(
         FloatingPointError: if the importance ratio of an admitted row overflows.
     """
     cfg = ObjectiveConfig(
-        delta=delta, negative_token_fraction=negative_token_fraction, negative_min_prob=negative_min_prob,
-        negative_min_prob_scope=negative_min_prob_scope, importance_sampling=importance_sampling, aggregation=aggregation,
+        delta=delta,
+        negative_token_fraction=negative_token_fraction,
+        negative_min_prob=negative_min_prob,
+        negative_min_prob_scope=negative_min_prob_scope,
+        importance_sampling=importance_sampling,
+        aggregation=aggregation,
     )
     cfg.check()
-    return _flashreinforce(cfg, log_probs, behavior_log_probs, rewards, action_mask, entropies=entropies, failures=failures,
-                           advantages=advantages, num_rows=num_rows, num_tokens=num_tokens, weights=weights)
+    return _flashreinforce(
+        cfg,
+        log_probs,
+        behavior_log_probs,
+        rewards,
+        action_mask,
+        entropies=entropies,
+        failures=failures,
+        advantages=advantages,
+        num_rows=num_rows,
+        num_tokens=num_tokens,
+        weights=weights,
+    )
 
 
 def _flashreinforce(
-    cfg: ObjectiveConfig, log_probs: Tensor, behavior_log_probs: Tensor, rewards: Tensor, action_mask: Tensor, *,
-    entropies: Tensor | None, failures: Tensor | None, advantages: Tensor | None, num_rows: float | None,
-    num_tokens: float | None, weights: Tensor | None,
+    cfg: ObjectiveConfig,
+    log_probs: Tensor,
+    behavior_log_probs: Tensor,
+    rewards: Tensor,
+    action_mask: Tensor,
+    *,
+    entropies: Tensor | None,
+    failures: Tensor | None,
+    advantages: Tensor | None,
+    num_rows: float | None,
+    num_tokens: float | None,
+    weights: Tensor | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`flashreinforce_loss` under ``cfg``, whose switches were checked once
     (:meth:`~fr_agents.objective_config.ObjectiveConfig.check`: by :func:`flashreinforce_loss`, or
@@ -343,7 +366,9 @@ def _flashreinforce(
             if filtering
             else mask
         )
-        if negative_min_prob > 0:  # unlikely tokens of rows pushed down (and, suffix, what follows): no gradient
+        if (
+            negative_min_prob > 0
+        ):  # unlikely tokens of rows pushed down (and, suffix, what follows): no gradient
             cut = beh < math.log(negative_min_prob)  # keep is already within the policy tokens
             if negative_min_prob_scope == "suffix":
                 cut = cut.cumsum(dim=1) > 0
@@ -462,21 +487,50 @@ def grpo_loss(
 
 
 def objective_loss(
-    cfg: ObjectiveConfig, log_probs: Tensor, behavior_log_probs: Tensor, rewards: Tensor, action_mask: Tensor, *,
-    advantages: Tensor, num_rows: float, num_tokens: float, entropies: Tensor | None = None,
-    failures: Tensor | None = None, weights: Tensor | None = None,
+    cfg: ObjectiveConfig,
+    log_probs: Tensor,
+    behavior_log_probs: Tensor,
+    rewards: Tensor,
+    action_mask: Tensor,
+    *,
+    advantages: Tensor,
+    num_rows: float,
+    num_tokens: float,
+    entropies: Tensor | None = None,
+    failures: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss ``cfg`` names, on one micro-batch of rows: :func:`flashreinforce_loss` with the
     config's switches, or :func:`grpo_loss` (``cfg.algo == "grpo"``). ``advantages``, ``num_rows``
     and ``num_tokens`` are the full batch's (module docstring, micro-batching)."""
     if cfg.algo == "grpo":
-        return grpo_loss(log_probs, behavior_log_probs, rewards, action_mask, clip_eps=cfg.grpo_clip,
-                         advantages=advantages, num_tokens=num_tokens, weights=weights)
-    return _flashreinforce(cfg, log_probs, behavior_log_probs, rewards, action_mask, entropies=entropies, failures=failures,
-                           advantages=advantages, num_rows=num_rows, num_tokens=num_tokens, weights=weights)
+        return grpo_loss(
+            log_probs,
+            behavior_log_probs,
+            rewards,
+            action_mask,
+            clip_eps=cfg.grpo_clip,
+            advantages=advantages,
+            num_tokens=num_tokens,
+            weights=weights,
+        )
+    return _flashreinforce(
+        cfg,
+        log_probs,
+        behavior_log_probs,
+        rewards,
+        action_mask,
+        entropies=entropies,
+        failures=failures,
+        advantages=advantages,
+        num_rows=num_rows,
+        num_tokens=num_tokens,
+        weights=weights,
+    )
 
 
 # =========================================================================== advantages
+
 
 def check_tensor(name: str, t: object, *, shape: tuple[int, ...], device: torch.device, kind: str) -> None:
     """Refuse ``t`` unless it is a tensor of ``shape`` on ``device`` of ``kind`` ("float" or "bool"), naming ``name``."""
@@ -506,7 +560,6 @@ def weighted_mean(values: Tensor, weights: Tensor | None) -> Tensor:
     return (w * values).sum() / w.sum()
 
 
-
 def centered_advantages(rewards: Tensor, weights: Tensor | None = None) -> Tensor:
     """``A_i = R_i - mean(R)`` over the whole batch (weighted by ``weights``, the sampled leaves
     each row stands for, when given), detached."""
@@ -516,7 +569,9 @@ def centered_advantages(rewards: Tensor, weights: Tensor | None = None) -> Tenso
     return (r - weighted_mean(r, weights)).detach()
 
 
-def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]], weights: Tensor | None = None) -> Tensor:
+def tree_advantages(
+    rewards: Tensor, branch_rows: Sequence[Sequence[int]], weights: Tensor | None = None
+) -> Tensor:
     """The tree baseline's advantages (module docstring), detached.
 
     ``branch_rows[i]`` lists the rows that pass through row ``i``'s branching node (``S(i)``,
@@ -538,7 +593,10 @@ def tree_advantages(rewards: Tensor, branch_rows: Sequence[Sequence[int]], weigh
 
 
 def node_value_advantages(
-    rewards: Tensor, spans: Sequence[Sequence[tuple[int, int, int]]], width: int, weights: Tensor | None = None
+    rewards: Tensor,
+    spans: Sequence[Sequence[tuple[int, int, int]]],
+    width: int,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """The nodes baseline's per-token advantages ``[B, width]`` (module docstring), detached.
 
@@ -548,7 +606,9 @@ def node_value_advantages(
     r = rewards.detach()
     b = r.shape[0]
     if len(spans) != b or any(not row for row in spans):
-        raise ValueError(f"node_spans: baseline=nodes needs each of the {b} rows' path spans (build the batch from the tree)")
+        raise ValueError(
+            f"node_spans: baseline=nodes needs each of the {b} rows' path spans (build the batch from the tree)"
+        )
     if weights is not None:
         validate_weights(weights, b, r.device)
     w = [1.0] * b if weights is None else weights.tolist()
@@ -570,7 +630,7 @@ def node_value_advantages(
         for node, start, end in row:
             if above is not None and rows[node] < above:
                 ref = prev  # the node above had more rows: this node is one branch of it
-            out[i, start:min(end, width)] = value[node] - ref
+            out[i, start : min(end, width)] = value[node] - ref
             prev, above = value[node], rows[node]
     return out.detach()
 
@@ -631,7 +691,9 @@ def batch_advantages(
         if cfg.baseline == "tree":
             groups = list(branch_rows or [])
             if len(groups) != r.shape[0]:
-                raise ValueError("branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)")
+                raise ValueError(
+                    "branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)"
+                )
             return tree_advantages(r, groups, weights)
         if cfg.baseline == "nodes":
             return node_value_advantages(r, list(node_spans or []), width, weights)
@@ -643,5 +705,6 @@ def batch_advantages(
         raise ValueError(
             f"root_ids: missing, and grpo_group_size={cfg.grpo_group_size} does not divide the batch of {r.shape[0]} rows"
         )
-    return group_normalized_advantages(r, torch.arange(r.shape[0], device=r.device) // cfg.grpo_group_size,
-                                       weights=weights)
+    return group_normalized_advantages(
+        r, torch.arange(r.shape[0], device=r.device) // cfg.grpo_group_size, weights=weights
+    )

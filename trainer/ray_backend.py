@@ -142,7 +142,9 @@ class LearnerCore:
         """Version ``version``'s weights (CPU), while a batch may still sample with it."""
         w = self.trainer.board.get(version)
         if w is None:
-            raise KeyError(f"policy version {version} is no longer kept (current {self.trainer.learner.version})")
+            raise KeyError(
+                f"policy version {version} is no longer kept (current {self.trainer.learner.version})"
+            )
         return w
 
     def step(self, k: int) -> tuple[dict[str, Any], str | None, dict[str, torch.Tensor] | None, bool]:
@@ -176,14 +178,18 @@ class RolloutCore:
         self.side = build_rollout_side(cfg, run_dir)
         self.batches = BatchLoop.of_side(self.side)  # the whole share at once
 
-    def run(self, episodes: list[int], k: int, weights: dict[str, torch.Tensor], version: int) -> list[tuple[int, float, int]]:
+    def run(
+        self, episodes: list[int], k: int, weights: dict[str, torch.Tensor], version: int
+    ) -> list[tuple[int, float, int]]:
         """Run this worker's share ``episodes`` of batch ``k`` with ``weights`` (version ``version``);
         returns ``(episode, reward, policy tokens)`` of those it ran (acknowledged ones are skipped)."""
         ran = asyncio.run(self.batches.run(k, weights, version, episodes=set(episodes)))
         return [(spec.episode, out.reward, out.policy_tokens) for spec, out in ran]
 
 
-def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, num_cpus: int | None = None) -> TrainResult:
+def run_training_ray(
+    cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, num_cpus: int | None = None
+) -> TrainResult:
     """Train ``cfg`` with Ray actors; connects to ``RAY_ADDRESS`` (after ``ray start``) or starts a local Ray."""
     from trainer.preflight import warn_recipe
     from trainer.schedule import EpisodeSchedule
@@ -217,8 +223,13 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
     # the driver only needs the schedule's shape; task count comes from the learner's split
     num_tasks = ray.get(learner.num_tasks.remote())
     schedule = EpisodeSchedule(
-        num_tasks=num_tasks, batch_size=cfg.trainer.batch_size, group_size=group, leaves_per_episode=leaves_per_tree(cfg),
-        max_policy_lag=cfg.rollout.max_policy_lag, seed=cfg.trainer.seed, task_seed=cfg.tasks.seed,
+        num_tasks=num_tasks,
+        batch_size=cfg.trainer.batch_size,
+        group_size=group,
+        leaves_per_episode=leaves_per_tree(cfg),
+        max_policy_lag=cfg.rollout.max_policy_lag,
+        seed=cfg.trainer.seed,
+        task_seed=cfg.tasks.seed,
     )
     steps, lag = cfg.trainer.steps, cfg.rollout.max_policy_lag
     # the versions the next batches sample with (after a resume, older ones come from the checkpoint)
@@ -267,6 +278,12 @@ def run_training_ray(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fa
         if started_ray:
             ray.shutdown()
     return TrainResult(
-        ok=ok, run_dir=run_dir, steps=done, stop_reason=stop, wall_s=time.perf_counter() - t0,
-        rl_s=rl_s, evals=evals, last_checkpoint=Path(ckpt) if ckpt else None,
+        ok=ok,
+        run_dir=run_dir,
+        steps=done,
+        stop_reason=stop,
+        wall_s=time.perf_counter() - t0,
+        rl_s=rl_s,
+        evals=evals,
+        last_checkpoint=Path(ckpt) if ckpt else None,
     )

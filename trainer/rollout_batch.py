@@ -52,7 +52,9 @@ class BatchLoop:
     on_episode_done: Callable[[EpisodeOutcome], None] | None = None
     stopped: Callable[[], bool] = lambda: False
     version: int | None = field(default=None, init=False)  # the version the engine holds
-    _unrecorded: list[tuple[EpisodeSpec, EpisodeOutcome]] = field(default_factory=list, init=False)  # this loop turn's
+    _unrecorded: list[tuple[EpisodeSpec, EpisodeOutcome]] = field(
+        default_factory=list, init=False
+    )  # this loop turn's
     _record_error: BaseException | None = field(default=None, init=False)
 
     @classmethod
@@ -67,12 +69,22 @@ class BatchLoop:
         """The batch loop of a rollout side (:func:`trainer.parts.build_rollout_side`): its
         schedule, its ledger and its episode runner."""
         return cls(
-            schedule=side.schedule, ledger=side.ledger, set_weights=side.runner.set_weights,
-            run_episode=side.runner.run, concurrency=concurrency, on_episode_done=on_episode_done, stopped=stopped,
+            schedule=side.schedule,
+            ledger=side.ledger,
+            set_weights=side.runner.set_weights,
+            run_episode=side.runner.run,
+            concurrency=concurrency,
+            on_episode_done=on_episode_done,
+            stopped=stopped,
         )
 
     async def run(
-        self, k: int, weights: dict[str, torch.Tensor], version: int, *, episodes: Collection[int] | None = None
+        self,
+        k: int,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        *,
+        episodes: Collection[int] | None = None,
     ) -> list[tuple[EpisodeSpec, EpisodeOutcome]]:
         """Run batch ``k`` (only ``episodes`` of it, when given: a Ray worker's share) with
         ``weights`` of ``version``; returns the episodes it ran, in the schedule's order."""

@@ -137,8 +137,12 @@ def _child_main(
             else:
                 send("error", "".join(traceback.format_exception(rollout.error)))
 
-        batches = BatchLoop.of_side(side, concurrency=max(1, cfg.rollout.concurrency), stopped=lambda: board.stopped)
-        rollout = RolloutThread(batches=batches, first_batch=first_batch, last_batch=last_batch, board=board, on_batch_done=done)
+        batches = BatchLoop.of_side(
+            side, concurrency=max(1, cfg.rollout.concurrency), stopped=lambda: board.stopped
+        )
+        rollout = RolloutThread(
+            batches=batches, first_batch=first_batch, last_batch=last_batch, board=board, on_batch_done=done
+        )
         with freeze_gc(cfg):
             rollout.run()  # this process's main thread runs the loop; errors are sent by done(-1)
     except BaseException as e:  # noqa: BLE001 - building the side failed: tell the learner
@@ -219,7 +223,9 @@ class RolloutProcess:
         if self.error is not None:
             raise self.error
         if self._exited.is_set():
-            raise RolloutProcessError(f"the rollout process ended (exit code {self._proc.exitcode}) while starting")
+            raise RolloutProcessError(
+                f"the rollout process ended (exit code {self._proc.exitcode}) while starting"
+            )
 
     def begin(self, first_batch: int) -> None:
         """Start rolling out at batch ``first_batch``; from now on the board's versions are sent.

@@ -71,9 +71,18 @@ class RolloutThread(threading.Thread):
         """Start a thread that rolls out ``side``'s batches beside the learner (``trainer.backend=local``),
         at most ``concurrency`` episodes at once, until ``board`` stops."""
         batches = BatchLoop.of_side(
-            side, concurrency=max(1, concurrency), on_episode_done=on_episode_done, stopped=lambda: board.stopped
+            side,
+            concurrency=max(1, concurrency),
+            on_episode_done=on_episode_done,
+            stopped=lambda: board.stopped,
         )
-        thread = cls(batches=batches, first_batch=first_batch, last_batch=last_batch, board=board, on_batch_done=on_batch_done)
+        thread = cls(
+            batches=batches,
+            first_batch=first_batch,
+            last_batch=last_batch,
+            board=board,
+            on_batch_done=on_batch_done,
+        )
         thread.start()
         return thread
 
@@ -98,6 +107,7 @@ class RolloutThread(threading.Thread):
 
 
 # =========================================================================== ready batches
+
 
 class Rollout(Protocol):
     """What the learner sees of a running rollout (:class:`~trainer.rollout_thread.RolloutThread`,

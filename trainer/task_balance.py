@@ -41,8 +41,11 @@ def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Sequence[Task]) -> tuple[li
     if by_length:
         logging.getLogger(__name__).info(
             "answer lengths (length: tasks): demos %s (warm_start.balance=%s), RL prompts %s (tasks.balance=%s)",
-            dict(sorted(Counter(keys[i] for i in picked).items())), cfg.warm_start.balance,
-            dict(sorted(Counter(keys[i] for i in rest).items())), cfg.tasks.balance)
+            dict(sorted(Counter(keys[i] for i in picked).items())),
+            cfg.warm_start.balance,
+            dict(sorted(Counter(keys[i] for i in rest).items())),
+            cfg.tasks.balance,
+        )
     demos = [train_tasks[i] for i in picked]
     rl = [train_tasks[i] for i in rest] or list(train_tasks)
     return demos, rl

@@ -48,7 +48,9 @@ def load_run_config(
         preset = None
     if env is not None:
         if preset or resume:
-            raise ConfigError("--env: give either --env MODULE:ID, a preset or --resume RUN_DIR, not two of them")
+            raise ConfigError(
+                "--env: give either --env MODULE:ID, a preset or --resume RUN_DIR, not two of them"
+            )
         if not env.strip():
             raise ConfigError("--env: expected a gymnasium id such as mypkg.envs:me/Guess-v0")
         return load_config(ENV_PRESET, [f"env.id={env}", *overrides])

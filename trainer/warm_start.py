@@ -171,7 +171,11 @@ def _demo_loss_backward(
     At most :data:`SFT_CHUNK_TOKENS` padded tokens in one forward: a batch over that is split into
     groups of demos whose gradients add up to the whole batch's (each group's summed loss over the
     batch's count of loss tokens), the logits taken at the loss positions only."""
-    cast = (lambda: torch.autocast(device.type, dtype=getattr(torch, autocast))) if autocast else contextlib.nullcontext
+    cast = (
+        (lambda: torch.autocast(device.type, dtype=getattr(torch, autocast)))
+        if autocast
+        else contextlib.nullcontext
+    )
     ids, attn, labels = (t.to(device) for t in _collate(chunk, pad_id))
     if ids.numel() <= SFT_CHUNK_TOKENS:
         with cast():
@@ -183,7 +187,9 @@ def _demo_loss_backward(
         loss.backward()
         return loss.detach()
     rows = [_as_span_demo(d) for d in chunk]
-    count = sum(e - s - (1 if s == 0 else 0) for r in rows for s, e in r.spans)  # targets have a token before them
+    count = sum(
+        e - s - (1 if s == 0 else 0) for r in rows for s, e in r.spans
+    )  # targets have a token before them
     total = torch.zeros((), device=device)
     groups: list[list[Demo]] = [[]]
     for demo, row in zip(chunk, rows, strict=True):
@@ -207,6 +213,7 @@ def _demo_loss_backward(
 WARMUP_SHARE = 0.05
 """The share of the warm start's steps over which ``schedule=cosine`` warms its rate up."""
 
+
 def lr_factor(schedule: str, step: int, total: int) -> float:
     """The learning-rate multiplier at ``step`` of ``total`` (see :func:`warm_start`; the
     schedules are ``fr_agents.config.WARM_START_SCHEDULES``)."""
@@ -221,7 +228,9 @@ def lr_factor(schedule: str, step: int, total: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done)))
 
 
-def expert_demos(cfg: TrainConfig, runner: EpisodeRunner, demo_tasks: Sequence[dict[str, Any]], store: str | Path) -> list[SpanDemo]:
+def expert_demos(
+    cfg: TrainConfig, runner: EpisodeRunner, demo_tasks: Sequence[dict[str, Any]], store: str | Path
+) -> list[SpanDemo]:
     """Play ``demo_tasks`` with the env's scripted expert through the real env (``runner.make_env``,
     the rollout's options and chat template) into the store at ``store``; one :class:`SpanDemo` per
     episode the expert won, its loss spans the leaf's ``demo_spans``.
@@ -243,19 +252,34 @@ def expert_demos(cfg: TrainConfig, runner: EpisodeRunner, demo_tasks: Sequence[d
     once = dataclasses.replace(runner.options, branch_factor=1, branch_at=(), tree_budget_tokens=0)
     with TrajectoryTree.open(store) as tree:
         results = run_episodes_sync(
-            runner.make_env, None, runner.tokenizer, tree, len(tasks), once,
-            concurrency=max(1, cfg.rollout.concurrency), seeds=seeds, tasks=tasks, actor=expert_actor,
+            runner.make_env,
+            None,
+            runner.tokenizer,
+            tree,
+            len(tasks),
+            once,
+            concurrency=max(1, cfg.rollout.concurrency),
+            seeds=seeds,
+            tasks=tasks,
+            actor=expert_actor,
         )
-        won = [leaf.leaf_id for r in results for leaf in r.leaves if leaf.reward > 0 and leaf.status != "aborted"]
+        won = [
+            leaf.leaf_id for r in results for leaf in r.leaves if leaf.reward > 0 and leaf.status != "aborted"
+        ]
         trajectories = tree.trajectories(won)
-    demos = [SpanDemo(list(t.token_ids), [(int(a), int(b)) for a, b in t.info.get("demo_spans", [])]) for t in trajectories]
+    demos = [
+        SpanDemo(list(t.token_ids), [(int(a), int(b)) for a, b in t.info.get("demo_spans", [])])
+        for t in trajectories
+    ]
     longest = max((b - a for d in demos for a, b in d.spans), default=0)
     if longest > cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"rollout.max_new_tokens: an expert reply is {longest} tokens (end of turn included), the policy may "
             f"sample only {cfg.rollout.max_new_tokens}; raise it to at least {longest}"
         )
-    log.info("warm start: the expert won %d of %d demo episodes (stored in %s)", len(demos), len(tasks), store)
+    log.info(
+        "warm start: the expert won %d of %d demo episodes (stored in %s)", len(demos), len(tasks), store
+    )
     return demos
 
 
@@ -279,7 +303,9 @@ def run_warm_start(
             raise ValueError("run_dir: expert demos are stored in the run directory")
         demos: list[Demo] = list(expert_demos(cfg, runner, demo_tasks, Path(run_dir) / DEMO_STORE))
     else:
-        demos = list(build_demos(demo_tasks, encode_prompt=runner.encode_task, encode_answer=runner.encode_answer))
+        demos = list(
+            build_demos(demo_tasks, encode_prompt=runner.encode_task, encode_answer=runner.encode_answer)
+        )
     collect_s = time.perf_counter() - collect_started
     res = warm_start(
         model,
@@ -295,10 +321,25 @@ def run_warm_start(
     )
     model.train()
     threads = torch.get_num_threads()
-    state.warm_start["result"] = {"examples": res.examples, "steps": res.steps, "loss": res.final_loss, "seconds": res.seconds,
-                                  "demos": ws.demos, "collect_seconds": collect_s, "threads": threads}
-    metrics.event("warm_start", examples=res.examples, steps=res.steps, loss=res.final_loss, seconds=res.seconds,
-                  demos=ws.demos, collect_seconds=collect_s, threads=threads)
+    state.warm_start["result"] = {
+        "examples": res.examples,
+        "steps": res.steps,
+        "loss": res.final_loss,
+        "seconds": res.seconds,
+        "demos": ws.demos,
+        "collect_seconds": collect_s,
+        "threads": threads,
+    }
+    metrics.event(
+        "warm_start",
+        examples=res.examples,
+        steps=res.steps,
+        loss=res.final_loss,
+        seconds=res.seconds,
+        demos=ws.demos,
+        collect_seconds=collect_s,
+        threads=threads,
+    )
 
 
 def warm_start_score(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
@@ -322,8 +363,15 @@ def warm_start_score(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     state = TrainerState()
     try:
         with warm_start_cores():
-            run_warm_start(cfg, learner_side.model, rollout_side.runner, rollout_side.demo_tasks,
-                           learner_side.metrics, state, run_dir)
+            run_warm_start(
+                cfg,
+                learner_side.model,
+                rollout_side.runner,
+                rollout_side.demo_tasks,
+                learner_side.metrics,
+                state,
+                run_dir,
+            )
         release_freed_memory()  # as fr-agents train does before its evaluation
         figures = learner_side.held_out.run("after_warm_start", 0, learner_side.model, learner_side.tokenizer)
     finally:

@@ -69,7 +69,11 @@ class WeightBoard:
         self.stopped = False
 
     def publish(
-        self, version: int, weights: torch.nn.Module | dict[str, torch.Tensor] | FlatWeights, *, copy: bool = True
+        self,
+        version: int,
+        weights: torch.nn.Module | dict[str, torch.Tensor] | FlatWeights,
+        *,
+        copy: bool = True,
     ) -> None:
         """Hold ``version``: a model's or a state dict's CPU copy (one :class:`FlatWeights`), or with
         ``copy=False`` the given CPU tensors (a state dict or a :class:`FlatWeights`) themselves, for
@@ -125,7 +129,9 @@ class WeightBoard:
             self._cond.notify_all()
         self._tell("stop", None, None)
 
-    def _tell(self, event: str, version: int | None, weights: FlatWeights | dict[str, torch.Tensor] | None) -> None:
+    def _tell(
+        self, event: str, version: int | None, weights: FlatWeights | dict[str, torch.Tensor] | None
+    ) -> None:
         with self._cond:
             listeners = list(self._listeners)
         for fn in listeners:

@@ -221,8 +221,12 @@ class EngineWorkers:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         self._procs = [
-            subprocess.Popen([sys.executable, "-m", "envs.alfworld.engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             cwd=str(Path(__file__).resolve().parents[2]))
+            subprocess.Popen(
+                [sys.executable, "-m", "envs.alfworld.engine"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=str(Path(__file__).resolve().parents[2]),
+            )
             for _ in range(n)
         ]
         self._locks = [threading.Lock() for _ in range(n)]
@@ -382,7 +386,6 @@ def make_textworld_env(facts: bool = False, workers: int = 0) -> TextWorldEngine
     this process, or with ``workers`` > 0 a :class:`RemoteEngine` in one of this process's
     :func:`engine_workers`."""
     return engine_workers(workers).new_engine(facts) if workers > 0 else TextWorldEngine(facts)
-
 
 
 def pddl_env(tw_env: Any) -> Any:

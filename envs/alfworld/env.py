@@ -42,7 +42,9 @@ INVALID_HINT = (
     "(That is not an admissible command here. Reply with exactly one command from the admissible "
     "list, e.g. 'look', 'inventory' or 'go to <receptacle>'.)"
 )
-INVALID_HINT_UNLISTED = "(That is not a valid command here.)"  # list_admissible=False: there is no list to point at
+INVALID_HINT_UNLISTED = (
+    "(That is not a valid command here.)"  # list_admissible=False: there is no list to point at
+)
 FORMAT_HINT = "Reply with one command inside <action>...</action>."
 
 
@@ -79,7 +81,10 @@ class ALFWorldEnv(TextEnv):
         render_mode: ``"ansi"`` returns the transcript from ``render()``.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}  # one transcript per turn; gymnasium's checker asks for a rate
+    metadata = {
+        "render_modes": ["ansi"],
+        "render_fps": 1,
+    }  # one transcript per turn; gymnasium's checker asks for a rate
 
     def __init__(
         self,
@@ -141,7 +146,9 @@ class ALFWorldEnv(TextEnv):
         if game is None and isinstance(options.get("task"), dict):  # a task-source Task (training)
             game = options["task"].get("metadata", {}).get("game")
             if game is None:
-                raise ValueError("options['task']: an ALFWorld task needs metadata.game (a game.tw-pddl path)")
+                raise ValueError(
+                    "options['task']: an ALFWorld task needs metadata.game (a game.tw-pddl path)"
+                )
         if game is None:
             game = self.games[int(self.np_random.integers(len(self.games)))]
         elif isinstance(game, int):
@@ -162,7 +169,9 @@ class ALFWorldEnv(TextEnv):
         self._traj = json.loads((Path(game_file).parent / "traj_data.json").read_text())
         if self._loaded != game_file:  # load() translates the PDDL; a replay of the same game skips it
             self._release_engine()
-            self._tw = ENGINE_POOL.take(game_file, self.engine_workers)  # an ended episode left it holding this game
+            self._tw = ENGINE_POOL.take(
+                game_file, self.engine_workers
+            )  # an ended episode left it holding this game
             if self._tw is None:
                 self._tw = make_textworld_env(workers=self.engine_workers)
                 self._tw.load(game_file)
@@ -204,7 +213,11 @@ class ALFWorldEnv(TextEnv):
     def _info(self, invalid: bool) -> dict[str, Any]:
         won = bool(self._state["won"])
         score = partial_score(
-            self._traj["task_type"], self._traj["pddl_params"], self._state["_facts"], won, self._initial_facts
+            self._traj["task_type"],
+            self._traj["pddl_params"],
+            self._state["_facts"],
+            won,
+            self._initial_facts,
         )
         return {
             "won": won,
@@ -256,7 +269,7 @@ class ALFWorldEnv(TextEnv):
         elif self._walkthrough[:n] == self._actions and n < len(self._walkthrough):
             return self._walkthrough[n]
         k = n - self._plan_at
-        if not (self._plan and 0 <= k < len(self._plan) and self._actions[self._plan_at:] == self._plan[:k]):
+        if not (self._plan and 0 <= k < len(self._plan) and self._actions[self._plan_at :] == self._plan[:k]):
             self._plan, self._plan_at, k = plan(self._tw), n, 0
         return self._plan[k] if k < len(self._plan) else "look"
 

@@ -33,7 +33,9 @@ def room_receptacles(first_observation: str) -> list[str]:
     return [re.sub(r"^an? ", "", item.strip()) for item in items if item.strip()]
 
 
-def search_step(traj: dict, first_observation: str, transcript: list[tuple[str, str]], actions: list[str]) -> str | None:
+def search_step(
+    traj: dict, first_observation: str, transcript: list[tuple[str, str]], actions: list[str]
+) -> str | None:
     """The searching expert's next command while the task's object has not been seen, else None.
 
     It knows what a person in the room knows: the receptacles in view (the first observation) and
@@ -93,7 +95,9 @@ def has_expert(env: Any) -> bool:
     return hasattr(getattr(env, "unwrapped", env), "expert_action")
 
 
-def after_search(target: str, walkthrough: list[str], last_observation: str, actions: list[str]) -> list[str] | None:
+def after_search(
+    target: str, walkthrough: list[str], last_observation: str, actions: list[str]
+) -> list[str] | None:
     """The rest of the task once the search has found an object of type ``target`` in view: take
     the instance the last observation names, then the stored walkthrough after its own take, with
     that instance's name in place of the walkthrough's (the tool and goal receptacles stay the
@@ -122,7 +126,7 @@ def after_search(target: str, walkthrough: list[str], last_observation: str, act
         if placed is None:
             return None
         rest += rename(walkthrough[j + 1 : placed + 1], first, ours)  # to the goal, put it there
-        rest += walkthrough[:j + 1]  # to where the walkthrough takes the first one, take it
+        rest += walkthrough[: j + 1]  # to where the walkthrough takes the first one, take it
         rest += rename(walkthrough[k + 1 :], second, first)  # to the goal again, put it there
     else:
         rest += rename(walkthrough[takes[0] + 1 :], first, ours)

@@ -61,7 +61,9 @@ class GameRecord:
 def _rng(seed: int, split: str, index: int, attempt: int) -> random.Random:
     """The random stream of one attempt at one game (see the module docstring)."""
     return random.Random(
-        stable_seed("alfworld", seed, split, index, attempt, sep="|", bits=64, algorithm="sha256", byteorder="big")
+        stable_seed(
+            "alfworld", seed, split, index, attempt, sep="|", bits=64, algorithm="sha256", byteorder="big"
+        )
     )
 
 

@@ -103,7 +103,19 @@ def fetch_sdist(pin: str, cache_dir: Path) -> Path:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     log.info("downloading the sdist of %s", pin)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q", pin, "-d", str(folder)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-binary",
+        ":all:",
+        "--no-deps",
+        "-q",
+        pin,
+        "-d",
+        str(folder),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     found = sorted(folder.glob("*.tar.gz")) + sorted(folder.glob("*.zip"))
     if r.returncode != 0 or not found:
@@ -132,7 +144,9 @@ def materialize(spec: RepoSpec, cache_dir: Path, dest: Path) -> None:
             root = Path(tmp) / tops[0] if len(tops) == 1 else Path(tmp)
             for path in sorted(root.rglob("*")):
                 rel = path.relative_to(root)
-                if path.is_file() and not any(p.endswith(".egg-info") or p == "__pycache__" for p in rel.parts):
+                if path.is_file() and not any(
+                    p.endswith(".egg-info") or p == "__pycache__" for p in rel.parts
+                ):
                     (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(path, dest / rel)
     else:
@@ -166,7 +180,9 @@ class TestRunner:
             timeout=60,
         ).stdout.strip()
 
-    def run(self, repo: Path, files: list[str], key: str, timeout: float, trace: list[str] | None = None) -> dict | None:
+    def run(
+        self, repo: Path, files: list[str], key: str, timeout: float, trace: list[str] | None = None
+    ) -> dict | None:
         """The report of ``pytest files`` in ``repo`` (None when pytest hung or wrote nothing)."""
         digest = hashlib.sha256(f"{self.ident}|{key}|{files}|{trace}".encode()).hexdigest()
         cached = self.runs_dir / f"{digest}.json"
@@ -208,7 +224,10 @@ def hide_tests(source: str, qualnames: set[tuple[str, ...]]) -> str | None:
         """Cut matching defs from ``body``; True when every statement of ``body`` was cut."""
         removed = 0
         for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and prefix + (node.name,) in qualnames:
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and prefix + (node.name,) in qualnames
+            ):
                 first = min([d.lineno for d in node.decorator_list] + [node.lineno])
                 cut.append((first, node.end_lineno or node.lineno, None))
                 found.add(prefix + (node.name,))
@@ -283,7 +302,14 @@ class _Accepted:
 
 
 def _evaluate(
-    spec: RepoSpec, runner: TestRunner, repo: Path, base_key: str, src: str, original: str, m: Mutation, passing: set[str]
+    spec: RepoSpec,
+    runner: TestRunner,
+    repo: Path,
+    base_key: str,
+    src: str,
+    original: str,
+    m: Mutation,
+    passing: set[str],
 ) -> _Accepted | None:
     mutated = m.apply(original)
     (repo / src).write_text(mutated)
@@ -304,7 +330,9 @@ def _evaluate(
     return _Accepted(src, m, f2p, p2p, report)
 
 
-def build_repo(spec: RepoSpec, seed: int, cache_dir: Path, runner: TestRunner, workers: int, out_repos: Path) -> list[RepoTask]:
+def build_repo(
+    spec: RepoSpec, seed: int, cache_dir: Path, runner: TestRunner, workers: int, out_repos: Path
+) -> list[RepoTask]:
     """Tasks for one repository (see the module docstring)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"fr_build_{spec.name}_") as tmp:
@@ -328,10 +356,14 @@ def build_repo(spec: RepoSpec, seed: int, cache_dir: Path, runner: TestRunner, w
         random.Random(f"{seed}:{spec.name}").shuffle(candidates)
         # Bugs on lines the tests execute, in functions the tests name, are far more often caught:
         # try those first (a stable sort keeps the seeded order inside each group).
-        traced = runner.run(work, spec.test_files, f"{upstream}|trace", spec.test_timeout_s * 4, sorted(spec.targets))
+        traced = runner.run(
+            work, spec.test_files, f"{upstream}|trace", spec.test_timeout_s * 4, sorted(spec.targets)
+        )
         executed = {k: set(v) for k, v in ((traced or {}).get("<lines>") or {}).get("files", {}).items()}
         test_text = "\n".join((work / t).read_text(errors="replace") for t in spec.test_files)
-        named = {fn for fn in {m.function for _, m in candidates} if re.search(rf"\b{re.escape(fn)}\b", test_text)}
+        named = {
+            fn for fn in {m.function for _, m in candidates} if re.search(rf"\b{re.escape(fn)}\b", test_text)
+        }
 
         def ran(src: str, m: Mutation) -> bool:
             return any(ln in executed.get(src, ()) for ln in range(m.line - 2, m.line + 1))
@@ -374,9 +406,7 @@ def build_repo(spec: RepoSpec, seed: int, cache_dir: Path, runner: TestRunner, w
         if dest.exists():
             shutil.rmtree(dest)
         git(tmp, "clone", "-q", "--mirror", "--no-local", str(work), str(dest))
-    log.info(
-        "%s: %d tasks from %d candidates in %.1fs", spec.name, len(tasks), tried, time.monotonic() - t0
-    )
+    log.info("%s: %d tasks from %d candidates in %.1fs", spec.name, len(tasks), tried, time.monotonic() - t0)
     return tasks
 
 
@@ -419,8 +449,13 @@ def _make_task(spec: RepoSpec, work: Path, upstream: str, acc: _Accepted, origin
         visible_test_files=spec.test_files,
         version=spec.source.partition("==")[2] or "seed",
         environment_setup_commit=upstream,
-        mutation={"kind": acc.mutation.kind, "file": acc.src, "line": acc.mutation.line,
-                  "function": acc.mutation.function, "note": acc.mutation.note},
+        mutation={
+            "kind": acc.mutation.kind,
+            "file": acc.src,
+            "line": acc.mutation.line,
+            "function": acc.mutation.function,
+            "note": acc.mutation.note,
+        },
     )
 
 
@@ -478,5 +513,7 @@ def build_tasks(
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t.repo] = counts.get(t.repo, 0) + 1
-    manifest.write_text(json.dumps({"key": key, "seed": seed, "tasks": len(tasks), "per_repo": counts}, indent=1))
+    manifest.write_text(
+        json.dumps({"key": key, "seed": seed, "tasks": len(tasks), "per_repo": counts}, indent=1)
+    )
     return load_tasks(out)

@@ -124,7 +124,9 @@ class RepoCodingEnv(TextEnv):
             return self.tasks[int(options["index"]) % len(self.tasks)]
         return self.tasks[int(self.np_random.integers(len(self.tasks)))]
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._close_sandbox()
         task = self._pick(options)
@@ -147,9 +149,15 @@ class RepoCodingEnv(TextEnv):
         self._task = task
         self._turn = self._tool_calls = 0
         self._done = False
-        obs = INTRO.format(workdir=task.workdir, tools=tool_help(), turns=self.max_turns, issue=task.problem_statement)
+        obs = INTRO.format(
+            workdir=task.workdir, tools=tool_help(), turns=self.max_turns, issue=task.problem_statement
+        )
         self._transcript = [("task", obs)]
-        return obs, {"instance_id": task.instance_id, "setup_seconds": self.last_setup_seconds, "tool_calls": 0}
+        return obs, {
+            "instance_id": task.instance_id,
+            "setup_seconds": self.last_setup_seconds,
+            "tool_calls": 0,
+        }
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
@@ -157,7 +165,9 @@ class RepoCodingEnv(TextEnv):
         self.ensure_running(ready=self._task is not None)
         self._turn += 1
         self._transcript.append(("agent", action))
-        tools = RepoTools(self._sb, self._task, self.max_tool_output_chars, self.command_timeout, self.test_timeout)
+        tools = RepoTools(
+            self._sb, self._task, self.max_tool_output_chars, self.command_timeout, self.test_timeout
+        )
         responses: list[str] = []
         submitted = False
         calls = parse_calls(action)
@@ -172,7 +182,9 @@ class RepoCodingEnv(TextEnv):
                 body = tools.call(call["name"], call["arguments"])
             responses.append(f"<tool_response>\n{body}\n</tool_response>")
         if not calls:
-            responses.append(f"<tool_response>\nNo tool call found. Use {EXAMPLE}, and submit when done.\n</tool_response>")
+            responses.append(
+                f"<tool_response>\nNo tool call found. Use {EXAMPLE}, and submit when done.\n</tool_response>"
+            )
         if submitted or self._turn >= self.max_turns:
             return self._finish(truncated=not submitted)
         obs = "\n".join(responses)
@@ -223,9 +235,13 @@ class RepoCodingEnv(TextEnv):
             twin._base = setup_repo(twin._sb, task)
             if diff.strip():
                 twin._sb.write_file("/tmp/fr_fork.diff", diff)
-                r = twin._sb.run_shell(f"cd {task.workdir} && git apply --whitespace=nowarn /tmp/fr_fork.diff", timeout=60)
+                r = twin._sb.run_shell(
+                    f"cd {task.workdir} && git apply --whitespace=nowarn /tmp/fr_fork.diff", timeout=60
+                )
                 if r.exit_code != 0:
-                    raise RuntimeError(f"fork: the working tree does not re-apply: {(r.stderr or r.stdout)[-300:]}")
+                    raise RuntimeError(
+                        f"fork: the working tree does not re-apply: {(r.stderr or r.stdout)[-300:]}"
+                    )
         except BaseException:
             twin._close_sandbox()
             raise

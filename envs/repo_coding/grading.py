@@ -65,15 +65,24 @@ def sandbox_limits() -> Any:
     """Limits for a repository sandbox: more room than a calculator needs (git, pytest, a repo)."""
     from tools_sandbox import SandboxLimits
 
-    return SandboxLimits(memory_mb=1024, cpus=1.0, pids=128, nofile=512, tmpfs_mb=256,
-                         output_bytes=256 * 1024, call_timeout=60.0, start_timeout=60.0)
+    return SandboxLimits(
+        memory_mb=1024,
+        cpus=1.0,
+        pids=128,
+        nofile=512,
+        tmpfs_mb=256,
+        output_bytes=256 * 1024,
+        call_timeout=60.0,
+        start_timeout=60.0,
+    )
 
 
 @functools.lru_cache(maxsize=64)
 def repo_archive(repo_path: str, commit: str) -> bytes:
     """``git archive`` of ``commit`` (a tar of the tree only: no history, so no gold patch)."""
-    r = subprocess.run(["git", "--git-dir", repo_path, "archive", "--format=tar", commit],
-                       capture_output=True, timeout=120)
+    r = subprocess.run(
+        ["git", "--git-dir", repo_path, "archive", "--format=tar", commit], capture_output=True, timeout=120
+    )
     if r.returncode != 0:
         raise RuntimeError(f"repo_path: cannot archive {commit} from {repo_path}: {r.stderr.decode()[-400:]}")
     return r.stdout
@@ -109,8 +118,12 @@ def collect_diff(sb: Any, task: RepoTask, base: str, timeout: float = 60.0) -> t
     """The agent's changes (tracked and new files) against ``base`` as a git diff, and an error text
     ('' when fine). Works even when the agent committed its changes."""
     wd = shlex.quote(task.workdir)
-    r = _shell(sb, f"cd {wd} && git add -A && git diff --cached --binary --no-color --no-ext-diff "
-                   f"{shlex.quote(base)} > /tmp/fr_agent.diff", timeout)
+    r = _shell(
+        sb,
+        f"cd {wd} && git add -A && git diff --cached --binary --no-color --no-ext-diff "
+        f"{shlex.quote(base)} > /tmp/fr_agent.diff",
+        timeout,
+    )
     if r.exit_code != 0 or r.timed_out:
         return "", f"could not compute the diff: {(r.stderr or r.stdout)[-300:]}"
     return sb.read_file("/tmp/fr_agent.diff").decode("utf-8", errors="replace"), ""
@@ -200,7 +213,9 @@ def reference_run(sb: Any, task: RepoTask, rng: random.Random, test_timeout: flo
         raise _Infra("sandbox_setup", str(e)) from e
     r = _apply(sb, task, task.test_patch, "fr_test.patch")
     if r.exit_code != 0:
-        raise _Infra("task_invalid", f"{task.instance_id}: test_patch does not apply: {(r.stderr or r.stdout)[-300:]}")
+        raise _Infra(
+            "task_invalid", f"{task.instance_id}: test_patch does not apply: {(r.stderr or r.stdout)[-300:]}"
+        )
     trusted = {}
     for f in task.test_files:
         try:
@@ -210,27 +225,42 @@ def reference_run(sb: Any, task: RepoTask, rng: random.Random, test_timeout: flo
     plan = checks.rewrite(trusted, rng)
     r = _apply(sb, task, task.patch, "fr_gold.patch")
     if r.exit_code != 0:
-        raise _Infra("task_invalid", f"{task.instance_id}: the gold patch does not apply: {(r.stderr or r.stdout)[-300:]}")
+        raise _Infra(
+            "task_invalid",
+            f"{task.instance_id}: the gold patch does not apply: {(r.stderr or r.stdout)[-300:]}",
+        )
     _write_tests(sb, task, plan.files)
     run = run_pytest(sb, task.workdir, task.test_files, test_timeout)
     if not run.trusted:
-        raise _Infra("reference_run", f"{task.instance_id}: the reference run left no trusted report "
-                                      f"({run.evidence}, {run.status}): {run.output[-400:]}")
+        raise _Infra(
+            "reference_run",
+            f"{task.instance_id}: the reference run left no trusted report "
+            f"({run.evidence}, {run.status}): {run.output[-400:]}",
+        )
     ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
-    failed = {n: v.why for n, v in judge.verdicts(plan, run.report, run.records, None, ids).items() if not v.passed}
+    failed = {
+        n: v.why for n, v in judge.verdicts(plan, run.report, run.records, None, ids).items() if not v.passed
+    }
     if failed:
-        raise _Infra("reference_failed", f"{task.instance_id}: the gold patch fails the rewritten checks: "
-                                         f"{dict(list(failed.items())[:3])}")
+        raise _Infra(
+            "reference_failed",
+            f"{task.instance_id}: the gold patch fails the rewritten checks: "
+            f"{dict(list(failed.items())[:3])}",
+        )
     again = run_pytest(sb, task.workdir, task.test_files, test_timeout)
     if not again.trusted:
-        raise _Infra("reference_run", f"{task.instance_id}: the second reference run left no trusted report "
-                                      f"({again.evidence}, {again.status}): {again.output[-400:]}")
+        raise _Infra(
+            "reference_run",
+            f"{task.instance_id}: the second reference run left no trusted report "
+            f"({again.evidence}, {again.status}): {again.output[-400:]}",
+        )
     sites, tests = judge.unstable(run.records, again.records)
     return Reference(plan, run, sites, tests)
 
 
-def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
-             reference: Reference | None = None) -> GradeResult:
+def grade_in(
+    sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0, reference: Reference | None = None
+) -> GradeResult:
     """Grade ``diff`` in ``sb``, a sandbox nobody else has touched, against ``reference`` (the
     rewritten checks and the gold run's records, from :func:`reference_run` in *another* fresh
     sandbox; made here, in a second sandbox of ``sb``'s backend, when not given)."""
@@ -244,8 +274,9 @@ def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
         setup_repo(sb, task)
     except RuntimeError as e:
         raise _Infra("sandbox_setup", str(e)) from e
-    zero = GradeResult(0.0, 0.0, dict.fromkeys(task.FAIL_TO_PASS, False), 0, len(task.PASS_TO_PASS),
-                       discarded=dropped)
+    zero = GradeResult(
+        0.0, 0.0, dict.fromkeys(task.FAIL_TO_PASS, False), 0, len(task.PASS_TO_PASS), discarded=dropped
+    )
     if kept.strip():
         r = _apply(sb, task, kept, "fr_agent.diff")
         if r.exit_code != 0:
@@ -260,22 +291,42 @@ def grade_in(sb: Any, task: RepoTask, diff: str, test_timeout: float = 300.0,
     _write_tests(sb, task, plan.files)  # the rewritten checks, over the hidden tests test_patch added
     run = run_pytest(sb, task.workdir, task.test_files, test_timeout)
     if not run.ready and run.status not in ("timeout", "oom", "pids", "crashed"):
-        raise _Infra("runner_crashed", f"the test runner failed before loading the repository "
-                                       f"[{run.status}]: {run.output[-400:]}")
-    zero.evidence, zero.checks_completed, zero.tampered = run.evidence, run.finished, run.tampered + run.late_plugins
+        raise _Infra(
+            "runner_crashed",
+            f"the test runner failed before loading the repository [{run.status}]: {run.output[-400:]}",
+        )
+    zero.evidence, zero.checks_completed, zero.tampered = (
+        run.evidence,
+        run.finished,
+        run.tampered + run.late_plugins,
+    )
     if not run.trusted:
-        why = {"missing": "the test run left no sealed report (it ended early or was killed)",
-               "forged": "the test report's seal does not match"}.get(run.evidence, "")
+        why = {
+            "missing": "the test run left no sealed report (it ended early or was killed)",
+            "forged": "the test report's seal does not match",
+        }.get(run.evidence, "")
         if run.evidence == "sealed":
-            why = ("the runner's functions were rebound during the run: " + ", ".join(run.tampered[:5])
-                   if run.tampered else "plugins were registered during the run: " + ", ".join(run.late_plugins[:5])
-                   if run.late_plugins else "the pytest session did not finish")
+            why = (
+                "the runner's functions were rebound during the run: " + ", ".join(run.tampered[:5])
+                if run.tampered
+                else "plugins were registered during the run: " + ", ".join(run.late_plugins[:5])
+                if run.late_plugins
+                else "the pytest session did not finish"
+            )
         zero.error = f"{why} [{run.status}]; pytest said: {run.output[-300:]}"
         zero.seconds = time.monotonic() - t0
         return zero
     ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
-    per_test = judge.verdicts(plan, run.report, run.records, ref.records, ids,
-                               reference.unstable_sites, reference.unstable_tests, set(task.PASS_TO_PASS))
+    per_test = judge.verdicts(
+        plan,
+        run.report,
+        run.records,
+        ref.records,
+        ids,
+        reference.unstable_sites,
+        reference.unstable_tests,
+        set(task.PASS_TO_PASS),
+    )
     result = score(task, {n: {"outcome": "passed" if v.passed else "failed"} for n, v in per_test.items()})
     result.discarded = dropped
     result.evidence, result.checks_completed = run.evidence, run.finished
@@ -297,8 +348,9 @@ def _open(backend: str, limits: Any, image: str | None) -> Iterator[Any]:
         yield sb
 
 
-def grade(task: RepoTask, diff: str, backend: str = "auto", limits: Any = None,
-          test_timeout: float = 300.0) -> GradeResult:
+def grade(
+    task: RepoTask, diff: str, backend: str = "auto", limits: Any = None, test_timeout: float = 300.0
+) -> GradeResult:
     """Grade ``diff`` (a git diff against the task's base): the reference run in one fresh sandbox,
     the candidate's in another (see the module docstring). Raises
     :class:`~fr_agents.errors.InfrastructureFailure` when grading could not happen (a sandbox that
@@ -325,5 +377,10 @@ def validate(task: RepoTask, backend: str = "auto", test_timeout: float = 300.0)
     except InfrastructureFailure as e:
         return {"instance_id": task.instance_id, "ok": False, "gold": {}, "empty": {}, "error": str(e)}
     ok = gold.reward == 1.0 and empty.reward == 0.0 and empty.partial_score < 1.0
-    return {"instance_id": task.instance_id, "ok": ok, "gold": gold.as_info(), "empty": empty.as_info(),
-            "error": gold.error or empty.error}
+    return {
+        "instance_id": task.instance_id,
+        "ok": ok,
+        "gold": gold.as_info(),
+        "empty": empty.as_info(),
+        "error": gold.error or empty.error,
+    }

@@ -141,7 +141,11 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         first = body[0] if isinstance(body, list) and body else None
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
             ids.add(id(first.value))
     return ids
 
@@ -158,7 +162,9 @@ def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
         stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
 
-def _swap_token(off: _Offsets, left: ast.AST, right: ast.AST, pattern: str, new: str) -> tuple[int, int] | None:
+def _swap_token(
+    off: _Offsets, left: ast.AST, right: ast.AST, pattern: str, new: str
+) -> tuple[int, int] | None:
     """Byte span of the single operator token matched by ``pattern`` between two operands."""
     gap_start = off.at(left.end_lineno, left.end_col_offset)  # type: ignore[attr-defined]
     gap_end = off.at(right.lineno, right.col_offset)  # type: ignore[attr-defined]
@@ -236,7 +242,15 @@ def find_mutations(source: str) -> list[Mutation]:
                 sb, eb = off.span(b)
                 ta, tb = off.text(sa, ea), off.text(sb, eb)
                 if ta != tb:
-                    add("swap_arguments", node, name, sa, eb, tb + off.text(ea, sb) + ta, "first two arguments")
+                    add(
+                        "swap_arguments",
+                        node,
+                        name,
+                        sa,
+                        eb,
+                        tb + off.text(ea, sb) + ta,
+                        "first two arguments",
+                    )
     checked: list[Mutation] = []
     for m in out:
         try:
@@ -260,7 +274,11 @@ def _constant(node: ast.Constant, fn: str, off: _Offsets, add) -> None:  # noqa:
     elif isinstance(value, str) and 1 <= len(value) <= 12 and "\n" not in off.text(start, end):
         text = off.text(start, end)
         quote = text[-1]
-        if quote in "'\"" and not text.startswith(("f", "b", "r", "F", "B", "R", "u", "U")) and len(text) >= 3:
+        if (
+            quote in "'\""
+            and not text.startswith(("f", "b", "r", "F", "B", "R", "u", "U"))
+            and len(text) >= 3
+        ):
             inner = text[1:-1]
             if "\\" in inner:
                 return

@@ -14,8 +14,17 @@ from pathlib import Path
 from envs.repo_coding.testrun import PLUGIN_MODULE
 
 # Files whose edits are discarded before grading: tests and anything that configures pytest.
-_CONFIG_NAMES = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-                 "sitecustomize.py", "usercustomize.py", PLUGIN_MODULE + ".py"}
+_CONFIG_NAMES = {
+    "conftest.py",
+    "pytest.ini",
+    ".pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "sitecustomize.py",
+    "usercustomize.py",
+    PLUGIN_MODULE + ".py",
+}
 _TEST_DIRS = {"test", "tests", "testing"}
 # Compiled or installed-package files: a planted .pyc (pytest reads rewritten test modules from
 # __pycache__ even when it writes none) or package metadata (entry points) is never the agent's fix.

@@ -122,7 +122,9 @@ def load_tasks(path: str | Path) -> list[RepoTask]:
     if p.is_dir():
         p = p / "tasks.jsonl"
     if not p.exists():
-        raise FileNotFoundError(f"no task file at {p} (build one with `fr-agents repo-tasks build --out DIR`)")
+        raise FileNotFoundError(
+            f"no task file at {p} (build one with `fr-agents repo-tasks build --out DIR`)"
+        )
     rows: list[dict[str, Any]]
     if p.suffix == ".parquet":
         try:

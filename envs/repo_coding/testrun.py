@@ -107,8 +107,13 @@ def pytest_sessionfinish(session, exitstatus):
         json.dump(_results, f)
 '''
 
+
 def pytest_shell(
-    files: list[str], report_path: str, plugin_dir: str, python: str = "python3", trace: list[str] | None = None
+    files: list[str],
+    report_path: str,
+    plugin_dir: str,
+    python: str = "python3",
+    trace: list[str] | None = None,
 ) -> str:
     """The shell command (run in the repository root) that tests ``files`` and writes the report;
     ``trace`` (builder only) also records the executed lines of those source files."""
@@ -142,8 +147,17 @@ def partial_score(f2p_passed: int, f2p_total: int, p2p_all_pass: bool) -> float:
 
 # ----------------------------------------------------------------------------- the sealed runner
 
-PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "--tb=short", "-o", "addopts=", "-o",
-               "console_output_style=classic", "--color=no"]
+PYTEST_ARGS = [
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "--tb=short",
+    "-o",
+    "addopts=",
+    "-o",
+    "console_output_style=classic",
+    "--color=no",
+]
 
 # The in-sandbox harness (after tools_sandbox.sealed.PRELUDE), run in the repository root as
 # ``python3 -I -B RUNNER RESULT_PATH PYTEST_ARGS...`` with the run's secret on stdin.
@@ -528,9 +542,13 @@ def run_pytest(sb: Any, workdir: str, files: list[str], timeout: float) -> Pytes
     argv = ["python3", "-s", "-B", f"{run_dir}/runner.py", result_path, *PYTEST_ARGS, *files]
     cmd = f"cd {shlex.quote(workdir)} && {RUNNER_ENV} " + " ".join(shlex.quote(a) for a in argv)
     run = run_sealed(sb, cmd, result_path, timeout)
-    out = PytestRun(evidence=run.evidence, output=run.output().replace(READY_LINE, "").strip("\n"),
-                    status=run.result.status, timed_out=run.result.timed_out,
-                    ready=READY_LINE in run.result.stdout)
+    out = PytestRun(
+        evidence=run.evidence,
+        output=run.output().replace(READY_LINE, "").strip("\n"),
+        status=run.result.status,
+        timed_out=run.result.timed_out,
+        ready=READY_LINE in run.result.stdout,
+    )
     if run.verified and run.payload is not None:
         try:
             data = ast.literal_eval(run.payload.decode("utf-8"))
@@ -546,7 +564,10 @@ def run_pytest(sb: Any, workdir: str, files: list[str], timeout: float) -> Pytes
             out.late_plugins = list(data.get("late_plugins") or [])
             for nid in data.get("foreign") or []:  # not the trusted test file's function: failed
                 if isinstance(nid, str):
-                    out.report[nid] = {"outcome": "failed", "message": "the test function is not from its file"}
+                    out.report[nid] = {
+                        "outcome": "failed",
+                        "message": "the test function is not from its file",
+                    }
         else:
             out.evidence = "forged"
     return out

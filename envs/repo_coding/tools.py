@@ -19,12 +19,20 @@ from envs.repo_coding.task import RepoTask
 from envs.tool_calls import parse_tool_calls
 
 TOOLS: dict[str, dict[str, Any]] = {
-    "bash": {"required": ["command"], "doc": "run a shell command in the repository (optional timeout, seconds)"},
+    "bash": {
+        "required": ["command"],
+        "doc": "run a shell command in the repository (optional timeout, seconds)",
+    },
     "read_file": {"required": ["path"], "doc": "show a file (optional start_line / end_line, 1-based)"},
     "write_file": {"required": ["path", "content"], "doc": "create or overwrite a file"},
-    "str_replace": {"required": ["path", "old_str", "new_str"],
-                    "doc": "replace the one occurrence of old_str in a file by new_str"},
-    "run_tests": {"required": [], "doc": "run the repository's visible tests (optional paths: list of test files)"},
+    "str_replace": {
+        "required": ["path", "old_str", "new_str"],
+        "doc": "replace the one occurrence of old_str in a file by new_str",
+    },
+    "run_tests": {
+        "required": [],
+        "doc": "run the repository's visible tests (optional paths: list of test files)",
+    },
     "submit": {"required": [], "doc": "finish: your changes are graded on hidden tests"},
 }
 EXAMPLE = '<tool_call>{"name": "read_file", "arguments": {"path": "README.rst"}}</tool_call>'
@@ -60,8 +68,14 @@ def cap(text: str, max_chars: int) -> str:
 class RepoTools:
     """Executes tool calls against the repository in one sandbox."""
 
-    def __init__(self, sb: Any, task: RepoTask, max_chars: int = 6000, command_timeout: float = 30.0,
-                 test_timeout: float = 180.0) -> None:
+    def __init__(
+        self,
+        sb: Any,
+        task: RepoTask,
+        max_chars: int = 6000,
+        command_timeout: float = 30.0,
+        test_timeout: float = 180.0,
+    ) -> None:
         self.sb, self.task = sb, task
         self.max_chars, self.command_timeout, self.test_timeout = max_chars, command_timeout, test_timeout
 
@@ -133,5 +147,7 @@ class RepoTools:
         if run.timed_out:
             text += f"\n[timed out after {self.test_timeout:g}s]"
         elif not run.trusted:
-            text += "\n[the test run did not finish with a sealed report: grading would count no test as passed]"
+            text += (
+                "\n[the test run did not finish with a sealed report: grading would count no test as passed]"
+            )
         return text

@@ -45,6 +45,7 @@ def generate_command(games_dir: str, require: dict[str, int], seed: int = 0) -> 
     flags = " ".join(f"{CLI_SPLIT_FLAGS[s]} {n}" for s, n in counts.items())
     return f"fr-agents alfworld generate --out {games_dir} {flags} --seed {seed}"
 
+
 SPLITS = ("train", "valid_seen", "valid_unseen")
 
 
@@ -120,7 +121,9 @@ class AlfworldSource(TaskSource):
         if bad:
             raise ConfigError(f"tasks.params.require: unknown split {bad[0]!r} (use {', '.join(SPLITS)})")
         if games_dir is None:
-            raise ConfigError("tasks.params.require needs tasks.params.games_dir (the folder the games are written to)")
+            raise ConfigError(
+                "tasks.params.require needs tasks.params.games_dir (the folder the games are written to)"
+            )
         have = {s: len(find_games(games_dir, s)) if (Path(games_dir) / s).is_dir() else 0 for s in require}
         short = {s: n for s, n in require.items() if have[s] < n}
         if short:

@@ -74,9 +74,13 @@ class ArithmeticSource(TaskSource):
             try:
                 min_operand = int(min_operand)  # a dotted override arrives as text
             except (TypeError, ValueError) as e:
-                raise ConfigError(f"tasks.params.min_operand: expected an integer, got {min_operand!r}") from e
+                raise ConfigError(
+                    f"tasks.params.min_operand: expected an integer, got {min_operand!r}"
+                ) from e
         if min_operand is not None and not 0 <= min_operand <= 10**digits - 1:
-            raise ConfigError(f"tasks.params.min_operand: must lie in [0, {10**digits - 1}] (digits={digits}), got {min_operand}")
+            raise ConfigError(
+                f"tasks.params.min_operand: must lie in [0, {10**digits - 1}] (digits={digits}), got {min_operand}"
+            )
         if order not in ("random", "curriculum"):
             raise ConfigError(f"tasks.params.order: expected 'random' or 'curriculum', got {order!r}")
         try:

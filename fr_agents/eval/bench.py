@@ -38,7 +38,9 @@ class BenchItem:
                 f"BenchItem.options ({self.id}): expected a dict or None, got {type(self.options).__name__}"
             )
         if self.group is not None and not isinstance(self.group, str):
-            raise ValueError(f"BenchItem.group ({self.id}): expected a str or None, got {type(self.group).__name__}")
+            raise ValueError(
+                f"BenchItem.group ({self.id}): expected a str or None, got {type(self.group).__name__}"
+            )
 
 
 @dataclass
@@ -100,8 +102,14 @@ class Bench:
                 raise ValueError(f"bench {name!r}: task {i} is a {type(t).__name__}, expected a dict")
             seed, task = reset_args(t, None)  # the env-reset source: a seed, no task option
             group = (t.get("metadata") or {}).get("task_type")
-            items.append(BenchItem(str(t.get("id", i)), None if task is None else {"task": task}, seed,
-                                   None if group is None else str(group)))
+            items.append(
+                BenchItem(
+                    str(t.get("id", i)),
+                    None if task is None else {"task": task},
+                    seed,
+                    None if group is None else str(group),
+                )
+            )
         return cls(name=name, env_id=env_id, items=items, **kw)
 
     def with_env_kwargs(self, extra: dict[str, Any]) -> Bench:
@@ -113,8 +121,10 @@ class Bench:
         fixed = sorted(k for k in extra if k in self.item_kwargs)
         if fixed:
             now = ", ".join(f"{k}={self.env_kwargs.get(k)!r}" for k in fixed)
-            raise ValueError(f"{', '.join(fixed)}: bench {self.name!r} chose its items by {now}; another value would "
-                             f"not change them (pick another bench: --list shows them, ENV_ID:SPLIT takes any split)")
+            raise ValueError(
+                f"{', '.join(fixed)}: bench {self.name!r} chose its items by {now}; another value would "
+                f"not change them (pick another bench: --list shows them, ENV_ID:SPLIT takes any split)"
+            )
         return Bench(**{**self.__dict__, "env_kwargs": {**self.env_kwargs, **extra}})
 
     def subset(self, n: int, seed: int) -> Bench:

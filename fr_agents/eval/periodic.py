@@ -38,7 +38,13 @@ log = logging.getLogger(__name__)
 
 
 def evaluate_live(
-    model: Any, tokenizer: Any, bench: Bench, settings: EvalSettings, *, label: str, out_dir: str | Path,
+    model: Any,
+    tokenizer: Any,
+    bench: Bench,
+    settings: EvalSettings,
+    *,
+    label: str,
+    out_dir: str | Path,
     on_sample: Callable[[dict[str, Any]], None] | None = None,
 ) -> BenchResult:
     """:func:`~fr_agents.eval.runner.run_bench` with the current weights of ``model`` (an
@@ -55,10 +61,16 @@ def evaluate_live(
     model.eval()
     sampler = model
     if settings.dtype is not None and next(model.parameters()).dtype != getattr(torch, settings.dtype):
-        sampler = copy.deepcopy(model).to(getattr(torch, settings.dtype))  # rollout.dtype: sample as the rollout does
-    engine = HFEngine(sampler, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed, compact=settings.compact)
+        sampler = copy.deepcopy(model).to(
+            getattr(torch, settings.dtype)
+        )  # rollout.dtype: sample as the rollout does
+    engine = HFEngine(
+        sampler, tokenizer, max_batch_size=settings.concurrency, seed=settings.seed, compact=settings.compact
+    )
     try:
-        return run_bench(engine, tokenizer, bench, settings, label=label, out_dir=out_dir, on_sample=on_sample)
+        return run_bench(
+            engine, tokenizer, bench, settings, label=label, out_dir=out_dir, on_sample=on_sample
+        )
     finally:
         engine.close_sync()
         model.train(was_training)
@@ -85,8 +97,9 @@ class PeriodicEval:
         self.bench = bench
         self.out_dir = Path(out_dir)
         self.every = every
-        self.settings = EvalSettings(k=k, temperature=temperature, seed=seed, concurrency=concurrency, compact=compact,
-                                     dtype=dtype)
+        self.settings = EvalSettings(
+            k=k, temperature=temperature, seed=seed, concurrency=concurrency, compact=compact, dtype=dtype
+        )
         self.history: list[dict[str, Any]] = []
 
     @classmethod

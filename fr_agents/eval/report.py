@@ -101,8 +101,12 @@ def _group_tables(results: Sequence[BenchResult], labels: list[str]) -> list[str
         if not groups:
             continue
         shown = [label for label in labels if label in rows]
-        out += [f"## {bench} by group (success %, tasks)", "",
-                "| group | tasks | " + " | ".join(shown) + " |", "|" + "---|" * (len(shown) + 2)]
+        out += [
+            f"## {bench} by group (success %, tasks)",
+            "",
+            "| group | tasks | " + " | ".join(shown) + " |",
+            "|" + "---|" * (len(shown) + 2),
+        ]
         for g in groups:
             n = next(int(by[g]["tasks"]) for by in rows.values() if g in by)
             cells = [f"{100 * rows[label][g]['success']:.1f}" if g in rows[label] else "–" for label in shown]

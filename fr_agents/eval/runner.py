@@ -71,7 +71,9 @@ class EvalSettings:
     system_prompt: str | None = None
     concurrency: int = 32
     compact: bool = True  # an HF engine built for the run takes fr_agents.models.compact where it applies
-    dtype: str | None = None  # a live model is evaluated through a copy in this dtype (None: the model itself)
+    dtype: str | None = (
+        None  # a live model is evaluated through a copy in this dtype (None: the model itself)
+    )
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -165,7 +167,9 @@ def episode_means(rows_by_task: dict[str, list[dict[str, Any]]], k: int) -> dict
     }
 
 
-def group_means(rows_by_task: dict[str, list[dict[str, Any]]], groups: dict[str, str | None], k: int) -> dict[str, dict[str, float]]:
+def group_means(
+    rows_by_task: dict[str, list[dict[str, Any]]], groups: dict[str, str | None], k: int
+) -> dict[str, dict[str, float]]:
     """Per group (sorted by name): ``tasks``, ``success``, ``mean@k`` and mean ``turns`` over the
     tasks of that group; empty when no task has a group."""
     out: dict[str, dict[str, float]] = {}
@@ -355,7 +359,9 @@ async def run_bench_async(
             env = await asyncio.to_thread(make_env)
             res = await run_episode(
                 env,
-                SeededEngine(engine, lambda n, s=seed: stable_seed("req", s, n)) if engine is not None else None,
+                SeededEngine(engine, lambda n, s=seed: stable_seed("req", s, n))
+                if engine is not None
+                else None,
                 tokenizer,
                 tree,
                 opts,
@@ -366,10 +372,14 @@ async def run_bench_async(
                 actor=actor,
             )
         leaf = res.leaves[0]
-        if leaf.status == "aborted":  # the grader could not judge it: no score (not a 0); the sample stays to do
+        if (
+            leaf.status == "aborted"
+        ):  # the grader could not judge it: no score (not a 0); the sample stays to do
             from fr_agents.errors import InfrastructureFailure
 
-            raise InfrastructureFailure(str(leaf.info.get("aborted_by", "unknown")), str(leaf.info.get("abort_message", "")))
+            raise InfrastructureFailure(
+                str(leaf.info.get("aborted_by", "unknown")), str(leaf.info.get("abort_message", ""))
+            )
         won = leaf.info.get("won")
         row = {
             "checkpoint": label,

@@ -29,7 +29,8 @@ def eval_labels(checkpoints: Sequence[str], given: Sequence[str]) -> list[str]:
     if given and len(given) != len(checkpoints):
         raise ConfigError(f"--label: given {len(given)} times for {len(checkpoints)} checkpoints")
     labels = list(given) or [
-        "/".join(Path(c).parts[-3::2]) if Path(c).name.startswith("step_") else (Path(c).name or c) for c in checkpoints
+        "/".join(Path(c).parts[-3::2]) if Path(c).name.startswith("step_") else (Path(c).name or c)
+        for c in checkpoints
     ]
     seen: dict[str, int] = {}
     out = []
@@ -39,15 +40,23 @@ def eval_labels(checkpoints: Sequence[str], given: Sequence[str]) -> list[str]:
     return out
 
 
-def _run(engine: Any, tokenizer: Any, bench: Any, settings: EvalSettings, label: str, out_dir: str, **kw: Any) -> Any:
+def _run(
+    engine: Any, tokenizer: Any, bench: Any, settings: EvalSettings, label: str, out_dir: str, **kw: Any
+) -> Any:
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
         task = bar.add_task(f"{label} · {bench.name}", total=len(bench.items) * settings.k)
         res = asyncio.run(
             run_bench_async(
-                engine, tokenizer, bench, settings, label=label, out_dir=out_dir,
-                on_sample=lambda row: bar.advance(task), **kw,
+                engine,
+                tokenizer,
+                bench,
+                settings,
+                label=label,
+                out_dir=out_dir,
+                on_sample=lambda row: bar.advance(task),
+                **kw,
             )
         )
     log.info("%s on %s: %s", label, bench.name, {m: round(v, 4) for m, v in res.metrics.items()})
@@ -69,7 +78,9 @@ def evaluate_checkpoints(
 
     results = []
     for ckpt, label in zip(checkpoints, labels, strict=True):
-        opened = open_engine(engine, ckpt, seed=settings.seed, max_batch_size=settings.concurrency, **engine_kwargs)
+        opened = open_engine(
+            engine, ckpt, seed=settings.seed, max_batch_size=settings.concurrency, **engine_kwargs
+        )
         try:
             results += [_run(opened.engine, opened.tokenizer, b, settings, label, out_dir) for b in benches]
         finally:
@@ -77,7 +88,9 @@ def evaluate_checkpoints(
     return results
 
 
-def evaluate_expert(benches: Sequence[Any], settings: EvalSettings, *, out_dir: str, tokenizer: Any) -> list[Any]:
+def evaluate_expert(
+    benches: Sequence[Any], settings: EvalSettings, *, out_dir: str, tokenizer: Any
+) -> list[Any]:
     """Each bench played by its env's expert (``expert_action()``), reported as checkpoint 'expert'."""
     import gymnasium
 

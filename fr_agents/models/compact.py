@@ -73,7 +73,9 @@ def architecture_reason(architecture: str, config: Any) -> str | None:
     return None
 
 
-def _rope(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+def _rope(
+    positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
     """cos and sin ``[N, head_dim]`` of the default rotary embedding at ``positions`` [N], computed
     in float32 and returned in ``dtype`` (the model's)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -140,8 +142,9 @@ class CompactCache:
         # cache grows or ends. Per-layer tensors (tens of MB each) sat below a raised mmap threshold
         # (trainer.keep_freed_memory), so each regrowth left the old ones in the heap, where a larger
         # cache never fits: a 32-game ALFWorld evaluation grew the process by ~4 GB
-        self._block = torch.zeros((len(model.model.layers), 2, rows, kv_heads, slots, self.head_dim), dtype=dtype,
-                                  device=device)
+        self._block = torch.zeros(
+            (len(model.model.layers), 2, rows, kv_heads, slots, self.head_dim), dtype=dtype, device=device
+        )
         self._views()
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
 
@@ -219,7 +222,9 @@ def compact_logits(model: torch.nn.Module, ids: Tensor, keep: Tensor, prefix: in
     return _forward(model, ids, lengths, rows, keep.repeat(b), prefix).view(b, k, -1)
 
 
-def compact_logits_at(model: torch.nn.Module, ids: Tensor, rows: Tensor, cols: Tensor, prefix: int = 0) -> Tensor:
+def compact_logits_at(
+    model: torch.nn.Module, ids: Tensor, rows: Tensor, cols: Tensor, prefix: int = 0
+) -> Tensor:
     """Logits ``[M, V]`` of ``model``: row ``m`` at column ``cols[m]`` of row ``rows[m]`` of the
     right-padded rows ``ids`` [B, W] (``rows`` non-decreasing, each row's columns ascending).
 
@@ -246,8 +251,13 @@ def compact_logits_at(model: torch.nn.Module, ids: Tensor, rows: Tensor, cols: T
 
 @torch.no_grad()
 def compact_prefill(
-    model: torch.nn.Module, ids: Tensor, lengths: Tensor, prefix: int, cache: CompactCache,
-    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None, past: Past | None = None,
+    model: torch.nn.Module,
+    ids: Tensor,
+    lengths: Tensor,
+    prefix: int,
+    cache: CompactCache,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+    past: Past | None = None,
 ) -> Tensor:
     """Run right-padded prompts ``ids`` [B, W] (row ``b`` real in its first ``lengths[b]``
     columns, every row the same in its first ``prefix``), fill ``cache`` with their keys and
@@ -288,7 +298,9 @@ class Past:
 
 @torch.no_grad()
 def opening_kv(
-    model: torch.nn.Module, ids: Tensor, fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+    model: torch.nn.Module,
+    ids: Tensor,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
 ) -> Past:
     """The keys and values of the tokens ``ids`` [N] (N >= 1), for :func:`compact_prefill`'s ``past``."""
     cache = CompactCache(model, 1, int(ids.shape[0]), ids.device)
@@ -299,7 +311,9 @@ def opening_kv(
 
 @torch.no_grad()
 def compact_decode(
-    model: torch.nn.Module, tokens: Tensor, cache: CompactCache,
+    model: torch.nn.Module,
+    tokens: Tensor,
+    cache: CompactCache,
     fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
 ) -> Tensor:
     """Append one token per row (``tokens`` [B]) after each row's cached tokens and return the
@@ -309,10 +323,13 @@ def compact_decode(
     b = tokens.shape[0]
     pos = cache.lengths.clone()
     rows = torch.arange(b, device=tokens.device)
-    cos, sin = (t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"]), cache.keys[0].dtype))
+    cos, sin = (
+        t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"]), cache.keys[0].dtype)
+    )
     span = int(pos.max()) + 1
     mask = torch.zeros(b, span, device=tokens.device).masked_fill(
-        torch.arange(span, device=tokens.device)[None] > pos[:, None], -math.inf)[:, None, None, None]
+        torch.arange(span, device=tokens.device)[None] > pos[:, None], -math.inf
+    )[:, None, None, None]
     x = F.embedding(tokens, model.model.embed_tokens.weight)  # [B, C]
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
@@ -332,7 +349,10 @@ def compact_decode(
 
 @torch.no_grad()
 def compact_extend(
-    model: torch.nn.Module, ids: Tensor, lengths: Tensor, cache: CompactCache,
+    model: torch.nn.Module,
+    ids: Tensor,
+    lengths: Tensor,
+    cache: CompactCache,
     fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
 ) -> Tensor:
     """Append right-padded tokens ``ids`` [B, W] (row ``b`` real in its first ``lengths[b]``
@@ -352,12 +372,14 @@ def compact_extend(
     real = column[None] < lengths[:, None]  # [B, W]
     row_of, col_of = real.nonzero(as_tuple=True)  # each real token's row and column, row-major
     pos = start[row_of] + col_of  # its position
-    cos, sin = (t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"]), cache.keys[0].dtype))
+    cos, sin = (
+        t[:, None] for t in _rope(pos, head_dim, float(c.rope_parameters["rope_theta"]), cache.keys[0].dtype)
+    )
     span = int((start + lengths).max())
     # query (b, j) at position start[b] + j sees the keys at positions <= its own
     visible = torch.arange(span, device=device)[None, None] <= (start[:, None] + column[None])[:, :, None]
     mask = torch.zeros(b, 1, width, span, device=device).masked_fill(~visible[:, None], -math.inf)
-    flat = (row_of * width + col_of)  # each real token's slot in the padded [B * W] layout
+    flat = row_of * width + col_of  # each real token's slot in the padded [B * W] layout
     x = F.embedding(ids[row_of, col_of], model.model.embed_tokens.weight)  # [N, C]
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
@@ -397,8 +419,14 @@ def _mlp(h: Tensor, mlp: torch.nn.Module, gate_up: Tensor | None = None) -> Tens
 
 
 def _forward(
-    model: torch.nn.Module, ids: Tensor, lengths: Tensor, keep_rows: Tensor, keep_cols: Tensor, prefix: int,
-    cache: CompactCache | None = None, fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
+    model: torch.nn.Module,
+    ids: Tensor,
+    lengths: Tensor,
+    keep_rows: Tensor,
+    keep_cols: Tensor,
+    prefix: int,
+    cache: CompactCache | None = None,
+    fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
     past: Past | None = None,
 ) -> Tensor:
     """Logits ``[M, V]``, row ``m`` at column ``keep_cols[m]`` of row ``keep_rows[m]`` (rows
@@ -432,8 +460,12 @@ def _forward(
     slot_of[real] = torch.arange(real.shape[0], device=device)
     tokens = torch.cat([ids[0, :prefix], ids[:, prefix:width].reshape(-1)[real]])
     positions = before + torch.cat([torch.arange(prefix, device=device), (prefix + column).repeat(b)[real]])
-    cos, sin = (t[:, None] for t in _rope(positions, head_dim, float(c.rope_parameters["rope_theta"]),
-                                                  model.model.embed_tokens.weight.dtype))
+    cos, sin = (
+        t[:, None]
+        for t in _rope(
+            positions, head_dim, float(c.rope_parameters["rope_theta"]), model.model.embed_tokens.weight.dtype
+        )
+    )
     rest_mask = _causal(rest, before + width, before + prefix, device)
     prefix_mask = _causal(prefix, before + prefix, before, device)
 
@@ -494,11 +526,21 @@ def _forward(
             cache.values[i][:, :, : before + width] = values
         if last:
             q_rows = padded(q, keep_slot, kept).transpose(1, 2)
-            out = _attend(q_rows, keys, values, keep_mask).transpose(1, 2).reshape(b * kept, q_size).index_select(0, keep_slot)
+            out = (
+                _attend(q_rows, keys, values, keep_mask)
+                .transpose(1, 2)
+                .reshape(b * kept, q_size)
+                .index_select(0, keep_slot)
+            )
             x = x[flat_keep]
         else:
             q_rows = padded(q[prefix:], real, rest).transpose(1, 2)
-            out = _attend(q_rows, keys, values, rest_mask).transpose(1, 2).reshape(b * rest, q_size).index_select(0, real)
+            out = (
+                _attend(q_rows, keys, values, rest_mask)
+                .transpose(1, 2)
+                .reshape(b * rest, q_size)
+                .index_select(0, real)
+            )
             if prefix:
                 q_pre = q[:prefix].transpose(0, 1).unsqueeze(0)
                 k_pre, v_pre = shared_k.unsqueeze(0), shared_v.unsqueeze(0)

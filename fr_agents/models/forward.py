@@ -132,7 +132,9 @@ def shared_prefix(ids: Tensor, attn: Tensor, limit: int) -> int:
     return int(torch.argmin(same.to(torch.int8)))
 
 
-def policy_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor) -> tuple[int, Tensor]:
+def policy_logits(
+    model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor
+) -> tuple[int, Tensor]:
     """The logits a step needs for rows ``ids`` [B, W] through transformers' forward: ``(first,
     logits)`` where ``logits[:, j]`` predicts column ``first + j`` and ``first`` is the first
     column holding a policy token.
@@ -183,7 +185,9 @@ def policy_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask
         return first, model(input_ids=ids, attention_mask=attn.long()).logits[:, first - 1 : w - 1]
 
 
-def policy_token_logits(model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def policy_token_logits(
+    model: torch.nn.Module, ids: Tensor, attn: Tensor, action_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """The logits a step needs for right-padded rows ``ids`` [B, W] through the compact forward
     (:func:`~fr_agents.models.compact.compact_logits_at`; check
     :func:`~fr_agents.models.compact.compact_reason` first): ``(rows, cols, logits)`` where
@@ -212,7 +216,9 @@ class PolicyForward:
         self.model = model
         self.config = config
         self.tree_attention = config.tree_attention and supports_tree_attention(model)
-        self.compact_reason = compact_reason(model) if config.compact_forward else "model.compact_forward is false"
+        self.compact_reason = (
+            compact_reason(model) if config.compact_forward else "model.compact_forward is false"
+        )
         if self.compact_reason is None:
             logger.info("learner: flat steps run the compact forward (fr_agents.models.compact)")
         else:
@@ -232,7 +238,9 @@ class PolicyForward:
         t = self.config.temperature
         return logits if t == 1.0 else logits / t
 
-    def logprobs(self, chunk: FlatChunk | PackedChunk, device: torch.device, entropies: bool = False) -> ChunkLogprobs:
+    def logprobs(
+        self, chunk: FlatChunk | PackedChunk, device: torch.device, entropies: bool = False
+    ) -> ChunkLogprobs:
         """The current log-probs of ``chunk``'s rows (and their entropies when ``entropies``)."""
         if isinstance(chunk, PackedChunk):
             return self._packed(chunk.batch, chunk.roots, device, entropies)
@@ -247,7 +255,11 @@ class PolicyForward:
         ids = flat.token_ids[rows, :width].to(device)
         attn = am[:, :width].to(device)
         action_mask = flat.action_mask[rows, :width].to(device)
-        if self.compact_reason is None and bool((attn[:, 1:] <= attn[:, :-1]).all()) and bool(action_mask[:, 1:].any()):
+        if (
+            self.compact_reason is None
+            and bool((attn[:, 1:] <= attn[:, :-1]).all())
+            and bool(action_mask[:, 1:].any())
+        ):
             return self._flat_compact(rows, ids, attn, action_mask, device, entropies)
         with self.autocast_context(device):
             first, logits = policy_logits(self.model, ids, attn, action_mask)
@@ -259,14 +271,23 @@ class PolicyForward:
             ent = torch.cat([torch.zeros_like(lp[:, :first]), _entropy(scaled)], dim=1).detach()
         return ChunkLogprobs(rows, width, lp, action_mask, ent, ids.numel())
 
-    def _flat_compact(self, rows: Tensor, ids: Tensor, attn: Tensor, action_mask: Tensor, device: torch.device,
-                      entropies: bool) -> ChunkLogprobs:
+    def _flat_compact(
+        self,
+        rows: Tensor,
+        ids: Tensor,
+        attn: Tensor,
+        action_mask: Tensor,
+        device: torch.device,
+        entropies: bool,
+    ) -> ChunkLogprobs:
         """The compact forward of right-padded rows: logits only where they predict a policy token."""
         with self.autocast_context(device):
             at_rows, at_cols, logits = policy_token_logits(self.model, ids, attn, action_mask)
         scaled = self.scale(logits)  # [M, V]
         where = (at_rows, at_cols + 1)
-        lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device).index_put(where, token_logprobs(scaled, ids[where]))
+        lp = torch.zeros(ids.shape, dtype=scaled.dtype, device=device).index_put(
+            where, token_logprobs(scaled, ids[where])
+        )
         ent = None
         if entropies:
             ent = torch.zeros(ids.shape, dtype=scaled.dtype, device=device).index_put(where, _entropy(scaled))
@@ -279,7 +300,9 @@ class PolicyForward:
 
     # ----------------------------------------------------------------------- packed roots
 
-    def _packed(self, batch: PackedBatch, roots: list[int], device: torch.device, entropies: bool) -> ChunkLogprobs:
+    def _packed(
+        self, batch: PackedBatch, roots: list[int], device: torch.device, entropies: bool
+    ) -> ChunkLogprobs:
         """One forward over the packed tokens of ``roots`` (one padded row per root, each token
         attending to its own path); per-leaf log-probs are gathered from the flattened logits."""
         flat = batch.flat
@@ -323,14 +346,23 @@ class PolicyForward:
         return layout if tree_attention_pays(dense, layout.scores, saving) else None
 
     def _packed_forward(
-        self, batch: PackedBatch, roots: list[int], part: dict[str, Tensor], layout: Any, keep: Tensor,
-        dtype: torch.dtype, device: torch.device,
+        self,
+        batch: PackedBatch,
+        roots: list[int],
+        part: dict[str, Tensor],
+        layout: Any,
+        keep: Tensor,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> tuple[Any, bool]:
         """The model's output (logits of the ``keep`` columns) for one chunk of roots, and whether
         it ran tree attention: over ``layout`` when there is one, else the dense per-root mask of
         ``part`` (built here if missing)."""
-        inputs = {"input_ids": part["input_ids"].to(device), "position_ids": part["position_ids"].to(device),
-                  "logits_to_keep": keep}
+        inputs = {
+            "input_ids": part["input_ids"].to(device),
+            "position_ids": part["position_ids"].to(device),
+            "logits_to_keep": keep,
+        }
         if layout is not None:
             layout = layout.to(device)
             with tree_attention(self.model):
@@ -338,8 +370,10 @@ class PolicyForward:
             if layout.calls:
                 return out, True
             # the model dropped the keyword, so that forward was plain causal attention: discard it
-            logger.warning("%s does not pass attention keywords to its layers; packed steps use the dense mask",
-                           type(self.model).__name__)
+            logger.warning(
+                "%s does not pass attention keywords to its layers; packed steps use the dense mask",
+                type(self.model).__name__,
+            )
             self.tree_attention = False
             part = batch.root_chunk(roots, dtype)
         mask = part["attention_mask"].to(device)

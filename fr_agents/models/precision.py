@@ -50,8 +50,10 @@ def bfloat16_support(device: str) -> tuple[bool, str]:
         if flags:
             return True, f"this CPU has {' and '.join(flags)} (bfloat16 products in hardware)"
         capability = torch.backends.cpu.get_cpu_capability()
-        return False, (f"this CPU ({capability}) has neither AVX512-BF16 nor AMX: bfloat16 products are emulated "
-                       "(~70x slower than float32's on an AVX2 EPYC, docs/measurements.md)")
+        return False, (
+            f"this CPU ({capability}) has neither AVX512-BF16 nor AMX: bfloat16 products are emulated "
+            "(~70x slower than float32's on an AVX2 EPYC, docs/measurements.md)"
+        )
     features = _cpuinfo_features()
     if "bf16" in features:
         return True, f"this {machine} CPU lists the bf16 feature"

@@ -145,10 +145,25 @@ def _is_tiny_config(folder: Path) -> bool:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    shape = tuple(config.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                          "num_key_value_heads", "intermediate_size"))
+    shape = tuple(
+        config.get(k)
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+        )
+    )
     return config.get("model_type") == "qwen2" and any(
-        shape == (s.hidden_size, s.num_hidden_layers, s.num_attention_heads, s.num_key_value_heads, s.intermediate_size)
+        shape
+        == (
+            s.hidden_size,
+            s.num_hidden_layers,
+            s.num_attention_heads,
+            s.num_key_value_heads,
+            s.intermediate_size,
+        )
         for s in SIZES.values()
     )
 

@@ -144,8 +144,17 @@ class HFEngine(Engine):
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
-        self.stats = {"waves": 0, "steps": 0, "tokens": 0, "rows": 0, "joined": 0, "shared_prefill_tokens": 0,
-                      "opening_tokens": 0, "prefill_tokens": 0, "continued_tokens": 0}
+        self.stats = {
+            "waves": 0,
+            "steps": 0,
+            "tokens": 0,
+            "rows": 0,
+            "joined": 0,
+            "shared_prefill_tokens": 0,
+            "opening_tokens": 0,
+            "prefill_tokens": 0,
+            "continued_tokens": 0,
+        }
         self.on_token = on_token
         # None: waves run fr_agents.models.compact's prefill and decode; else why they do not
         self.compact_reason = compact_reason(model) if compact else "compact is off"
@@ -177,7 +186,9 @@ class HFEngine(Engine):
         self._enqueue(prompt_ids, options, hops.teller(fut))
         return fut
 
-    def _enqueue(self, prompt_ids: Sequence[int], options: SamplingOptions, tell: Callable[[hops.Outcome], None]) -> None:
+    def _enqueue(
+        self, prompt_ids: Sequence[int], options: SamplingOptions, tell: Callable[[hops.Outcome], None]
+    ) -> None:
         if self._closed:
             raise RuntimeError("HFEngine is closed")
         ids = [int(t) for t in prompt_ids]
@@ -317,7 +328,9 @@ class HFEngine(Engine):
         self.stats["waves"] += 1
         self.stats["rows"] += len(reqs)
         version = self._between_steps()
-        wave = (_CompactWave if self.compact_reason is None else _TransformersWave)(self, reqs, self._shared_len(reqs))
+        wave = (_CompactWave if self.compact_reason is None else _TransformersWave)(
+            self, reqs, self._shared_len(reqs)
+        )
         self.stats["shared_prefill_tokens"] += wave.shared
         logits = wave.first_logits()
         active = list(reqs)  # the rows in the batch, in the wave's row order
@@ -341,9 +354,17 @@ class HFEngine(Engine):
                         keep.append(row)
                     else:
                         wave.keep(row, r, version)
-                        r.resolve(True, Generation(token_ids=r.token_ids, logprobs=r.logprobs, version=min(r.versions),
-                                                   finish_reason=reason, versions=r.versions,
-                                                   entropies=r.entropies))
+                        r.resolve(
+                            True,
+                            Generation(
+                                token_ids=r.token_ids,
+                                logprobs=r.logprobs,
+                                version=min(r.versions),
+                                finish_reason=reason,
+                                versions=r.versions,
+                                entropies=r.entropies,
+                            ),
+                        )
                 # a running compact batch takes queued requests into the places finished rows left
                 joining = self._join(self.max_batch_size - len(keep)) if wave.joinable else []
                 if not keep and not joining:
@@ -354,7 +375,9 @@ class HFEngine(Engine):
                 version = self._between_steps()
                 parts = []
                 if active:
-                    parts.append(wave.next_logits(torch.tensor([r.token_ids[-1] for r in active], device=self.device)))
+                    parts.append(
+                        wave.next_logits(torch.tensor([r.token_ids[-1] for r in active], device=self.device))
+                    )
                 if joining:
                     self.stats["rows"] += len(joining)
                     self.stats["joined"] += len(joining)
@@ -397,12 +420,20 @@ class HFEngine(Engine):
         plain = [i for i, r in enumerate(reqs) if _untruncated(r.options)]
         if plain:
             rows, row_lse = (scaled, lse) if len(plain) == len(reqs) else (scaled[plain], lse[plain])
-            u = torch.cat([torch.rand(1, generator=g, device=g.device)
-                           for g in (reqs[i].generator or self._gen for i in plain)]).to(rows.device)
+            u = torch.cat(
+                [
+                    torch.rand(1, generator=g, device=g.device)
+                    for g in (reqs[i].generator or self._gen for i in plain)
+                ]
+            ).to(rows.device)
             cdf = torch.exp(rows - row_lse).cumsum(dim=-1)
-            draws = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=rows.shape[1] - 1)
+            draws = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(
+                max=rows.shape[1] - 1
+            )
             picked = rows.gather(1, draws).squeeze(1) - row_lse.squeeze(1)
-            for i, tok, lp in zip(plain, draws.squeeze(1).tolist(), picked.tolist(), strict=True):  # one copy, not one per row
+            for i, tok, lp in zip(
+                plain, draws.squeeze(1).tolist(), picked.tolist(), strict=True
+            ):  # one copy, not one per row
                 if math.isfinite(lp):  # else (float rounding at the very top) drawn below
                     out[i] = (tok, lp)
         for i, r in enumerate(reqs):
@@ -420,7 +451,9 @@ class HFEngine(Engine):
         want = [i for i, r in enumerate(reqs) if r.options.entropies]
         if not want:
             return
-        temps = torch.tensor([reqs[i].options.temperature for i in want], dtype=torch.float32, device=logits.device)
+        temps = torch.tensor(
+            [reqs[i].options.temperature for i in want], dtype=torch.float32, device=logits.device
+        )
         logp = torch.log_softmax(logits[want].float() / temps[:, None], dim=-1)
         ent = -(logp.exp() * logp).nan_to_num().sum(dim=-1)  # 0 * -inf (a masked token) counts as 0
         for i, h in zip(want, ent.tolist(), strict=True):
@@ -454,8 +487,12 @@ class _TransformersWave:
         self.model, dev = engine.model, engine.device
         self.cache = DynamicCache(config=self.model.config)
         if shared and hasattr(self.cache, "batch_repeat_interleave"):
-            self.model(input_ids=torch.tensor([reqs[0].prompt_ids[:shared]], dtype=torch.long, device=dev),
-                       past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            self.model(
+                input_ids=torch.tensor([reqs[0].prompt_ids[:shared]], dtype=torch.long, device=dev),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             self.cache.batch_repeat_interleave(len(reqs))
         else:
             shared = 0
@@ -475,8 +512,14 @@ class _TransformersWave:
         """Nothing is kept (see the class docstring)."""
 
     def first_logits(self) -> torch.Tensor:
-        out = self.model(input_ids=self.input_ids, attention_mask=self.mask, position_ids=self.positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=self.input_ids,
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         self.next_pos = self.positions[:, -1:] + 1
         return out.logits[:, -1, :]
 
@@ -490,8 +533,13 @@ class _TransformersWave:
 
     def next_logits(self, last: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
-        out = self.model(input_ids=last[:, None], attention_mask=self.mask, position_ids=self.next_pos,
-                         past_key_values=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=last[:, None],
+            attention_mask=self.mask,
+            position_ids=self.next_pos,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.next_pos = self.next_pos + 1
         return out.logits[:, -1, :]
 
@@ -575,8 +623,13 @@ class _CompactWave:
         ids = torch.full((len(reqs), max(lengths)), self.engine.pad_id, dtype=torch.long, device=self.device)
         for i, (r, (n, _)) in enumerate(zip(reqs, found, strict=True)):
             ids[i, : lengths[i]] = torch.tensor(r.prompt_ids[n:], dtype=torch.long, device=self.device)
-        logits = compact_extend(self.model, ids, torch.tensor(lengths, dtype=torch.long, device=self.device), rows,
-                                self.engine.fused())
+        logits = compact_extend(
+            self.model,
+            ids,
+            torch.tensor(lengths, dtype=torch.long, device=self.device),
+            rows,
+            self.engine.fused(),
+        )
         self.engine.stats["prefill_tokens"] += sum(lengths)
         self.live += len(reqs)
         return logits
@@ -593,12 +646,24 @@ class _CompactWave:
             ids[i, : lengths[i]] = torch.tensor(r.prompt_ids[kept:], dtype=torch.long, device=self.device)
         rows = self.cache.rows(self.live, self.live + len(reqs))
         prefix = max(0, shared - kept)
-        logits = compact_prefill(self.model, ids, torch.tensor(lengths, dtype=torch.long, device=self.device),
-                                 prefix, rows, self.engine.fused(), past)
+        logits = compact_prefill(
+            self.model,
+            ids,
+            torch.tensor(lengths, dtype=torch.long, device=self.device),
+            prefix,
+            rows,
+            self.engine.fused(),
+            past,
+        )
         self.engine.stats["prefill_tokens"] += prefix + sum(n - prefix for n in lengths)
         if shared > kept:
-            opening.remember(reqs[0].prompt_ids[:shared],
-                             Past([k[0, :, :shared].clone() for k in rows.keys], [v[0, :, :shared].clone() for v in rows.values]))
+            opening.remember(
+                reqs[0].prompt_ids[:shared],
+                Past(
+                    [k[0, :, :shared].clone() for k in rows.keys],
+                    [v[0, :, :shared].clone() for v in rows.values],
+                ),
+            )
         self.live += len(reqs)
         return logits
 
@@ -610,7 +675,12 @@ class _CompactWave:
         n = int(self.cache.lengths[row])
         tokens = (req.prompt_ids + req.token_ids)[:n]
         self.engine.continuations.keep(
-            tokens, Past([k[row, :, :n].clone() for k in self.cache.keys], [v[row, :, :n].clone() for v in self.cache.values]))
+            tokens,
+            Past(
+                [k[row, :, :n].clone() for k in self.cache.keys],
+                [v[row, :, :n].clone() for v in self.cache.values],
+            ),
+        )
 
     def select(self, keep: list[int]) -> list[int]:
         """Keep rows ``keep`` (ascending) as the first ``len(keep)`` rows: each finished place among

@@ -110,8 +110,10 @@ class OpenAIEngine(Engine):
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         if options.entropies:
-            raise NotImplementedError("OpenAIEngine: per-token entropies (SamplingOptions.entropies, asked for by "
-                                      "rollout.branch_policy=token) need the hf engine")
+            raise NotImplementedError(
+                "OpenAIEngine: per-token entropies (SamplingOptions.entropies, asked for by "
+                "rollout.branch_policy=token) need the hf engine"
+            )
         version = self.version
         reply = await asyncio.to_thread(self._post, self.request_body(prompt_ids, options))
         return self.parse(reply, version)

@@ -97,8 +97,10 @@ class VLLMEngine(Engine):
         if not ids:
             raise ValueError("prompt_ids must not be empty")
         if options.entropies:
-            raise NotImplementedError("vLLM engine: per-token entropies (SamplingOptions.entropies, asked for by "
-                                      "rollout.branch_policy=token) need the hf engine")
+            raise NotImplementedError(
+                "vLLM engine: per-token entropies (SamplingOptions.entropies, asked for by "
+                "rollout.branch_policy=token) need the hf engine"
+            )
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put((ids, options, fut))
         return fut

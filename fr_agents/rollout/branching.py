@@ -75,7 +75,9 @@ class _Branch:
     sampled: int = 0  # policy tokens this branch sampled itself (since it forked)
     branched: set[int] = field(default_factory=set)
     turn_starts: list[int] = field(default_factory=list)  # held_text offset where each turn's action begins
-    demo_spans: list[tuple[int, int]] = field(default_factory=list)  # token spans of scripted (non-policy) replies
+    demo_spans: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # token spans of scripted (non-policy) replies
     engine: Any = None  # this branch's engine view (None: the episode's engine)
     budget: float = float("inf")  # this branch's share of the tree's policy-token budget
     surprisal: float = 0.0  # mean -log p of the last sampled action (0 for scripted replies)
@@ -84,7 +86,11 @@ class _Branch:
         """A continuation of this branch with ``env``: the same state, with its own copy of every
         list, dict and set (so the two grow apart), and nothing sampled yet (the shared part was
         sampled once, by this branch)."""
-        own = {f.name: copy.copy(v) for f in fields(self) if isinstance(v := getattr(self, f.name), list | dict | set)}
+        own = {
+            f.name: copy.copy(v)
+            for f in fields(self)
+            if isinstance(v := getattr(self, f.name), list | dict | set)
+        }
         return replace(self, **{**own, "env": env, "sampled": 0})
 
 
@@ -99,7 +105,6 @@ def fork_positions(entropies: list[float], n: int, floor: float) -> list[int]:
 class Branching:
     """The forking half of an episode (see the module docstring); the episode supplies ``opt``,
     ``engine``, ``make_env``, ``seed``, ``reset_options``, ``emit`` and the turn methods."""
-
 
     def should_branch(self, b: _Branch) -> bool:
         """Whether ``b`` forks now, before its reply: at a turn of ``branch_at`` it has not forked
@@ -117,8 +122,12 @@ class Branching:
     def forks_in_turn(self, b: _Branch) -> bool:
         """Whether ``b``'s next reply is sampled once and then forked at its uncertain tokens (token
         policy, a turn of ``branch_at`` it has not forked at)."""
-        return (self.opt.branch_policy == "token" and self.opt.branch_factor >= 2
-                and b.turn in self.opt.branch_at and b.turn not in b.branched)
+        return (
+            self.opt.branch_policy == "token"
+            and self.opt.branch_factor >= 2
+            and b.turn in self.opt.branch_at
+            and b.turn not in b.branched
+        )
 
     async def branch_in_turn(self, b: _Branch, opts: SamplingOptions) -> list[LeafResult]:
         """Fork ``b`` inside its reply (token policy, module docstring "In-turn branching").
@@ -134,8 +143,10 @@ class Branching:
         parent_engine = b.engine or self.engine
         gen = await parent_engine.generate(b.held_ids, replace(opts, entropies=True))  # type: ignore[union-attr]
         if gen.token_ids and len(gen.entropies) != len(gen.token_ids):
-            raise ValueError(f"rollout.branch_policy=token: the engine {type(parent_engine).__name__} returned "
-                             f"{len(gen.entropies)} entropies for {len(gen.token_ids)} tokens; use rollout.engine=hf")
+            raise ValueError(
+                f"rollout.branch_policy=token: the engine {type(parent_engine).__name__} returned "
+                f"{len(gen.entropies)} entropies for {len(gen.token_ids)} tokens; use rollout.engine=hf"
+            )
         spots = fork_positions(gen.entropies, self.opt.branch_factor - 1, self.opt.branch_entropy)
         if (b.budget - len(gen.token_ids)) / (len(spots) + 1) < 1:
             spots = []
@@ -144,8 +155,12 @@ class Branching:
             try:
                 env = await self.fork_env(b)
             except InfrastructureFailure:  # no env for a continuation: fewer forks
-                log.warning("an in-turn fork could not get an env; %d continuations instead of %d",
-                            len(clones), len(spots), exc_info=True)
+                log.warning(
+                    "an in-turn fork could not get an env; %d continuations instead of %d",
+                    len(clones),
+                    len(spots),
+                    exc_info=True,
+                )
                 break
             clones.append(b.fork(env))
         spots = spots[: len(clones)]
@@ -157,19 +172,29 @@ class Branching:
             leaves = await self.act(b, gen)
             return leaves if leaves is not None else await self.run(b)
 
-        results = await asyncio.gather(first(), *(self.continue_at(c, gen, p, opts) for c, p in zip(clones, spots, strict=True)))
+        results = await asyncio.gather(
+            first(), *(self.continue_at(c, gen, p, opts) for c, p in zip(clones, spots, strict=True))
+        )
         return [leaf for leaves in results for leaf in leaves]
 
-    async def continue_at(self, c: _Branch, gen: Generation, at: int, opts: SamplingOptions) -> list[LeafResult]:
+    async def continue_at(
+        self, c: _Branch, gen: Generation, at: int, opts: SamplingOptions
+    ) -> list[LeafResult]:
         """The continuation of an in-turn fork: ``gen``'s first ``at`` tokens, then what ``c``'s
         engine samples from there; stored, acted on and run on like any reply."""
         head = gen.token_ids[:at]
         room = int(min(opts.max_tokens - at, c.budget, self.opt.max_context - len(c.held_ids) - at))
         tail = await (c.engine or self.engine).generate(  # type: ignore[union-attr]
-            c.held_ids + head, replace(opts, max_tokens=max(1, room), entropies=False))
+            c.held_ids + head, replace(opts, max_tokens=max(1, room), entropies=False)
+        )
         versions = gen.token_versions()[:at] + tail.token_versions()
-        whole = Generation(token_ids=head + tail.token_ids, logprobs=gen.logprobs[:at] + tail.logprobs,
-                           version=min(versions), finish_reason=tail.finish_reason, versions=versions)
+        whole = Generation(
+            token_ids=head + tail.token_ids,
+            logprobs=gen.logprobs[:at] + tail.logprobs,
+            version=min(versions),
+            finish_reason=tail.finish_reason,
+            versions=versions,
+        )
         await self.store_generation(c, whole, sampled=len(tail.token_ids))
         leaves = await self.act(c, whole)
         return leaves if leaves is not None else await self.run(c)

@@ -115,7 +115,10 @@ def example_turns(examples: Sequence[dict[str, str]]) -> tuple[tuple[str, str], 
 
 
 def encode_prompt(
-    tokenizer: Any, observation: str, system_prompt: str | None = None, examples: Sequence[tuple[str, str]] = ()
+    tokenizer: Any,
+    observation: str,
+    system_prompt: str | None = None,
+    examples: Sequence[tuple[str, str]] = (),
 ) -> tuple[str, list[int]]:
     """The prompt of an episode, as text and token ids: the chat template of
     :func:`prompt_messages` with the generation prompt, encoded with the round-trip check (a

@@ -121,7 +121,9 @@ class _Episode(Branching):
         self.make_env = make_env
         self.engine = engine
         self.actor = actor
-        self.agent = getattr(actor, "__name__", type(actor).__name__).removesuffix("_actor") if actor else None
+        self.agent = (
+            getattr(actor, "__name__", type(actor).__name__).removesuffix("_actor") if actor else None
+        )
         self.tok = tokenizer
         self.tree = tree
         self.opt = options
@@ -376,7 +378,13 @@ class _Episode(Branching):
         try:
             # durable before the episode counts as done: the writer fsyncs the run it commits with
             leaf = await tree_write_durable(
-                self.tree.finish, b.node, reward, partial_score=partial, status=status, info=info, durable=False
+                self.tree.finish,
+                b.node,
+                reward,
+                partial_score=partial,
+                status=status,
+                info=info,
+                durable=False,
             )
         except DuplicateLeafError as e:  # an identical path was already stored: it is that leaf
             leaf = e.leaf_id
@@ -389,7 +397,9 @@ class _Episode(Branching):
                     await in_env_thread(self.close_env, b.env)
                 except Exception as e:  # noqa: BLE001 - logged; the leaf is stored
                     log.warning("closing the env of an aborted branch failed: %r", e)
-        return LeafResult(leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info, b.sampled)
+        return LeafResult(
+            leaf, reward, status, partial, b.turn, b.policy_tokens, list(b.rewards), info, b.sampled
+        )
 
 
 async def run_episode(

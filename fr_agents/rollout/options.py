@@ -27,7 +27,9 @@ class RolloutOptions:
     max_context: int = defaults.MAX_CONTEXT
     max_turns: int = defaults.MAX_TURNS
     system_prompt: str | None = None
-    examples: tuple[tuple[str, str], ...] = ()  # (role, content) turns between the system message and the first observation
+    examples: tuple[
+        tuple[str, str], ...
+    ] = ()  # (role, content) turns between the system message and the first observation
     observation_role: str = "user"
     turn_reward: Literal["sum", "last"] = "sum"
     branch_factor: int = 1
@@ -44,7 +46,9 @@ class RolloutOptions:
 
     def __post_init__(self) -> None:
         if self.branch_policy not in ("fixed", "entropy", "token"):
-            raise ValueError(f"branch_policy must be 'fixed', 'entropy' or 'token', got {self.branch_policy!r}")
+            raise ValueError(
+                f"branch_policy must be 'fixed', 'entropy' or 'token', got {self.branch_policy!r}"
+            )
         if not float(self.branch_entropy) >= 0:
             raise ValueError(f"branch_entropy must be >= 0, got {self.branch_entropy}")
         if int(self.tree_budget_tokens) < 0:

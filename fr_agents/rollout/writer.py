@@ -50,7 +50,9 @@ class TreeWriter:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def put(self, tree: Any, fn: Callable[[], Any], tell: Callable[[hops.Outcome], None], *, durable: bool = False) -> None:
+    def put(
+        self, tree: Any, fn: Callable[[], Any], tell: Callable[[hops.Outcome], None], *, durable: bool = False
+    ) -> None:
         """Queue ``fn()`` (a write to ``tree``); ``tell(outcome)`` runs on the writer thread once the
         write is committed (``durable``: and fsynced)."""
         with self._start_lock:

@@ -68,7 +68,9 @@ class Bucket:
         once per dtype: every layer of a forward and its backward reuse it instead of converting
         the boolean mask again."""
         if dtype not in self._bias:
-            mask = torch.full((*self.allowed.shape,), torch.finfo(dtype).min, dtype=dtype, device=self.allowed.device)
+            mask = torch.full(
+                (*self.allowed.shape,), torch.finfo(dtype).min, dtype=dtype, device=self.allowed.device
+            )
             self._bias[dtype] = mask.masked_fill_(self.allowed, 0.0)[:, None]
         return self._bias[dtype]
 
@@ -107,8 +109,12 @@ class TreeLayout:
             real = b.q_valid.flatten()
             out[b.q_index.flatten()[real]] = torch.nonzero(real).flatten() + offset
             offset += b.q_index.numel()
-        flat = [b.q_index.flatten() for b in self.buckets] or [torch.zeros(0, dtype=torch.long, device=device)]
-        keys = [b.k_index.flatten() for b in self.buckets] or [torch.zeros(0, dtype=torch.long, device=device)]
+        flat = [b.q_index.flatten() for b in self.buckets] or [
+            torch.zeros(0, dtype=torch.long, device=device)
+        ]
+        keys = [b.k_index.flatten() for b in self.buckets] or [
+            torch.zeros(0, dtype=torch.long, device=device)
+        ]
         return torch.cat(flat), torch.cat(keys), out
 
     @classmethod
@@ -179,10 +185,14 @@ def tree_attention_forward(
     if tree_layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     r, h, w, d = query.shape
     if (r, w) != (tree_layout.rows, tree_layout.width):
-        raise ValueError(f"tree_layout: built for [{tree_layout.rows}, {tree_layout.width}], the input is [{r}, {w}]")
+        raise ValueError(
+            f"tree_layout: built for [{tree_layout.rows}, {tree_layout.width}], the input is [{r}, {w}]"
+        )
     hkv = key.shape[1]
     # Token-major [R * W, heads, D]: a gather of positions is one index_select along dim 0, whose
     # backward is a scatter-add (advanced indexing's backward, an accumulating index_put_, runs
@@ -201,7 +211,10 @@ def tree_attention_forward(
             qb.view(g, bq, h, d).transpose(1, 2),
             kb.view(g, ck, hkv, d).transpose(1, 2),
             vb.view(g, ck, hkv, d).transpose(1, 2),
-            attn_mask=b.bias(query.dtype), dropout_p=dropout, scale=scaling, enable_gqa=hkv != h,
+            attn_mask=b.bias(query.dtype),
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=hkv != h,
         )
         outs.append(o.transpose(1, 2).reshape(g * bq, h, d))
     outs.append(query.new_zeros(1, h, d))  # what padding positions read
@@ -250,4 +263,3 @@ def tree_attention(model: Any) -> Iterator[None]:
         yield
     finally:
         model.set_attn_implementation(base)
-

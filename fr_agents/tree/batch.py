@@ -128,7 +128,9 @@ class PackedBatch:
     token_index: Tensor  # long [B, T]: packed index of token t of leaf i (0 on padding)
     node_of: Tensor  # long [N]: which packed segment each token belongs to
     segment_ancestors: Tensor  # bool [S, S]: [s, a] = a is s or an ancestor of s
-    root_spans: list[tuple[int, int]] = field(default_factory=list)  # packed [start, stop) of each root's subtree
+    root_spans: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # packed [start, stop) of each root's subtree
     leaf_root: Tensor | None = None  # long [B]: index into root_spans of each leaf's root
 
     @property
@@ -176,7 +178,9 @@ class PackedBatch:
     def root_chunks(self, budget: int) -> list[list[int]]:
         """Root indices grouped so that ``roots x widest root <= budget`` (<= 0: one group),
         largest roots first; each group is one per-root forward."""
-        order = sorted(range(len(self.root_spans)), key=lambda r: -(self.root_spans[r][1] - self.root_spans[r][0]))
+        order = sorted(
+            range(len(self.root_spans)), key=lambda r: -(self.root_spans[r][1] - self.root_spans[r][0])
+        )
         if budget <= 0:
             return [order] if order else []
         chunks: list[list[int]] = []
@@ -201,7 +205,9 @@ class PackedBatch:
         ``[b]``) and ``prev`` (``[b, T]``: the index into the flattened ``[R*W]`` logits
         predicting each token of those leaves)."""
         if not dtype.is_floating_point:
-            raise ValueError(f"dtype: the packed mask must be a float dtype (bool is wrong under eager), got {dtype}")
+            raise ValueError(
+                f"dtype: the packed mask must be a float dtype (bool is wrong under eager), got {dtype}"
+            )
         spans = [self.root_spans[r] for r in roots]
         width = self.chunk_width(roots)
         n_roots = len(spans)
@@ -214,7 +220,9 @@ class PackedBatch:
             pos[i, :n] = self.position_ids[0, a:b]
             to_chunk[a:b] = torch.arange(i * width, i * width + n)
         assert self.leaf_root is not None
-        rows = torch.nonzero(torch.isin(self.leaf_root, torch.tensor(list(roots), dtype=torch.long))).flatten()
+        rows = torch.nonzero(
+            torch.isin(self.leaf_root, torch.tensor(list(roots), dtype=torch.long))
+        ).flatten()
         out = {"input_ids": ids, "position_ids": pos, "rows": rows, "prev": to_chunk[self.prev_index[rows]]}
         if dense_mask:
             mask = torch.full((n_roots, 1, width, width), torch.finfo(dtype).min, dtype=dtype)
@@ -279,7 +287,9 @@ def row_weights(weights: Sequence[float] | None, b: int) -> Tensor | None:
     return None if all(w == 1 for w in weights) else torch.tensor(weights, dtype=torch.float32)
 
 
-def build_flat(trajs: Sequence[Trajectory], reward: str = "env", weights: Sequence[float] | None = None) -> FlatBatch:
+def build_flat(
+    trajs: Sequence[Trajectory], reward: str = "env", weights: Sequence[float] | None = None
+) -> FlatBatch:
     """Pad trajectories into a :class:`FlatBatch`; ``weights[i]`` is the number of sampled leaves
     row ``i`` stands for (identical siblings merged into it), default one each."""
     if not trajs:
@@ -293,7 +303,9 @@ def build_flat(trajs: Sequence[Trajectory], reward: str = "env", weights: Sequen
 
     def padded(name: str, dtype: torch.dtype, fill: float) -> Tensor:
         out = torch.full((b, t), fill, dtype=dtype)
-        out[att] = torch.tensor(list(itertools.chain.from_iterable(getattr(x, name) for x in trajs)), dtype=dtype)
+        out[att] = torch.tensor(
+            list(itertools.chain.from_iterable(getattr(x, name) for x in trajs)), dtype=dtype
+        )
         return out
 
     tok = padded("token_ids", torch.long, 0)
@@ -355,7 +367,9 @@ def branching_nodes(trajs: Sequence[Trajectory]) -> list[int]:
     return out
 
 
-def build_packed(trajs: Sequence[Trajectory], reward: str = "env", weights: Sequence[float] | None = None) -> PackedBatch:
+def build_packed(
+    trajs: Sequence[Trajectory], reward: str = "env", weights: Sequence[float] | None = None
+) -> PackedBatch:
     """Lay the union of the trajectories' path nodes out once, depth first (``weights`` as for
     :func:`build_flat`)."""
     flat = build_flat(trajs, reward, weights)
@@ -413,7 +427,8 @@ def build_packed(trajs: Sequence[Trajectory], reward: str = "env", weights: Sequ
     root_starts = [seg_start[seg_index[node]] for node in kids.get(None, [])]  # DFS order: ascending
     root_spans = list(zip(root_starts, [*root_starts[1:], len(ids)], strict=True))
     leaf_root = torch.tensor(
-        [int(np.searchsorted(root_starts, int(token_index[i, 0]), side="right")) - 1 for i in range(b)], dtype=torch.long
+        [int(np.searchsorted(root_starts, int(token_index[i, 0]), side="right")) - 1 for i in range(b)],
+        dtype=torch.long,
     )
     return PackedBatch(
         flat=flat,

@@ -203,7 +203,9 @@ def read_trajectories(c: sqlite3.Connection, leaves: Sequence[int]) -> list[Traj
     return [built[leaf] for leaf in leaves]
 
 
-def _trajectory(leaf: int, meta: tuple[Any, ...], rows: list[NodeRow], segments: dict[int, Segment]) -> Trajectory:
+def _trajectory(
+    leaf: int, meta: tuple[Any, ...], rows: list[NodeRow], segments: dict[int, Segment]
+) -> Trajectory:
     """One leaf's :class:`Trajectory` from its ``leaves`` columns ``meta`` and its path's ``rows``
     (root first); ``segments`` caches the decoded segments by node id across the leaves of a read."""
     root, reward, partial_score, status, info = meta

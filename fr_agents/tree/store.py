@@ -240,7 +240,10 @@ class TrajectoryTree:
                 # an aborted path has no outcome: the first attempt that gets it graded gives it one
                 before = json.loads(stored[1]) if stored[1] else {}
                 merged = dict(info or {})
-                merged["aborted_before"] = [*before.get("aborted_before", []), before.get("aborted_by", "unknown")]
+                merged["aborted_before"] = [
+                    *before.get("aborted_before", []),
+                    before.get("aborted_by", "unknown"),
+                ]
                 c.execute(
                     "UPDATE leaves SET reward = ?, partial_score = ?, status = ?, info = ? WHERE id = ?",
                     (reward, partial_score, status, _json_field(merged, "info"), node),
@@ -511,7 +514,8 @@ class TrajectoryTree:
         marks = ",".join("?" * len(ids))
         with self._db.write(durable=True) as c:
             n = c.execute(
-                f"UPDATE leaves SET state = {STATE_PRUNED} WHERE state = {STATE_AVAILABLE} AND id IN ({marks})", ids
+                f"UPDATE leaves SET state = {STATE_PRUNED} WHERE state = {STATE_AVAILABLE} AND id IN ({marks})",
+                ids,
             ).rowcount
             if n:
                 bump(c, "pruned", n)
@@ -606,4 +610,13 @@ def _consume(c: sqlite3.Connection, ids: list[int]) -> int:
     return batch
 
 
-__all__ = ["DuplicateLeafError", "NodeRow", "NodeView", "REWARD_MODES", "STATUSES", "Trajectory", "TrajectoryTree", "STATE_PRUNED"]
+__all__ = [
+    "DuplicateLeafError",
+    "NodeRow",
+    "NodeView",
+    "REWARD_MODES",
+    "STATUSES",
+    "Trajectory",
+    "TrajectoryTree",
+    "STATE_PRUNED",
+]

@@ -16,7 +16,11 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("env", "policy", "demo")
-_ROLE_LINES = {"system", "user", "assistant"}  # what a chat template's role header leaves once its markers are gone
+_ROLE_LINES = {
+    "system",
+    "user",
+    "assistant",
+}  # what a chat template's role header leaves once its markers are gone
 
 
 class TokenText:
@@ -106,4 +110,6 @@ class TokenText:
         with self._lock:
             if hasattr(self.tok, "get_vocab_size"):  # tokenizers.Tokenizer
                 return str(self.tok.decode(ids, skip_special_tokens=not special))
-            return str(self.tok.decode(ids, skip_special_tokens=not special, clean_up_tokenization_spaces=False))
+            return str(
+                self.tok.decode(ids, skip_special_tokens=not special, clean_up_tokenization_spaces=False)
+            )

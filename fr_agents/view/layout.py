@@ -58,7 +58,9 @@ def locate(path: str | Path) -> Target:
     if p.is_dir():
         store = p / STORE_FILE
         if not store.is_file() and not (p / CONFIG_FILE).is_file():
-            raise ValueError(f"PATH: {p} is a directory without {STORE_FILE} or {CONFIG_FILE} (not a run directory)")
+            raise ValueError(
+                f"PATH: {p} is a directory without {STORE_FILE} or {CONFIG_FILE} (not a run directory)"
+            )
         return Target(store=store, run_dir=p)
     if p.is_file():
         parent = p.parent

@@ -67,7 +67,9 @@ class StoreReader:
 
     # ------------------------------------------------------------------ connections
     def _connect(self, path: Path) -> sqlite3.Connection:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None, timeout=10)
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None, timeout=10
+        )
         conn.execute("PRAGMA query_only=1")
         return conn
 
@@ -254,7 +256,9 @@ class StoreReader:
             self._shapes[root] = (ver, shape)
         return shape
 
-    def tree_page(self, root: int, decoder: TokenText, *, offset: int = 0, limit: int = 200) -> dict[str, Any]:
+    def tree_page(
+        self, root: int, decoder: TokenText, *, offset: int = 0, limit: int = 200
+    ) -> dict[str, Any]:
         """Nodes of ``root``'s subtree in depth-first order, ``limit`` from ``offset``, each with
         its text runs (clipped to a preview), outcome and subtree leaf count."""
         offset, limit = _page(offset, limit)
@@ -404,7 +408,10 @@ class StoreReader:
             ver = _version(c)
             if self._sharing is not None and self._sharing[0] == ver:
                 return self._sharing[1]
-            parents = {int(i): (None if p is None else int(p), int(n)) for i, p, n in c.execute("SELECT id, parent, n FROM nodes")}
+            parents = {
+                int(i): (None if p is None else int(p), int(n))
+                for i, p, n in c.execute("SELECT id, parent, n FROM nodes")
+            }
             rows = c.execute(
                 "SELECT consumed_seq, id, length FROM leaves WHERE consumed_seq IS NOT NULL ORDER BY consumed_seq"
             ).fetchall()
@@ -424,7 +431,13 @@ class StoreReader:
                     node = p
             logical = sum(length for _, length in members)
             out.append(
-                {"batch": b, "leaves": len(members), "logical": logical, "stored": stored, "ratio": logical / stored if stored else None}
+                {
+                    "batch": b,
+                    "leaves": len(members),
+                    "logical": logical,
+                    "stored": stored,
+                    "ratio": logical / stored if stored else None,
+                }
             )
         self._sharing = (ver, out)
         return out

@@ -47,7 +47,10 @@ def _num(x: Any) -> float | None:
 def curves(rows: list[dict[str, Any]], sharing: list[dict[str, Any]]) -> dict[str, Any]:
     """Series for the run page. ``sharing`` is :meth:`StoreReader.sharing_by_batch`."""
     steps = [r for r in rows if r.get("kind") == "step" and _num(r.get("step")) is not None]
-    series = {key: {"label": label, "x": [r["step"] for r in steps], "y": [_num(r.get(key)) for r in steps]} for label, key in STEP_SERIES}
+    series = {
+        key: {"label": label, "x": [r["step"] for r in steps], "y": [_num(r.get(key)) for r in steps]}
+        for label, key in STEP_SERIES
+    }
     evals = [r for r in rows if r.get("kind") == "eval" and _num(r.get("success")) is not None]
     series["success"] = {
         "label": "held-out success",
@@ -58,9 +61,15 @@ def curves(rows: list[dict[str, Any]], sharing: list[dict[str, Any]]) -> dict[st
     at_k = [r for r in rows if r.get("kind") == "eval_at_k"]
     if at_k:
         # the periodic eval's row names its metrics avg@k / pass@k (fr_agents/eval/periodic.py)
-        key = next((k for k in at_k[0] if k.startswith(("avg@", "pass@")) and _num(at_k[0][k]) is not None), None)
+        key = next(
+            (k for k in at_k[0] if k.startswith(("avg@", "pass@")) and _num(at_k[0][k]) is not None), None
+        )
         if key:
-            series["success_at_k"] = {"label": f"periodic eval ({key})", "x": [r.get("step", 0) for r in at_k], "y": [_num(r.get(key)) for r in at_k]}
+            series["success_at_k"] = {
+                "label": f"periodic eval ({key})",
+                "x": [r.get("step", 0) for r in at_k],
+                "y": [_num(r.get(key)) for r in at_k],
+            }
     series["sharing"] = {
         "label": "sharing ratio (logical / stored tokens per consumed batch)",
         "x": [s["batch"] for s in sharing],

@@ -43,7 +43,12 @@ from fr_agents.view.run import config_text, curves, read_rows
 
 log = logging.getLogger(__name__)
 
-STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
+STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".png": "image/png",
+}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -58,7 +63,9 @@ class ViewApp:
         self.decoder = decoder
         self._reader: StoreReader | None = None
         self._lock = threading.Lock()
-        self.static = {p.name: p for p in resources.files("fr_agents.view").joinpath("static").iterdir() if p.is_file()}
+        self.static = {
+            p.name: p for p in resources.files("fr_agents.view").joinpath("static").iterdir() if p.is_file()
+        }
 
     def reader(self) -> StoreReader | None:
         """The store reader, opened once the store file exists (a run may not have one yet)."""
@@ -90,7 +97,10 @@ class ViewApp:
     def poll(self) -> dict[str, Any]:
         r = self.reader()
         m = self.target.metrics
-        return {"store": list(r.version()) if r else None, "metrics": m.stat().st_size if m and m.is_file() else 0}
+        return {
+            "store": list(r.version()) if r else None,
+            "metrics": m.stat().st_size if m and m.is_file() else 0,
+        }
 
     def run(self) -> dict[str, Any]:
         r = self.reader()
@@ -255,7 +265,9 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def make_server(path: str | Path, *, host: str = "127.0.0.1", port: int = 8765, model: str | None = None) -> ViewServer:
+def make_server(
+    path: str | Path, *, host: str = "127.0.0.1", port: int = 8765, model: str | None = None
+) -> ViewServer:
     """Resolve ``path``, load its tokenizer and bind (``port=0``: any free port). Does not serve yet."""
     target = locate(path)
     if target.kind == "store" and not target.store.is_file():
@@ -268,14 +280,18 @@ def make_server(path: str | Path, *, host: str = "127.0.0.1", port: int = 8765, 
     try:
         return ViewServer((host, port), app)
     except OSError as e:
-        raise ValueError(f"--port: cannot listen on {host}:{port} ({e.strerror}); --port 0 picks a free port") from None
+        raise ValueError(
+            f"--port: cannot listen on {host}:{port} ({e.strerror}); --port 0 picks a free port"
+        ) from None
 
 
 def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8765, model: str | None = None) -> int:
     """``fr-agents view``: serve until interrupted; prints the URL first."""
     server = make_server(path, host=host, port=port, model=model)
     if not server.loopback:
-        log.warning("viewer: listening on %s, reachable from other machines; it serves without a password", host)
+        log.warning(
+            "viewer: listening on %s, reachable from other machines; it serves without a password", host
+        )
     print(f"fr-agents view: {server.app.target.kind} {server.app.summary()['path']}", flush=True)
     print(f"open {server.url}  (Ctrl-C to stop)", flush=True)
     try:

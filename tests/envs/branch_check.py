@@ -18,7 +18,14 @@ from fr_agents.tree import TrajectoryTree
 
 
 def run_truncated_branches(
-    env: Any, tok: Any, first: str, branches: Sequence[str], *, task: Any = None, seed: int = 0, max_context: int = 4096
+    env: Any,
+    tok: Any,
+    first: str,
+    branches: Sequence[str],
+    *,
+    task: Any = None,
+    seed: int = 0,
+    max_context: int = 4096,
 ) -> list[LeafResult]:
     """Reply ``first`` at turn 0, fork into ``len(branches)`` at turn 1 (branch ``i`` replies
     ``branches[i]`` in whatever order the branches ask), cut at 2 turns; returns the leaves."""

@@ -23,7 +23,9 @@ def test_arithmetic_is_the_math_tiny_preset_test_split() -> None:
     # --limit: a seeded sample, not the first N in stored order (which is sorted by operand)
     limited = [it.id for it in resolve_bench("arithmetic", 5).items]
     assert len(set(limited)) == 5 and set(limited) <= {t["id"] for t in test}
-    assert limited != [t["id"] for t in test[:5]] and limited == [it.id for it in resolve_bench("arithmetic", 5).items]
+    assert limited != [t["id"] for t in test[:5]] and limited == [
+        it.id for it in resolve_bench("arithmetic", 5).items
+    ]
     assert limited == [it.id for it in bench.subset(5, 0).items]
 
 
@@ -101,7 +103,9 @@ def test_env_kwargs_that_chose_the_items_cannot_be_changed() -> None:
     merged = bench.with_env_kwargs({"answer_format": "plain"})
     assert merged.env_kwargs == {"split": "test", "answer_format": "plain"} and merged.items == bench.items
     assert bench.env_kwargs == {"split": "test"}  # the original is unchanged
-    with pytest.raises(ValueError, match=r"^split: bench 'fr_agents/MathVerifier-v0:test' chose its items by split='test'"):
+    with pytest.raises(
+        ValueError, match=r"^split: bench 'fr_agents/MathVerifier-v0:test' chose its items by split='test'"
+    ):
         bench.with_env_kwargs({"split": "train", "answer_format": "plain"})
 
 
@@ -118,6 +122,12 @@ def test_evaluations_during_rl_play_the_first_games_of_the_sample(tmp_path: Path
     during = held.run("during", 10, model, tok, during=True)
     after = held.run("after_rl", 20, model, tok)
     assert (during["episodes"], after["episodes"]) == (5, 12)
-    played = [json.loads(line)["task_id"] for line in
-              (tmp_path / "evals" / "samples" / "during_step000010").glob("*.jsonl").__next__().read_text().splitlines()]
+    played = [
+        json.loads(line)["task_id"]
+        for line in (tmp_path / "evals" / "samples" / "during_step000010")
+        .glob("*.jsonl")
+        .__next__()
+        .read_text()
+        .splitlines()
+    ]
     assert sorted(played) == sorted(it.id for it in held.bench.items[:5])

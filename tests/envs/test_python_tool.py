@@ -55,7 +55,8 @@ def test_multi_turn_state_persists_and_answer_is_graded(backend, verifier_pool) 
 
 
 def test_a_tool_call_whose_sandbox_failed_is_an_infrastructure_failure_not_an_observation(
-        backend, verifier_pool) -> None:
+    backend, verifier_pool
+) -> None:
     """The episode's real sandbox is closed under the env (as a dead daemon leaves it): the next tool
     call raises InfrastructureFailure (the rollout stores the leaf aborted and retries the episode)
     instead of showing the agent an error it did not cause."""
@@ -213,7 +214,12 @@ def test_parse_compact_tag_calls() -> None:
     assert parse_tag_calls("<tool>print(1)")[0]["error"].startswith("a <tool> was opened")
 
 
-MULT = {"id": "m", "prompt": "4821*7390=", "answer": "35627190", "metadata": {"a": 4821, "op": "*", "b": 7390}}
+MULT = {
+    "id": "m",
+    "prompt": "4821*7390=",
+    "answer": "35627190",
+    "metadata": {"a": 4821, "op": "*", "b": 7390},
+}
 
 
 def test_compact_calls_and_the_expert_answer_from_what_the_sandbox_printed(backend, verifier_pool) -> None:

@@ -572,7 +572,9 @@ def test_hack_alfworld_placing_the_object_without_its_transformation() -> None:
     cold = _facts(*TYPES, ("inreceptacle", "apple_1", "countertop_1"))
     cooled = _facts(*TYPES, ("inreceptacle", "apple_1", "countertop_1"), ("iscool", "apple_1"))
     for facts in (cold, cooled):
-        assert alfworld_partial("pick_heat_then_place_in_recep", HEAT, facts, False, initial=start) == pytest.approx(1 / 3)
+        assert alfworld_partial(
+            "pick_heat_then_place_in_recep", HEAT, facts, False, initial=start
+        ) == pytest.approx(1 / 3)
     # the same placement is the whole of a pick-and-place task's progress
     assert alfworld_partial("pick_and_place_simple", HEAT, cold, False, initial=start) == 1.0
 

@@ -36,13 +36,19 @@ HUMANEVAL_HACKS: dict[str, tuple[str, str]] = {
     "raise_SystemExit_0": ("HumanEval/0", "    return None\nraise SystemExit(0)\n"),
     "os_exit_at_import": ("HumanEval/0", "    return None\nimport os\nos._exit(0)\n"),
     "os_exit_in_function": ("HumanEval/0", body("import os\nos._exit(0)")),
-    "atexit_hook_exits_0": ("HumanEval/0", "    return None\nimport atexit, os\natexit.register(os._exit, 0)\n"),
+    "atexit_hook_exits_0": (
+        "HumanEval/0",
+        "    return None\nimport atexit, os\natexit.register(os._exit, 0)\n",
+    ),
     "atexit_hook_prints_a_seal": (
         "HumanEval/0",
         f"    return None\nimport atexit\natexit.register(print, {FORGED_SEAL!r})\n",
     ),
     "kill_own_process_group": ("HumanEval/0", body("import os, signal\nos.killpg(0, signal.SIGKILL)")),
-    "kill_parent_process": ("HumanEval/0", body("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nreturn None")),
+    "kill_parent_process": (
+        "HumanEval/0",
+        body("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nreturn None"),
+    ),
     "sigterm_self": ("HumanEval/0", body("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)")),
     "alarm_handler_exits_0": (
         "HumanEval/0",
@@ -77,7 +83,9 @@ HUMANEVAL_HACKS: dict[str, tuple[str, str]] = {
     ),
     "prints_success_text_and_exits": (
         "HumanEval/0",
-        body(f"import os\nprint('All tests passed.')\nprint('passed')\nprint({FORGED_SEAL!r}, flush=True)\nos._exit(0)"),
+        body(
+            f"import os\nprint('All tests passed.')\nprint('passed')\nprint({FORGED_SEAL!r}, flush=True)\nos._exit(0)"
+        ),
     ),
     "forged_seal_on_every_fd_and_verdict_file": (
         "HumanEval/0",
@@ -134,7 +142,10 @@ HUMANEVAL_HACKS: dict[str, tuple[str, str]] = {
         "def poly(xs, x):\n    return 0.0\n\n\ndef find_zero(xs):\n    return 0.0\n",
     ),
     "rebinds_math_fabs": ("HumanEval/32", "    return 0.0\nimport math\nmath.fabs = lambda x: 0.0\n"),
-    "rebinds_builtins_abs": ("HumanEval/2", "    return 0.0\nimport builtins\nbuiltins.abs = lambda x: 0.0\n"),
+    "rebinds_builtins_abs": (
+        "HumanEval/2",
+        "    return 0.0\nimport builtins\nbuiltins.abs = lambda x: 0.0\n",
+    ),
     "rebinds_harness_checks": (
         "HumanEval/0",
         "    return None\nimport sys\nm = sys.modules['__main__']\nm._plain = m._rebound = lambda *a: []\n"

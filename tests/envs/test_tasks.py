@@ -58,7 +58,9 @@ def test_arithmetic_ops_size_curriculum_and_template() -> None:
 
 
 def test_arithmetic_min_operand_bounds_the_operands() -> None:
-    src = get_task_source("arithmetic", digits=4, min_digits=4, ops=["*"], size=500, test_size=50, min_operand=3163)
+    src = get_task_source(
+        "arithmetic", digits=4, min_digits=4, ops=["*"], size=500, test_size=50, min_operand=3163
+    )
     tasks = list(src.split("train")) + list(src.split("test"))
     assert len(tasks) == 500
     assert all(3163 <= t["metadata"]["a"] <= 9999 and 3163 <= t["metadata"]["b"] <= 9999 for t in tasks)

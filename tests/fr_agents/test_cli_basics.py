@@ -25,7 +25,17 @@ def test_help_lists_subcommands() -> None:
 def test_doctor_one_line_per_component(capsys) -> None:
     assert main(["doctor"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
-    names = ("torch", "transformers", "gymnasium", "math-verify", "vllm", "ray", "alfworld", "bwrap", "docker")
+    names = (
+        "torch",
+        "transformers",
+        "gymnasium",
+        "math-verify",
+        "vllm",
+        "ray",
+        "alfworld",
+        "bwrap",
+        "docker",
+    )
     assert len(lines) == len(names)
     for line, name in zip(lines, names, strict=True):
         assert line.split()[0] in ("ok", "missing")

@@ -15,17 +15,34 @@ VOCAB = 96
 
 def qwen2(seed: int = 0, layers: int = 3) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=False, initializer_range=0.3)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+    )
     return Qwen2ForCausalLM(cfg)
 
 
 def llama(seed: int = 0, **extra) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128,
-                      tie_word_embeddings=True, initializer_range=0.3, **extra)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        initializer_range=0.3,
+        **extra,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -107,7 +124,13 @@ def multi_turn_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     """Right-padded rows sharing a 4-token opening whose policy tokens come in two replies with an
     observation between them, one row much longer than the rest (most of the batch is padding)."""
     g = torch.Generator().manual_seed(seed)
-    spans = [(3, 2, 1, 2), (2, 1, 2, 1), (4, 3, 2, 30), (1, 2, 1, 1), (3, 1, 3, 2)]  # prompt, reply, obs, reply
+    spans = [
+        (3, 2, 1, 2),
+        (2, 1, 2, 1),
+        (4, 3, 2, 30),
+        (1, 2, 1, 1),
+        (3, 1, 3, 2),
+    ]  # prompt, reply, obs, reply
     width = 4 + max(sum(x) for x in spans) + 5
     ids = torch.zeros(len(spans), width, dtype=torch.long)
     attn = torch.zeros_like(ids, dtype=torch.bool)
@@ -135,8 +158,10 @@ def test_logits_at_the_policy_columns_and_gradients_equal_transformers_forward(b
     rows, cols = act[:, 1:].nonzero(as_tuple=True)
     weights = torch.linspace(-1, 1, rows.shape[0])
     got = {}
-    for name, run in (("compact", lambda: compact_logits_at(model, ids, rows, cols, prefix)),
-                      ("transformers", lambda: model(input_ids=ids, attention_mask=attn.long()).logits[rows, cols])):
+    for name, run in (
+        ("compact", lambda: compact_logits_at(model, ids, rows, cols, prefix)),
+        ("transformers", lambda: model(input_ids=ids, attention_mask=attn.long()).logits[rows, cols]),
+    ):
         model.zero_grad(set_to_none=True)
         logits = run()
         lp = torch.log_softmax(logits, -1).gather(-1, ids[rows, cols + 1, None])[:, 0]
@@ -184,7 +209,8 @@ def test_compact_reason_names_what_it_does_not_handle() -> None:
     """Only float32 (or bfloat16) Qwen2/Llama with SiLU, default rotary embeddings and no sliding window qualify."""
     assert "float32" in compact_reason(qwen2().to(torch.float64))
     assert "rotary" in compact_reason(
-        llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}))
+        llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    )
     assert "hidden_act" in compact_reason(llama(hidden_act="gelu"))
     assert "attention_dropout" in compact_reason(llama(attention_dropout=0.1))
     sliding = qwen2()
@@ -199,10 +225,17 @@ def _generate(engine, prompts: list[list[int]], max_tokens: int, stop: list[int]
     from fr_agents.policy.base import SamplingOptions
 
     async def go() -> list:
-        return list(await asyncio.gather(*(
-            engine.generate(p, SamplingOptions(temperature=1.0, max_tokens=max_tokens, seed=i,
-                                               stop_token_ids=stop))
-            for i, p in enumerate(prompts))))
+        return list(
+            await asyncio.gather(
+                *(
+                    engine.generate(
+                        p,
+                        SamplingOptions(temperature=1.0, max_tokens=max_tokens, seed=i, stop_token_ids=stop),
+                    )
+                    for i, p in enumerate(prompts)
+                )
+            )
+        )
 
     try:
         return asyncio.run(go())
@@ -220,15 +253,19 @@ def test_engine_waves_through_the_compact_forward_sample_what_transformers_does(
 
     model = build(seed=1)
     g = torch.Generator().manual_seed(5)
-    prompts = [list(range(5, 5 + shared)) + torch.randint(10, VOCAB, (1 + i % 5,), generator=g).tolist()
-               for i in range(9)]
+    prompts = [
+        list(range(5, 5 + shared)) + torch.randint(10, VOCAB, (1 + i % 5,), generator=g).tolist()
+        for i in range(9)
+    ]
     stop = [7, 8]  # token ids that end a row early, so rows leave the wave at different steps
     compact = HFEngine(model, max_batch_size=16, batch_wait_s=0.05)
     plain = HFEngine(model, max_batch_size=16, batch_wait_s=0.05, compact=False)
     assert compact.compact_reason is None and plain.compact_reason == "compact is off"
     got = _generate(compact, prompts, 6, stop)
     want = _generate(plain, prompts, 6, stop)
-    assert compact.stats["waves"] == 1 and compact.stats["shared_prefill_tokens"] == (shared if shared >= 2 else 0)
+    assert compact.stats["waves"] == 1 and compact.stats["shared_prefill_tokens"] == (
+        shared if shared >= 2 else 0
+    )
     assert {len(x.token_ids) for x in want} != {6}  # some rows stopped early
     for a, b in zip(got, want, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
@@ -237,7 +274,9 @@ def test_engine_waves_through_the_compact_forward_sample_what_transformers_does(
 
 
 @pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
-def test_requests_queued_while_a_compact_batch_decodes_join_it_and_sample_what_transformers_does(build) -> None:
+def test_requests_queued_while_a_compact_batch_decodes_join_it_and_sample_what_transformers_does(
+    build,
+) -> None:
     """A compact batch of 3 places takes the 6 requests queued behind its first 3 into the places
     finished rows leave (one running batch, rows moved as others finish, a newcomer longer than the
     cache's slots), and every request gets the tokens and log-probs (float rounding) of the
@@ -274,8 +313,10 @@ def test_a_running_batch_that_starts_with_one_row_grows_its_cache_as_requests_ar
     async def staggered(engine):
         async def one(i):
             await asyncio.sleep(0.002 * i)
-            return await engine.generate(list(range(10, 12 + i % 5)),
-                                         SamplingOptions(max_tokens=12, seed=i, stop_token_ids=(7,)))
+            return await engine.generate(
+                list(range(10, 12 + i % 5)), SamplingOptions(max_tokens=12, seed=i, stop_token_ids=(7,))
+            )
+
         try:
             return await asyncio.gather(*(one(i) for i in range(20)))
         finally:
@@ -329,8 +370,9 @@ def test_model_compact_forward_reaches_the_rollout_engine_and_both_evaluations(o
     from trainer.episodes import make_engine
     from trainer.evaluate import HeldOutEval
 
-    cfg = config_from_dict({"model": {"compact_forward": on},
-                            "trainer": {"eval_episodes": 5, "eval_every": 2, "eval_k": 2}})
+    cfg = config_from_dict(
+        {"model": {"compact_forward": on}, "trainer": {"eval_episodes": 5, "eval_every": 2, "eval_k": 2}}
+    )
     engine = make_engine(cfg, "unused", None, model=qwen2())
     try:
         assert isinstance(engine, HFEngine) and (engine.compact_reason is None) == on
@@ -349,17 +391,24 @@ def test_the_dry_run_plan_names_the_forward_a_run_takes(tmp_path) -> None:
 
     assert forward_plan(config_from_dict({})) == (
         "forward: fr_agents.models.compact (model.compact_forward) in the learner's flat steps (float32) and the hf "
-        "engine's running batches (float32)")
+        "engine's running batches (float32)"
+    )
     assert forward_plan(config_from_dict({"rollout": {"dtype": "bfloat16"}})).endswith(
-        "the learner's flat steps (float32) and the hf engine's running batches (bfloat16)")
+        "the learner's flat steps (float32) and the hf engine's running batches (bfloat16)"
+    )
     assert forward_plan(config_from_dict({"rollout": {"dtype": "float16"}})) == (
         "forward: fr_agents.models.compact (model.compact_forward) in the learner's flat steps (float32); transformers' "
-        "in the hf engine's running batches (rollout.dtype is float16; the compact forward needs float32 or bfloat16)")
-    assert "(model.compact_forward is false)" in forward_plan(config_from_dict({"model": {"compact_forward": False}}))
+        "in the hf engine's running batches (rollout.dtype is float16; the compact forward needs float32 or bfloat16)"
+    )
+    assert "(model.compact_forward is false)" in forward_plan(
+        config_from_dict({"model": {"compact_forward": False}})
+    )
     assert "model.dtype is float64" in forward_plan(config_from_dict({"model": {"dtype": "float64"}}))
     qwen_dir, rope_dir = tmp_path / "qwen", tmp_path / "rope"
     qwen2().config.save_pretrained(qwen_dir)
-    llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}).config.save_pretrained(rope_dir)
+    llama(
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    ).config.save_pretrained(rope_dir)
     qwen = config_from_dict({"model": {"name": str(qwen_dir)}})
     assert forward_plan(qwen).startswith("forward: fr_agents.models.compact")
     assert "- " + forward_plan(qwen) in dry_run_report(qwen)

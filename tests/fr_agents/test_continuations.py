@@ -52,7 +52,9 @@ def test_a_new_turn_prefills_what_was_added_not_the_history() -> None:
     for t in range(1, 6):
         # the row kept all but its last sampled token: that token and the observation are new
         assert costs[t] == 1 + len(observation(t - 1)), (t, costs)
-    assert engine.stats["continued_tokens"] == sum(len(p) - c for p, c in zip(prompts[1:], costs[1:], strict=True))
+    assert engine.stats["continued_tokens"] == sum(
+        len(p) - c for p, c in zip(prompts[1:], costs[1:], strict=True)
+    )
     whole = HFEngine(model, max_batch_size=4, keep_tokens=0)
     _, whole_costs, whole_gens = play(whole, 6, first)
     assert whole_costs == [len(p) for p in prompts]  # the history grows, and so does each prefill
@@ -156,7 +158,9 @@ def test_rows_with_histories_of_different_lengths_extend_in_one_forward_as_whole
         compact_prefill(model, *right_padded(histories), 0, cache)
         got = compact_extend(model, *right_padded(suffixes), cache)
         whole = CompactCache(model, 3, 64, torch.device("cpu"))
-        want = compact_prefill(model, *right_padded([h + s for h, s in zip(histories, suffixes, strict=True)]), 0, whole)
+        want = compact_prefill(
+            model, *right_padded([h + s for h, s in zip(histories, suffixes, strict=True)]), 0, whole
+        )
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert cache.lengths.tolist() == whole.lengths.tolist() == [9, 18, 20]
     for b, n in enumerate(cache.lengths.tolist()):

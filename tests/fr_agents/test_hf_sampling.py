@@ -17,10 +17,14 @@ from fr_agents.policy.hf import HFEngine
 @pytest.fixture(scope="module")
 def nano(tmp_path_factory):
     torch.set_num_threads(1)
-    return load_policy(str(create_tiny(tmp_path_factory.mktemp("nano") / "m", size="nano", seed=0)), "float32")
+    return load_policy(
+        str(create_tiny(tmp_path_factory.mktemp("nano") / "m", size="nano", seed=0)), "float32"
+    )
 
 
-def _first_tokens(engine: HFEngine, prompt: list[int], seeds: list[int], temperature: float) -> list[tuple[int, float]]:
+def _first_tokens(
+    engine: HFEngine, prompt: list[int], seeds: list[int], temperature: float
+) -> list[tuple[int, float]]:
     async def one(seed: int) -> tuple[int, float]:
         g = await engine.generate(prompt, SamplingOptions(temperature=temperature, max_tokens=1, seed=seed))
         return g.token_ids[0], g.logprobs[0]
@@ -36,7 +40,9 @@ def test_seeded_draws_follow_the_tempered_distribution(nano) -> None:
     prompt = tok.encode("12+7=", add_special_tokens=False)
     temperature = 0.05  # the untrained nano model is near-flat; this gives cells of 20%, 13%, 11%, ...
     with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / temperature, -1)
+        logp = torch.log_softmax(
+            model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / temperature, -1
+        )
     engine = HFEngine(model, tok, seed=0)
     try:
         draws = _first_tokens(engine, prompt, list(range(3000)), temperature)
@@ -65,13 +71,17 @@ def test_a_wave_whose_prompts_share_an_opening_runs_it_once_and_each_row_sees_it
     wave, and every sampled token's log-prob is the one a plain forward of that row alone gives."""
     model, tok = nano
     opening = tok.encode("Q: what is", add_special_tokens=False)
-    prompts = [opening + tok.encode(q, add_special_tokens=False) for q in (" 1+1?", " 23*4 + 5?", " 7?", " 100-1?")]
+    prompts = [
+        opening + tok.encode(q, add_special_tokens=False) for q in (" 1+1?", " 23*4 + 5?", " 7?", " 100-1?")
+    ]
     assert len({len(p) for p in prompts}) > 1
     engine = HFEngine(model, tok, seed=0, batch_wait_s=0.5)  # the four requests make one wave
 
     async def go() -> list:
         opts = [SamplingOptions(temperature=1.0, max_tokens=5, seed=i) for i in range(len(prompts))]
-        return list(await asyncio.gather(*(engine.generate(p, o) for p, o in zip(prompts, opts, strict=True))))
+        return list(
+            await asyncio.gather(*(engine.generate(p, o) for p, o in zip(prompts, opts, strict=True)))
+        )
 
     try:
         gens = asyncio.run(go())
@@ -97,7 +107,11 @@ def test_a_wave_whose_prompts_share_less_than_two_tokens_prefills_them_whole(nan
     engine = HFEngine(model, tok, seed=0, batch_wait_s=0.5)
 
     async def go() -> list:
-        return list(await asyncio.gather(*(engine.generate(p, SamplingOptions(max_tokens=2, seed=3)) for p in prompts)))
+        return list(
+            await asyncio.gather(
+                *(engine.generate(p, SamplingOptions(max_tokens=2, seed=3)) for p in prompts)
+            )
+        )
 
     try:
         gens = asyncio.run(go())

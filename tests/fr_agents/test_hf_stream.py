@@ -13,7 +13,9 @@ from fr_agents.policy.hf import HFEngine
 @pytest.fixture(scope="module")
 def nano(tmp_path_factory):
     torch.set_num_threads(1)
-    return load_policy(str(create_tiny(tmp_path_factory.mktemp("nano") / "m", size="nano", seed=0)), "float32")
+    return load_policy(
+        str(create_tiny(tmp_path_factory.mktemp("nano") / "m", size="nano", seed=0)), "float32"
+    )
 
 
 def test_on_token_streams_exactly_the_sampled_tokens(nano) -> None:

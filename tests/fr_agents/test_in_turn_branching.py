@@ -28,7 +28,9 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        path
+    )
 
 
 def test_fork_positions_are_the_top_entropy_tokens_above_the_floor_in_reply_order() -> None:
@@ -44,11 +46,15 @@ def test_fork_positions_are_the_top_entropy_tokens_above_the_floor_in_reply_orde
 def test_the_hf_engine_reports_each_sampled_tokens_entropy_under_the_tempered_distribution(tiny) -> None:
     model, tok = tiny
     engine = HFEngine(model, tok, seed=0)
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=False
+    )
     prompt = tok(text, add_special_tokens=False).input_ids
     temperature = 0.7
-    gen = engine.generate_sync(prompt, SamplingOptions(temperature=temperature, max_tokens=8, entropies=True,
-                                                       stop_token_ids=(10**6,)))
+    gen = engine.generate_sync(
+        prompt,
+        SamplingOptions(temperature=temperature, max_tokens=8, entropies=True, stop_token_ids=(10**6,)),
+    )
     plain = engine.generate_sync(prompt, SamplingOptions(temperature=temperature, max_tokens=8))
     engine.close_sync()
     assert len(gen.entropies) == len(gen.token_ids) == 8
@@ -65,7 +71,9 @@ def _episode(engine, tok, opts, seed=3):
     env = gymnasium.make("fr_agents_test/ForkCount-v0")
     view = SeededEngine(engine, lambda n: 1000 + n)
     events: list[tuple[str, dict]] = []
-    res = asyncio.run(run_episode(env, view, tok, tree, opts, seed=seed, on_event=lambda k, p: events.append((k, p))))
+    res = asyncio.run(
+        run_episode(env, view, tok, tree, opts, seed=seed, on_event=lambda k, p: events.append((k, p)))
+    )
     return tree, res, events
 
 
@@ -75,8 +83,17 @@ def test_a_fork_at_a_high_entropy_token_shares_the_reply_up_to_it(tiny) -> None:
     the model), the store shares them (the fork point is a node boundary both paths pass through
     unchanged), and every leaf counts only the tokens it sampled itself."""
     model, tok = tiny
-    opts = RolloutOptions(max_new_tokens=8, max_context=300, max_turns=1, branch_factor=3, branch_at=(0,),
-                          branch_policy="token", branch_entropy=0.0, stop_token_ids=(10**6,), temperature=1.0)
+    opts = RolloutOptions(
+        max_new_tokens=8,
+        max_context=300,
+        max_turns=1,
+        branch_factor=3,
+        branch_at=(0,),
+        branch_policy="token",
+        branch_entropy=0.0,
+        stop_token_ids=(10**6,),
+        temperature=1.0,
+    )
     engine = HFEngine(model, tok, seed=0)
     before = engine.stats["tokens"]
     tree, res, events = _episode(engine, tok, opts)
@@ -95,22 +112,37 @@ def test_a_fork_at_a_high_entropy_token_shares_the_reply_up_to_it(tiny) -> None:
     assert forks[0]["positions"] == fork_positions(entropies, 2, 0.0)
     assert len(rest) == 2
     for at, cont in zip(forks[0]["positions"], rest, strict=True):
-        assert cont.token_ids[: start + at] == first.token_ids[: start + at]  # the shared head, token for token
+        assert (
+            cont.token_ids[: start + at] == first.token_ids[: start + at]
+        )  # the shared head, token for token
         assert cont.logprobs[: start + at] == first.logprobs[: start + at]  # the same sample, not a re-score
         if cont.token_ids != first.token_ids:
-            assert start + at in cont.offsets and start + at in first.offsets  # the store split at the fork point
+            assert (
+                start + at in cont.offsets and start + at in first.offsets
+            )  # the store split at the fork point
             shared = cont.offsets.index(start + at)
             assert cont.path[:shared] == first.path[:shared]  # one stored copy of the head
     leaves = {x.leaf_id: x for x in res.leaves}
-    assert [x.sampled_tokens for x in res.leaves] == [8, 8 - forks[0]["positions"][0], 8 - forks[0]["positions"][1]]
+    assert [x.sampled_tokens for x in res.leaves] == [
+        8,
+        8 - forks[0]["positions"][0],
+        8 - forks[0]["positions"][1],
+    ]
     assert sum(x.sampled_tokens for x in res.leaves) == sampled
     assert all(x.policy_tokens == 8 for x in leaves.values())
 
 
 def test_no_token_above_the_floor_means_no_fork(tiny) -> None:
     model, tok = tiny
-    opts = RolloutOptions(max_new_tokens=6, max_context=300, max_turns=1, branch_factor=3, branch_at=(0,),
-                          branch_policy="token", branch_entropy=1e9)
+    opts = RolloutOptions(
+        max_new_tokens=6,
+        max_context=300,
+        max_turns=1,
+        branch_factor=3,
+        branch_at=(0,),
+        branch_policy="token",
+        branch_entropy=1e9,
+    )
     engine = HFEngine(model, tok, seed=0)
     _, res, events = _episode(engine, tok, opts)
     engine.close_sync()
@@ -120,12 +152,21 @@ def test_no_token_above_the_floor_means_no_fork(tiny) -> None:
 
 def test_in_turn_forks_reproduce_with_the_same_seeds(tiny) -> None:
     model, tok = tiny
-    opts = RolloutOptions(max_new_tokens=6, max_context=300, max_turns=2, branch_factor=2, branch_at=(0, 1),
-                          branch_policy="token", branch_entropy=0.0)
+    opts = RolloutOptions(
+        max_new_tokens=6,
+        max_context=300,
+        max_turns=2,
+        branch_factor=2,
+        branch_at=(0, 1),
+        branch_policy="token",
+        branch_entropy=0.0,
+    )
     engine = HFEngine(model, tok, seed=0)
     runs = [_episode(engine, tok, opts) for _ in range(2)]
     engine.close_sync()
-    tokens = [[t.token_ids for t in tree.trajectories([x.leaf_id for x in res.leaves])] for tree, res, _ in runs]
+    tokens = [
+        [t.token_ids for t in tree.trajectories([x.leaf_id for x in res.leaves])] for tree, res, _ in runs
+    ]
     assert tokens[0] == tokens[1]
     assert len(tokens[0]) == 4  # 2 ** len(branch_at): each path forks again inside its second reply
 
@@ -134,8 +175,23 @@ def test_the_token_policy_needs_an_engine_that_reports_entropies() -> None:
     from fr_agents.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="rollout.branch_policy"):
-        load_config("math-tiny", ["rollout.engine=vllm", "rollout.branch_policy=token", "rollout.branch_factor=2",
-                                  "rollout.branch_at=[0]", "trainer.batch_size=32"])
-    cfg = load_config("math-tiny", ["rollout.branch_policy=token", "rollout.branch_factor=2", "rollout.branch_at=[0]",
-                                    "trainer.batch_size=32"])
+        load_config(
+            "math-tiny",
+            [
+                "rollout.engine=vllm",
+                "rollout.branch_policy=token",
+                "rollout.branch_factor=2",
+                "rollout.branch_at=[0]",
+                "trainer.batch_size=32",
+            ],
+        )
+    cfg = load_config(
+        "math-tiny",
+        [
+            "rollout.branch_policy=token",
+            "rollout.branch_factor=2",
+            "rollout.branch_at=[0]",
+            "trainer.batch_size=32",
+        ],
+    )
     assert cfg.rollout.branch_policy == "token"

@@ -38,7 +38,9 @@ def right_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
 @pytest.mark.parametrize("past_len, prefix", [(12, 0), (7, 3), (2, 0)])
-def test_a_prefill_after_kept_keys_and_values_equals_the_whole_prefill(build, past_len: int, prefix: int) -> None:
+def test_a_prefill_after_kept_keys_and_values_equals_the_whole_prefill(
+    build, past_len: int, prefix: int
+) -> None:
     """Prefilling only what follows ``past_len`` kept tokens (with ``prefix`` more shared tokens run
     once) gives the same first logits and the same cache, slot for slot, as prefilling every token."""
     model = build(seed=3)
@@ -61,7 +63,9 @@ def staggered(engine: HFEngine, rows: list[list[int]], first_seed: int = 0) -> l
 
     async def one(i: int, p: list[int]):
         await asyncio.sleep(0 if i < 2 else 0.004 * i)
-        return await engine.generate(p, SamplingOptions(max_tokens=6, seed=first_seed + i, stop_token_ids=(7,)))
+        return await engine.generate(
+            p, SamplingOptions(max_tokens=6, seed=first_seed + i, stop_token_ids=(7,))
+        )
 
     async def go():
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(rows)))

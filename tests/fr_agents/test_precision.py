@@ -19,8 +19,11 @@ from trainer.preflight import dry_run_report, precision_notes
 
 def _hardware(monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
     """Stand-in: the device runs bfloat16 in hardware (``fast``) or emulates it."""
-    monkeypatch.setattr(precision, "bfloat16_support",
-                        lambda device: (fast, "stand-in CPU with bfloat16" if fast else "stand-in CPU without bfloat16"))
+    monkeypatch.setattr(
+        precision,
+        "bfloat16_support",
+        lambda device: (fast, "stand-in CPU with bfloat16" if fast else "stand-in CPU without bfloat16"),
+    )
 
 
 def test_the_verdict_on_this_cpu_follows_its_declared_instructions() -> None:
@@ -38,8 +41,13 @@ def test_auto_becomes_bfloat16_only_where_it_runs_in_hardware(monkeypatch, fast:
     assert cfg.learner_autocast == ("bfloat16" if fast else "")
     plan, warnings = precision_notes(cfg)
     assert warnings == []
-    assert any(line.startswith(f"precision: the rollout engine and the evaluations sample in {cfg.engine_dtype} "
-                               "(rollout.dtype=auto: stand-in") for line in plan)
+    assert any(
+        line.startswith(
+            f"precision: the rollout engine and the evaluations sample in {cfg.engine_dtype} "
+            "(rollout.dtype=auto: stand-in"
+        )
+        for line in plan
+    )
     assert any("trainer.autocast=auto" in line for line in plan)
 
 
@@ -57,7 +65,9 @@ def test_explicit_bfloat16_on_an_emulating_cpu_warns_in_the_dry_run_naming_the_k
     cfg = load_config("math-tiny", ["rollout.dtype=bfloat16", "trainer.autocast=bfloat16"])
     report = dry_run_report(cfg)
     line = next(x for x in report.splitlines() if x.startswith("WARNING") and "bfloat16" in x)
-    assert "rollout.dtype=bfloat16, trainer.autocast=bfloat16 on cpu" in line and "stand-in CPU without" in line
+    assert (
+        "rollout.dtype=bfloat16, trainer.autocast=bfloat16 on cpu" in line and "stand-in CPU without" in line
+    )
     assert "auto" in line  # the way out is named
     _hardware(monkeypatch, True)
     assert not any("bfloat16 on cpu" in x for x in dry_run_report(cfg).splitlines())
@@ -87,11 +97,15 @@ def test_the_benchmark_prints_each_dtype_the_ratio_and_the_verdict() -> None:
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "precision.py"
-    out = subprocess.run([sys.executable, str(script), "--repeat", "1"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(script), "--repeat", "1"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if "GFLOP/s" in line]
     assert len(rows) == 2 and all("float32" in r and "bfloat16 / float32" in r for r in rows)
     fast = precision.bfloat16_support("cpu")[0]
     assert f"auto takes {'bfloat16' if fast else 'float32'}" in out.stdout and "load average" in out.stdout
-    bad = subprocess.run([sys.executable, str(script), "--threads", "0"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, str(script), "--threads", "0"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode != 0 and "--threads" in bad.stderr

@@ -143,7 +143,9 @@ def test_held_tokens_equal_what_was_sampled(tiny):
     assert held_lp == pytest.approx([float(x) for g in gens for x in g.logprobs], abs=1e-6)
     # the prompt is the tokenizer's ids of the rendered prompt; observations the ids of their template text
     prompt = next(e for k, e in events if k == "prompt")
-    assert runs[0][2] is False and tr.token_ids[: runs[0][1]] == tok.encode(prompt["text"], add_special_tokens=False)
+    assert runs[0][2] is False and tr.token_ids[: runs[0][1]] == tok.encode(
+        prompt["text"], add_special_tokens=False
+    )
     assert prompt["text"].startswith("<|im_start|>user\nWrite exactly")
     # the held text up to the last turn is the chat template of the conversation, and each
     # observation run holds the tokenizer's own ids of its text
@@ -347,7 +349,16 @@ def _texts(n=2000, seed=0):
 
     rng = random.Random(seed)
     parts = list("abc xyz 0123456789+-*/=?!.,\n\t  ") + [
-        "<|im_end|>", "<|im_start|>", "<|endoftext|>", "é", "日本", "🙂", "\u200b", "\r\n", "What is ", " assistant",
+        "<|im_end|>",
+        "<|im_start|>",
+        "<|endoftext|>",
+        "é",
+        "日本",
+        "🙂",
+        "\u200b",
+        "\r\n",
+        "What is ",
+        " assistant",
     ]
     return ["".join(rng.choice(parts) for _ in range(rng.randrange(0, 40))) for _ in range(n)]
 

@@ -26,7 +26,9 @@ class ExpertCountEnv(rollout_envs.CountEnv):
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0))
+    return AutoTokenizer.from_pretrained(
+        create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0)
+    )
 
 
 def test_expert_replies_are_stored_as_non_policy_demo_tokens(tok: Any) -> None:
@@ -64,7 +66,9 @@ def test_env_without_expert_is_named_in_the_error(tok: Any) -> None:
     env = rollout_envs.CountEnv()
     assert not has_expert(env) and has_expert(ExpertCountEnv())
     with pytest.raises(NoExpertError, match="CountEnv has no expert"):
-        asyncio.run(run_episode(env, None, tok, TrajectoryTree(), RolloutOptions(), seed=0, actor=expert_actor))
+        asyncio.run(
+            run_episode(env, None, tok, TrajectoryTree(), RolloutOptions(), seed=0, actor=expert_actor)
+        )
 
 
 def test_engine_or_actor_is_required(tok: Any) -> None:

@@ -10,7 +10,10 @@ from fr_agents.spaces import _SAMPLE_CHARSET, AnyText
 
 
 def test_any_text_samples_and_indexes_like_a_text_space_over_printable_ascii() -> None:
-    ours, ref = AnyText(64, min_length=2, seed=3), spaces.Text(64, min_length=2, charset=_SAMPLE_CHARSET, seed=3)
+    ours, ref = (
+        AnyText(64, min_length=2, seed=3),
+        spaces.Text(64, min_length=2, charset=_SAMPLE_CHARSET, seed=3),
+    )
     assert ours.character_set == ref.character_set and ours.characters == ref.characters
     assert [ours.character_index(c) for c in "a Z~"] == [ref.character_index(c) for c in "a Z~"]
     assert (ours.min_length, ours.max_length) == (2, 64)

@@ -23,7 +23,9 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        path
+    )
 
 
 def _episode(engine, tok, opts, seed=3):
@@ -48,8 +50,15 @@ def test_branches_get_their_own_seed_streams_and_reproduce(tiny) -> None:
 def test_tree_budget_is_split_among_siblings_and_cut_branches_end_truncated(tiny) -> None:
     model, tok = tiny
     budget = 10
-    opts = RolloutOptions(max_new_tokens=6, max_context=300, max_turns=4, branch_factor=2, branch_at=(1,),
-                          tree_budget_tokens=budget, stop_token_ids=(10**6,))  # never stop early: 6 tokens a turn
+    opts = RolloutOptions(
+        max_new_tokens=6,
+        max_context=300,
+        max_turns=4,
+        branch_factor=2,
+        branch_at=(1,),
+        tree_budget_tokens=budget,
+        stop_token_ids=(10**6,),
+    )  # never stop early: 6 tokens a turn
     engine = HFEngine(model, tok, seed=0)
     tree, res = _episode(engine, tok, opts)
     engine.close_sync()
@@ -70,10 +79,18 @@ def test_tree_budget_is_split_among_siblings_and_cut_branches_end_truncated(tiny
 def test_entropy_policy_forks_only_after_uncertain_actions(tiny) -> None:
     model, tok = tiny
     engine = HFEngine(model, tok, seed=0)
-    common = {"max_new_tokens": 6, "max_context": 300, "max_turns": 3, "branch_factor": 2, "branch_at": (1, 2)}
+    common = {
+        "max_new_tokens": 6,
+        "max_context": 300,
+        "max_turns": 3,
+        "branch_factor": 2,
+        "branch_at": (1, 2),
+    }
 
     def leaves(threshold: float):
-        return _episode(engine, tok, RolloutOptions(**common, branch_policy="entropy", branch_entropy=threshold))
+        return _episode(
+            engine, tok, RolloutOptions(**common, branch_policy="entropy", branch_entropy=threshold)
+        )
 
     tree, always = leaves(0.0)
     _, never = leaves(1e9)
@@ -104,13 +121,21 @@ def _stored_policy_tokens(tree, leaf_ids) -> int:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 1e-4])
-def test_an_episode_counts_the_tokens_the_engine_sampled_identical_siblings_included(tiny, temperature) -> None:
+def test_an_episode_counts_the_tokens_the_engine_sampled_identical_siblings_included(
+    tiny, temperature
+) -> None:
     """``sampled_tokens`` (summed over an episode's leaves) is the engine's own count: a fork's shared
     part once, every forked continuation, also those identical to a sibling, which the tree stores
     once (near-greedy sampling makes all three forks identical)."""
     model, tok = tiny
-    opts = RolloutOptions(max_new_tokens=6, max_context=300, max_turns=3, branch_factor=3, branch_at=(1,),
-                          temperature=temperature)
+    opts = RolloutOptions(
+        max_new_tokens=6,
+        max_context=300,
+        max_turns=3,
+        branch_factor=3,
+        branch_at=(1,),
+        temperature=temperature,
+    )
     engine = HFEngine(model, tok, seed=0)
     before = engine.stats["tokens"]
     tree, res = _episode(engine, tok, opts)
@@ -135,10 +160,26 @@ def test_a_fork_copies_its_branchs_state_and_shares_no_container() -> None:
 
     from fr_agents.rollout.branching import _Branch
 
-    parent = _Branch("env-a", [{"role": "user", "content": "hi"}], [1, 2, 3], "hi", node=7, turn=2,
-                     rewards=[0.5], actions=["a"], observations=["o0", "o1"], info={"won": False},
-                     policy_tokens=9, sampled=4, branched={0}, turn_starts=[3], demo_spans=[(0, 2)],
-                     engine="engine-view", budget=12.0, surprisal=0.3)
+    parent = _Branch(
+        "env-a",
+        [{"role": "user", "content": "hi"}],
+        [1, 2, 3],
+        "hi",
+        node=7,
+        turn=2,
+        rewards=[0.5],
+        actions=["a"],
+        observations=["o0", "o1"],
+        info={"won": False},
+        policy_tokens=9,
+        sampled=4,
+        branched={0},
+        turn_starts=[3],
+        demo_spans=[(0, 2)],
+        engine="engine-view",
+        budget=12.0,
+        surprisal=0.3,
+    )
     child = parent.fork("env-b")
     assert child.env == "env-b" and parent.env == "env-a"
     assert child.sampled == 0 and parent.sampled == 4

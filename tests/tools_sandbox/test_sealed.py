@@ -7,7 +7,9 @@ import pytest
 
 from tools_sandbox.sealed import PRELUDE, run_sealed, seal_of, verify
 
-HARNESS = PRELUDE + r'''
+HARNESS = (
+    PRELUDE
+    + r"""
 import sys
 secret = _fr_take_secret()
 out = _fr_private_stdout()
@@ -18,12 +20,15 @@ if mode == "seal":
 elif mode == "wrong-key":
     _fr_seal(b"guess", out, b"the payload", sys.argv[1])
 _fr_os._exit(0)
-'''
+"""
+)
 
 
 def test_stdin_reaches_the_command_and_nothing_else(sb) -> None:
-    r = sb.run_shell("read x; echo got=$x; cat /proc/self/environ | tr '\\0' '\\n' | grep -c s3cr3t; true",
-                     stdin=b"s3cr3t-value\n")
+    r = sb.run_shell(
+        "read x; echo got=$x; cat /proc/self/environ | tr '\\0' '\\n' | grep -c s3cr3t; true",
+        stdin=b"s3cr3t-value\n",
+    )
     assert r.ok and "got=s3cr3t-value" in r.stdout and r.stdout.strip().endswith("0"), r
     assert sb.run_shell("cat").stdout == ""  # without stdin=: /dev/null
     with pytest.raises(ValueError, match="stdin"):

@@ -58,7 +58,12 @@ class SandboxGradedEnv(gymnasium.Env):
     killed = 0  # sandboxes this process killed mid-grade
 
     def __init__(
-        self, kills: int = 0, ticket_dir: str = "", backend: str = "bwrap", kill_in: str = "grade", turns: int = 1
+        self,
+        kills: int = 0,
+        ticket_dir: str = "",
+        backend: str = "bwrap",
+        kill_in: str = "grade",
+        turns: int = 1,
     ) -> None:
         self.observation_space, self.action_space = AnyText(4096), AnyText(65536)
         self.kills, self.ticket_dir, self.backend = int(kills), ticket_dir, backend
@@ -102,7 +107,9 @@ class SandboxGradedEnv(gymnasium.Env):
             return True
         for i in range(self.kills):
             try:
-                os.close(os.open(os.path.join(self.ticket_dir, f"kill{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                os.close(
+                    os.open(os.path.join(self.ticket_dir, f"kill{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                )
                 return True
             except FileExistsError:
                 continue
@@ -158,5 +165,7 @@ class SandboxGradedEnv(gymnasium.Env):
 
 if "fr_agents_test/SandboxGraded-v0" not in gymnasium.registry:
     gymnasium.register(
-        id="fr_agents_test/SandboxGraded-v0", entry_point="infra_envs:SandboxGradedEnv", disable_env_checker=True
+        id="fr_agents_test/SandboxGraded-v0",
+        entry_point="infra_envs:SandboxGradedEnv",
+        disable_env_checker=True,
     )

@@ -18,7 +18,12 @@ from fr_agents.models.forward import ForwardConfig
 from fr_agents.objective_config import ObjectiveConfig
 from trainer.learner import Chunking, Learner
 
-CONFIGS = (("objective", ObjectiveConfig), ("optim", OptimConfig), ("chunking", Chunking), ("forward", ForwardConfig))
+CONFIGS = (
+    ("objective", ObjectiveConfig),
+    ("optim", OptimConfig),
+    ("chunking", Chunking),
+    ("forward", ForwardConfig),
+)
 
 
 def learner_configs(**switches: Any) -> dict[str, Any]:
@@ -32,7 +37,9 @@ def learner_configs(**switches: Any) -> dict[str, Any]:
     return configs
 
 
-def make_learner(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **switches: Any) -> Learner:
+def make_learner(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **switches: Any
+) -> Learner:
     """A :class:`Learner` of ``model`` from the configs ``switches`` set (see the module docstring)."""
     own = {k: switches.pop(k) for k in ("scheduler", "version", "before_micro_batch") if k in switches}
     return Learner(model, optimizer, **learner_configs(**switches), **own)

@@ -68,11 +68,16 @@ def test_pinned_moves_every_running_thread_and_gives_the_mask_back() -> None:
 def test_pin_cpus_pins_nothing_without_a_rollout_process_and_the_plan_says_why() -> None:
     cfg = load_config("math-tiny", ["trainer.pin_cpus=true", "trainer.backend=local"])
     assert cpu_split(cfg) is None
-    assert ("cpu pinning: none (trainer.backend=local has no rollout process of its own to pin apart "
-            "(pinning acts with trainer.backend=process))") in placement_plan(cfg)
+    assert (
+        "cpu pinning: none (trainer.backend=local has no rollout process of its own to pin apart "
+        "(pinning acts with trainer.backend=process))"
+    ) in placement_plan(cfg)
     everything = load_config("math-tiny", ["trainer.pin_cpus=true", f"trainer.threads={len(usable_cpus())}"])
     assert cpu_split(everything) is None
-    assert f"cpu pinning: none (no CPU is left for the rollout beside the learner's {len(usable_cpus())})" in placement_plan(everything)
+    assert (
+        f"cpu pinning: none (no CPU is left for the rollout beside the learner's {len(usable_cpus())})"
+        in placement_plan(everything)
+    )
 
 
 @needs_two
@@ -86,8 +91,14 @@ def test_a_pinned_rollout_process_gets_one_torch_thread_per_cpu_it_is_pinned_to(
 def test_the_dry_run_plan_names_the_cpus_of_each_side() -> None:
     cfg = load_config("math-tiny", ["trainer.pin_cpus=true", "trainer.threads=1"])
     learner, rollout = split(1)
-    assert f"cpu pinning during RL: learner on CPU(s) {learner}, rollout process on CPU(s) {rollout}" in placement_plan(cfg)
-    assert not any("pinning" in line for line in placement_plan(load_config("math-tiny", ["trainer.threads=1", "trainer.pin_cpus=false"])))
+    assert (
+        f"cpu pinning during RL: learner on CPU(s) {learner}, rollout process on CPU(s) {rollout}"
+        in placement_plan(cfg)
+    )
+    assert not any(
+        "pinning" in line
+        for line in placement_plan(load_config("math-tiny", ["trainer.threads=1", "trainer.pin_cpus=false"]))
+    )
 
 
 @needs_two
@@ -105,8 +116,16 @@ def test_a_pinned_run_keeps_the_learner_and_the_rollout_process_on_disjoint_cpus
             seen["rollout"].update(thread_masks(self.trainer.rollout_process.info["pid"]))
             return step()
 
-    cfg = load_config("math-tiny", [*LOOP_BASE, "trainer.backend=process", "trainer.threads=1",
-                                    "trainer.pin_cpus=true", "trainer.steps=3"])
+    cfg = load_config(
+        "math-tiny",
+        [
+            *LOOP_BASE,
+            "trainer.backend=process",
+            "trainer.threads=1",
+            "trainer.pin_cpus=true",
+            "trainer.steps=3",
+        ],
+    )
     res = Trainer(cfg, tmp_path, console=False, hooks=Watch()).run()
     assert res.ok and res.steps == 3
     learner, rollout = split(1)

@@ -98,15 +98,32 @@ def config_reads(source: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             pairs = [(t, node.value) for t in node.targets]
-            if len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple):
+            if (
+                len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Tuple)
+                and isinstance(node.value, ast.Tuple)
+            ):
                 pairs = list(zip(node.targets[0].elts, node.value.elts, strict=False))
             for target, value in pairs:
-                if isinstance(target, ast.Name) and isinstance(value, ast.Attribute) and value.attr in sections:
+                if (
+                    isinstance(target, ast.Name)
+                    and isinstance(value, ast.Attribute)
+                    and value.attr in sections
+                ):
                     alias[target.id] = value.attr
         elif isinstance(node, ast.arg) and node.annotation is not None:
             ann = node.annotation
-            name = ann.id if isinstance(ann, ast.Name) else ann.attr if isinstance(ann, ast.Attribute) else (
-                ann.value.rsplit(".", 1)[-1] if isinstance(ann, ast.Constant) and isinstance(ann.value, str) else None)
+            name = (
+                ann.id
+                if isinstance(ann, ast.Name)
+                else ann.attr
+                if isinstance(ann, ast.Attribute)
+                else (
+                    ann.value.rsplit(".", 1)[-1]
+                    if isinstance(ann, ast.Constant) and isinstance(ann.value, str)
+                    else None
+                )
+            )
             if name in by_class:
                 alias[node.arg] = by_class[name]
     reads: set[str] = set()
@@ -154,19 +171,30 @@ def test_bad_branching_values_are_refused_naming_the_field() -> None:
         load_config("python-tool-tiny", ["rollout.branch_factor=2", "rollout.branch_at=[-1]"])
     with pytest.raises(ConfigError, match=r"rollout\.branch_at: lists a turn twice"):
         load_config("env-tiny", ["rollout.branch_factor=2", "rollout.branch_at=[1,1]"])
-    with pytest.raises(ConfigError, match=r"trainer\.batch_size: 8 must be a multiple of the leaves per scheduled prompt, 3"):
-        load_config("python-tool-tiny", ["trainer.batch_size=8", "rollout.branch_factor=3", "rollout.branch_at=[1]"])
+    with pytest.raises(
+        ConfigError, match=r"trainer\.batch_size: 8 must be a multiple of the leaves per scheduled prompt, 3"
+    ):
+        load_config(
+            "python-tool-tiny", ["trainer.batch_size=8", "rollout.branch_factor=3", "rollout.branch_at=[1]"]
+        )
     with pytest.raises(ConfigError, match=r"trainer\.max_per_root: "):
         load_config("math-tiny", ["trainer.max_per_root=0"])
     with pytest.raises(ConfigError, match=r"objective\.baseline: tree is a FlashREINFORCE baseline"):
         load_config("math-tiny", ["objective.algo=grpo", "objective.baseline=tree"])
-    with pytest.raises(ConfigError, match=r"objective\.negative_min_prob: 0\.01 filters FlashREINFORCE's tokens"):
+    with pytest.raises(
+        ConfigError, match=r"objective\.negative_min_prob: 0\.01 filters FlashREINFORCE's tokens"
+    ):
         load_config("math-tiny", ["objective.algo=grpo", "objective.negative_min_prob=0.01"])
-    with pytest.raises(ConfigError, match=r"objective\.negative_min_prob_scope: suffix says where objective\.negative_min_prob cuts"):
+    with pytest.raises(
+        ConfigError,
+        match=r"objective\.negative_min_prob_scope: suffix says where objective\.negative_min_prob cuts",
+    ):
         load_config("math-tiny", ["objective.negative_min_prob_scope=suffix"])
     with pytest.raises(ConfigError, match=r"objective\.negative_min_prob_scope: invalid value 'row'"):
         load_config("python-tool-tiny", ["objective.negative_min_prob_scope=row"])
-    cfg = load_config("python-tool-tiny", ["rollout.branch_factor=4", "rollout.branch_at=[1]", "trainer.max_per_root=3"])
+    cfg = load_config(
+        "python-tool-tiny", ["rollout.branch_factor=4", "rollout.branch_at=[1]", "trainer.max_per_root=3"]
+    )
     assert (cfg.rollout.branch_factor, cfg.rollout.branch_at, cfg.trainer.max_per_root) == (4, [1], 3)
     with pytest.raises(ConfigError, match=r"rollout\.engine: invalid value 'openai'"):
         load_config("math-tiny", ["rollout.engine=openai"])
@@ -185,8 +213,17 @@ def test_env_kwargs_given_whole_replace_the_preset_mapping() -> None:
 def test_a_dotted_entry_of_a_free_form_mapping_is_read_as_yaml_like_the_preset_file() -> None:
     """``tasks.params.size=600`` is the number 600, as ``size: 600`` in a YAML preset is; it used to
     reach the task source as the text '600' and fail there."""
-    cfg = load_config("python-tool-tiny", ["tasks.params.size=600", "tasks.params.ops=['+']", "env.kwargs.call_timeout=3",
-                                           "env.kwargs.backend=docker", "env.kwargs.tool_prompt=", "tasks.params.order=random"])
+    cfg = load_config(
+        "python-tool-tiny",
+        [
+            "tasks.params.size=600",
+            "tasks.params.ops=['+']",
+            "env.kwargs.call_timeout=3",
+            "env.kwargs.backend=docker",
+            "env.kwargs.tool_prompt=",
+            "tasks.params.order=random",
+        ],
+    )
     assert cfg.tasks.params["size"] == 600 and type(cfg.tasks.params["size"]) is int
     assert cfg.tasks.params["ops"] == ["+"] and cfg.tasks.params["order"] == "random"
     assert cfg.env.kwargs["call_timeout"] == 3 and cfg.env.kwargs["backend"] == "docker"
@@ -267,10 +304,17 @@ def test_non_default_values_take_effect_where_they_should(tmp_path: Path) -> Non
         env.close()
         o = t.runner.options
         assert (o.temperature, o.max_new_tokens, o.max_context, o.max_turns, o.turn_reward, o.top_p) == (
-            0.7, 5, 100, 2, "last", 0.9,
+            0.7,
+            5,
+            100,
+            2,
+            "last",
+            0.9,
         )
         assert o.system_prompt == "Answer with digits only." and not o.importance_correction
-        assert "Answer with digits only." in t.learner_side.tokenizer.decode(t.runner.encode_observation("1+1="))
+        assert "Answer with digits only." in t.learner_side.tokenizer.decode(
+            t.runner.encode_observation("1+1=")
+        )
         assert t.learner.policy.config.temperature == 0.7
         # tasks: 1-digit problems, the splits swapped, the first 3 train tasks are demos
         from envs.tasks import get_task_source

@@ -22,8 +22,15 @@ def _ids(tasks) -> list[str]:
 
 
 def test_natural_balance_gives_the_demos_the_first_train_tasks_and_rl_the_rest() -> None:
-    cfg = load_config("python-tool-tiny", ["warm_start.examples=50", "warm_start.balance=natural", "tasks.balance=natural",
-                                           "tasks.params.size=600"])
+    cfg = load_config(
+        "python-tool-tiny",
+        [
+            "warm_start.examples=50",
+            "warm_start.balance=natural",
+            "tasks.balance=natural",
+            "tasks.params.size=600",
+        ],
+    )
     train = _train(cfg)
     demos, rl = demo_and_rl_tasks(cfg, train)
     assert _ids(demos) == _ids(train[:50])
@@ -31,8 +38,15 @@ def test_natural_balance_gives_the_demos_the_first_train_tasks_and_rl_the_rest()
 
 
 def test_answer_length_balance_shows_each_length_alike_in_demos_and_rl_prompts_in_train_order() -> None:
-    cfg = load_config("python-tool-tiny", ["warm_start.examples=40", "warm_start.balance=answer_length",
-                                           "tasks.balance=answer_length", "tasks.params.size=600"])
+    cfg = load_config(
+        "python-tool-tiny",
+        [
+            "warm_start.examples=40",
+            "warm_start.balance=answer_length",
+            "tasks.balance=answer_length",
+            "tasks.params.size=600",
+        ],
+    )
     train = _train(cfg)
     lengths = Counter(len(t["answer"]) for t in train)
     assert set(lengths) == {7, 8} and lengths[7] < lengths[8] / 2  # 4-digit products: 7 digits are a minority
@@ -46,7 +60,7 @@ def test_answer_length_balance_shows_each_length_alike_in_demos_and_rl_prompts_i
     # RL prompts: every 7-digit task left, and as many 8-digit ones, the first not used as demos
     assert Counter(len(t["answer"]) for t in rl) == {7: lengths[7] - 20, 8: lengths[7] - 20}
     assert [t["id"] for t in rl if len(t["answer"]) == 7] == by_length[7][20:]
-    assert [t["id"] for t in rl if len(t["answer"]) == 8] == by_length[8][20:lengths[7]]
+    assert [t["id"] for t in rl if len(t["answer"]) == 8] == by_length[8][20 : lengths[7]]
     for part in (demos, rl):
         assert [order[i] for i in _ids(part)] == sorted(order[i] for i in _ids(part))  # train order
     assert not set(_ids(demos)) & set(_ids(rl))
@@ -54,12 +68,16 @@ def test_answer_length_balance_shows_each_length_alike_in_demos_and_rl_prompts_i
 
 def test_each_balance_acts_on_its_own_part_of_the_split() -> None:
     base = ["warm_start.examples=40", "tasks.params.size=600"]
-    demos_only = load_config("python-tool-tiny", [*base, "warm_start.balance=answer_length", "tasks.balance=natural"])
+    demos_only = load_config(
+        "python-tool-tiny", [*base, "warm_start.balance=answer_length", "tasks.balance=natural"]
+    )
     train = _train(demos_only)
     demos, rl = demo_and_rl_tasks(demos_only, train)
     assert Counter(len(t["answer"]) for t in demos) == {7: 20, 8: 20}
     assert _ids(rl) == [i for i in _ids(train) if i not in set(_ids(demos))]  # RL: all the rest
-    rl_only = load_config("python-tool-tiny", [*base, "warm_start.balance=natural", "tasks.balance=answer_length"])
+    rl_only = load_config(
+        "python-tool-tiny", [*base, "warm_start.balance=natural", "tasks.balance=answer_length"]
+    )
     demos, rl = demo_and_rl_tasks(rl_only, train)
     assert _ids(demos) == _ids(train[:40])
     counts = Counter(len(t["answer"]) for t in rl)

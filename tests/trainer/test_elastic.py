@@ -88,7 +88,10 @@ def test_elastic_trainer_moves_slots_mid_run_and_consumes_every_episode(tmp_path
 
 
 def test_elastic_switch_is_validated() -> None:
-    cfg = load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=local", "trainer.devices=4", "trainer.rollout_devices=3"])
+    cfg = load_config(
+        "math-tiny",
+        ["trainer.elastic=true", "trainer.backend=local", "trainer.devices=4", "trainer.rollout_devices=3"],
+    )
     assert cfg.trainer.elastic and cfg.trainer.devices == 4
     with pytest.raises(ConfigError, match="trainer.elastic"):
         load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=ray"])
@@ -99,7 +102,15 @@ def test_elastic_switch_is_validated() -> None:
     with pytest.raises(ConfigError, match="trainer.devices"):
         load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=local", "trainer.devices=1"])
     with pytest.raises(ConfigError, match="trainer.rollout_devices"):
-        load_config("math-tiny", ["trainer.elastic=true", "trainer.backend=local", "trainer.devices=3", "trainer.rollout_devices=3"])
+        load_config(
+            "math-tiny",
+            [
+                "trainer.elastic=true",
+                "trainer.backend=local",
+                "trainer.devices=3",
+                "trainer.rollout_devices=3",
+            ],
+        )
 
 
 def test_a_step_grows_onto_a_slot_lent_while_it_runs(tmp_path: Path) -> None:

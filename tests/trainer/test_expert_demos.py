@@ -29,7 +29,12 @@ def tool_demos(tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
     run = tmp_path_factory.mktemp("run")
     # nano: a smaller vocabulary, so longer replies than the preset's micro model
-    overrides = ["model.tiny_size=nano", f"warm_start.examples={DEMOS}", "rollout.concurrency=3", "rollout.max_new_tokens=40"]
+    overrides = [
+        "model.tiny_size=nano",
+        f"warm_start.examples={DEMOS}",
+        "rollout.concurrency=3",
+        "rollout.max_new_tokens=40",
+    ]
     cfg = load_config("python-tool-tiny", overrides)
     side = build_rollout_side(cfg, run, with_engine=False)
     demos = expert_demos(cfg, side.runner, side.demo_tasks, run / DEMO_STORE)
@@ -87,7 +92,9 @@ def test_tool_demos_are_stored_as_non_policy_demo_spans(tool_demos) -> None:
     for t in trajectories:
         assert t.info["agent"] == "expert" and t.reward == 1.0 and t.info["tool_calls"] == 1
         assert not any(t.policy_mask), "scripted replies are never counted as sampled"
-        assert [tuple(s) for s in t.info["demo_spans"]] == next(d.spans for d in demos if d.ids == t.token_ids)
+        assert [tuple(s) for s in t.info["demo_spans"]] == next(
+            d.spans for d in demos if d.ids == t.token_ids
+        )
 
 
 def test_the_loss_falls_on_the_expert_replies_only(tool_demos) -> None:
@@ -102,7 +109,9 @@ def test_the_loss_falls_on_the_expert_replies_only(tool_demos) -> None:
 
 def test_expert_replies_longer_than_the_policy_may_sample_are_refused(tool_demos, tmp_path: Path) -> None:
     cfg, side, _, _ = tool_demos
-    short = load_config("python-tool-tiny", ["model.tiny_size=nano", "warm_start.examples=2", "rollout.max_new_tokens=8"])
+    short = load_config(
+        "python-tool-tiny", ["model.tiny_size=nano", "warm_start.examples=2", "rollout.max_new_tokens=8"]
+    )
     with pytest.raises(ConfigError, match=r"rollout\.max_new_tokens: an expert reply is \d+ tokens"):
         expert_demos(short, side.runner, side.demo_tasks[:2], tmp_path / DEMO_STORE)
 
@@ -120,8 +129,15 @@ def test_a_branching_run_plays_each_expert_demo_once(tmp_path: Path) -> None:
     if not ok:
         pytest.skip(f"bwrap backend unavailable: {why}")
     torch.set_num_threads(1)
-    overrides = ["model.tiny_size=nano", "warm_start.examples=3", "rollout.concurrency=3", "rollout.max_new_tokens=40",
-                 "rollout.branch_factor=4", "rollout.branch_at=[1]", "rollout.tree_budget_tokens=500"]
+    overrides = [
+        "model.tiny_size=nano",
+        "warm_start.examples=3",
+        "rollout.concurrency=3",
+        "rollout.max_new_tokens=40",
+        "rollout.branch_factor=4",
+        "rollout.branch_at=[1]",
+        "rollout.tree_budget_tokens=500",
+    ]
     cfg = load_config("python-tool-tiny", overrides)
     side = build_rollout_side(cfg, tmp_path, with_engine=False)
     try:

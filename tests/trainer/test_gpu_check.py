@@ -27,36 +27,74 @@ def _script() -> ModuleType:
 
 def test_a_cpu_run_prints_positive_figures(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--steps", "2", "--warm-start", "4", "--eval-episodes", "2",
-         "--run-dir", str(tmp_path / "run"), "model.tiny_size=nano", "trainer.batch_size=8", "rollout.concurrency=8"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--warm-start",
+            "4",
+            "--eval-episodes",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "model.tiny_size=nano",
+            "trainer.batch_size=8",
+            "rollout.concurrency=8",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     out = json.loads(lines[-1])
     assert out["device"].startswith("cpu") and out["torch"] == torch.__version__
     assert out["steps_done"] == out["steps_asked"] == 2 and out["exit_code"] == 0
-    for key in ("step_time_median_s", "policy_tokens_per_s", "policy_tokens_per_s_median", "sampled_tokens_per_s",
-                "policy_tokens_per_step", "peak_rss_mib", "wall_s"):
+    for key in (
+        "step_time_median_s",
+        "policy_tokens_per_s",
+        "policy_tokens_per_s_median",
+        "sampled_tokens_per_s",
+        "policy_tokens_per_step",
+        "peak_rss_mib",
+        "wall_s",
+    ):
         assert out[key] > 0, key
     assert {"held_out_before", "held_out_after_warm_start", "held_out_after_rl"} <= set(out)
     text = "\n".join(lines[:-1])
-    for start in ("device: cpu", "torch ", "steps done: 2 of 2", "step time: median ", "policy tokens/s: ",
-                  "peak memory (CPU run): "):
+    for start in (
+        "device: cpu",
+        "torch ",
+        "steps done: 2 of 2",
+        "step time: median ",
+        "policy tokens/s: ",
+        "peak memory (CPU run): ",
+    ):
         assert any(line.startswith(start) for line in lines[:-1]), (start, text[-2000:])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible")
 def test_cuda_without_a_device_says_to_pass_device_cpu() -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cuda"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "--device cuda: no CUDA device is visible" in proc.stderr and "pass --device cpu" in proc.stderr
 
 
 @pytest.mark.parametrize("preset", ["math-tiny", "python-tool-tiny", "env-tiny"])
 @pytest.mark.parametrize("engine", ["auto", "hf", "vllm"])
-def test_the_cuda_settings_are_valid_config(preset: str, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cuda_settings_are_valid_config(
+    preset: str, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the script asks of a CUDA run (bfloat16 where supported, the engine, a short warm start)
     passes the config's validation, so a device run fails on the device, not on the config."""
     gpu_check = _script()
@@ -69,8 +107,12 @@ def test_the_cuda_settings_are_valid_config(preset: str, engine: str, monkeypatc
         assert cfg.rollout.engine == gpu_check.pick_engine(engine, "cuda")
         assert cfg.trainer.steps == 5 and cfg.trainer.max_minutes == 0 and cfg.trainer.plateau_patience == 0
         assert cfg.warm_start.examples == (0 if cfg.tasks.source == "env-reset" else 32)
-    cpu = load_config(preset, gpu_check.overrides_for(gpu_check.parse_args(["--device", "cpu", "--preset", preset])))
-    assert cpu.model.dtype == load_config(preset).model.dtype and cpu.rollout.engine == "hf"  # auto on the CPU
+    cpu = load_config(
+        preset, gpu_check.overrides_for(gpu_check.parse_args(["--device", "cpu", "--preset", preset]))
+    )
+    assert (
+        cpu.model.dtype == load_config(preset).model.dtype and cpu.rollout.engine == "hf"
+    )  # auto on the CPU
 
 
 def test_auto_engine_is_vllm_only_on_cuda_where_it_is_installed() -> None:

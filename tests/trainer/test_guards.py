@@ -25,7 +25,9 @@ def test_collapse_never_fires_when_off_or_when_the_baseline_is_tiny() -> None:
     assert not any(_feed(Guards(1, True), [0.04] * 5 + [0.0] * 20))
 
 
-def _plateau_flags(plateau: Plateau, rewards: list[float], state: SimpleNamespace | None = None) -> list[bool]:
+def _plateau_flags(
+    plateau: Plateau, rewards: list[float], state: SimpleNamespace | None = None
+) -> list[bool]:
     state = state or SimpleNamespace(step=0, extra={})
     flags = []
     for r in rewards:

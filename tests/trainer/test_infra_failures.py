@@ -56,17 +56,25 @@ def _steps(run: Path) -> list[dict]:
     return [r for r in rows if r["kind"] == "step"]
 
 
-def test_a_sandbox_killed_mid_grade_is_retried_and_left_out_of_the_batch_and_its_baseline(tmp_path: Path) -> None:
+def test_a_sandbox_killed_mid_grade_is_retried_and_left_out_of_the_batch_and_its_baseline(
+    tmp_path: Path,
+) -> None:
     """One episode at a time, so the kills land in order: episode 0's two attempts are killed
     (``max_infra_retries`` 1: it is lost), episode 1's first attempt is killed and its retry
     grades; episodes 2 and 3 and batch 1 grade normally."""
     torch.set_num_threads(1)
     tickets = tmp_path / "tickets"
     tickets.mkdir()
-    cfg = load_config("math-tiny", [
-        *BASE, "trainer.steps=2", "rollout.concurrency=1", "rollout.max_infra_retries=1",
-        f"env.kwargs={{kills: 3, ticket_dir: {tickets}}}",
-    ])
+    cfg = load_config(
+        "math-tiny",
+        [
+            *BASE,
+            "trainer.steps=2",
+            "rollout.concurrency=1",
+            "rollout.max_infra_retries=1",
+            f"env.kwargs={{kills: 3, ticket_dir: {tickets}}}",
+        ],
+    )
     killed_before = infra_envs.SandboxGradedEnv.killed
     trainer = Trainer(cfg, tmp_path / "run", console=False)
     res = trainer.run()
@@ -78,13 +86,19 @@ def test_a_sandbox_killed_mid_grade_is_retried_and_left_out_of_the_batch_and_its
     ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
     # the ledger: every attempt's leaf has one row; batch 0 trains episodes 1-3, episode 0 is done (lost)
     aborts = ledger.aborted_rows(0)
-    assert [(e, a, why) for e, a, _, why in aborts] == [(0, 0, "sandbox_died"), (0, 1, "sandbox_died"), (1, 0, "sandbox_died")]
+    assert [(e, a, why) for e, a, _, why in aborts] == [
+        (0, 0, "sandbox_died"),
+        (0, 1, "sandbox_died"),
+        (1, 0, "sandbox_died"),
+    ]
     rows = ledger.batch_rows(0)
     assert [r[0] for r in rows] == [1, 2, 3] and ledger.done(range(4)) == {0, 1, 2, 3}
     assert len(ledger.batch_rows(1)) == 4 and ledger.aborted_rows(1) == []
     # the store keeps what was sampled: episode 0's path stays aborted, with the reason
     (lost,) = tree.trajectories([aborts[0][2]])
-    assert lost.status == "aborted" and lost.info["aborted_by"] == "sandbox_died" and sum(lost.policy_mask) > 0
+    assert (
+        lost.status == "aborted" and lost.info["aborted_by"] == "sandbox_died" and sum(lost.policy_mask) > 0
+    )
     # the retry ran with the same seed, so it sampled the same path: that leaf is now graded
     retried = next(r for r in rows if r[0] == 1)
     assert retried[1] == aborts[2][2]
@@ -107,7 +121,11 @@ def test_a_sandbox_killed_mid_grade_is_retried_and_left_out_of_the_batch_and_its
 
     # the step's metrics count them; the objective's rows are the trained ones
     first, second = _steps(run)
-    assert first["aborted"] == 3 and first["aborted_episodes"] == 1 and first["abort_reasons"] == {"sandbox_died": 3}
+    assert (
+        first["aborted"] == 3
+        and first["aborted_episodes"] == 1
+        and first["abort_reasons"] == {"sandbox_died": 3}
+    )
     assert first["leaves"] == 3 and first["reward"] == pytest.approx(mean)
     assert second["aborted"] == 0 and second["aborted_episodes"] == 0 and second["leaves"] == 4
     from trainer.metrics import MetricsSink
@@ -126,18 +144,33 @@ def test_a_failure_that_passes_leaves_the_training_data_and_the_weights_as_witho
     for name, kills in (("clean", 0), ("killed", 1)):
         tickets = tmp_path / f"tickets_{name}"
         tickets.mkdir()
-        cfg = load_config("math-tiny", [
-            *BASE, "trainer.steps=2", "rollout.concurrency=1", "rollout.max_infra_retries=1",
-            f"env.kwargs={{kills: {kills}, ticket_dir: {tickets}}}",
-        ])
+        cfg = load_config(
+            "math-tiny",
+            [
+                *BASE,
+                "trainer.steps=2",
+                "rollout.concurrency=1",
+                "rollout.max_infra_retries=1",
+                f"env.kwargs={{kills: {kills}, ticket_dir: {tickets}}}",
+            ],
+        )
         run = tmp_path / name
         assert Trainer(cfg, run, console=False).run().ok
         ledger, tree = EpisodeLedger(run / "episodes.sqlite"), TrajectoryTree.open(run / "store.sqlite")
         data = []
         for k in range(2):
             rows = ledger.batch_rows(k)
-            data.append([(r[0], r[2], t.token_ids, t.logprobs) for r, t in zip(rows, tree.trajectories([r[1] for r in rows]), strict=True)])
-        trained[name] = (data, len(ledger.aborted_rows(0)), load_file(run / "checkpoints" / "step_000002" / "model.safetensors"))
+            data.append(
+                [
+                    (r[0], r[2], t.token_ids, t.logprobs)
+                    for r, t in zip(rows, tree.trajectories([r[1] for r in rows]), strict=True)
+                ]
+            )
+        trained[name] = (
+            data,
+            len(ledger.aborted_rows(0)),
+            load_file(run / "checkpoints" / "step_000002" / "model.safetensors"),
+        )
         ledger.close()
         tree.close()
     (clean, clean_aborts, clean_w), (killed, killed_aborts, killed_w) = trained["clean"], trained["killed"]
@@ -151,16 +184,26 @@ def test_a_grader_that_always_fails_does_not_block_the_run(tmp_path: Path) -> No
     and the run still takes its steps (weights unchanged) and reports what aborted. The rollout
     runs in its own process here (the other runs keep it in the learner's)."""
     torch.set_num_threads(1)
-    cfg = load_config("math-tiny", [
-        *BASE, "trainer.steps=2", "rollout.concurrency=4", "rollout.max_infra_retries=1",
-        "env.kwargs={kills: -1}", "trainer.keep_checkpoints=10", "trainer.backend=process",  # the default backend
-    ])
+    cfg = load_config(
+        "math-tiny",
+        [
+            *BASE,
+            "trainer.steps=2",
+            "rollout.concurrency=4",
+            "rollout.max_infra_retries=1",
+            "env.kwargs={kills: -1}",
+            "trainer.keep_checkpoints=10",
+            "trainer.backend=process",  # the default backend
+        ],
+    )
     trainer = Trainer(cfg, tmp_path, console=False)
     res = trainer.run()
     assert res.ok and res.steps == 2 and trainer.learner.version == 2
     from safetensors.torch import load_file
 
-    start, end = (load_file(tmp_path / "checkpoints" / f"step_00000{k}" / "model.safetensors") for k in (0, 2))
+    start, end = (
+        load_file(tmp_path / "checkpoints" / f"step_00000{k}" / "model.safetensors") for k in (0, 2)
+    )
     assert all(torch.equal(start[k], end[k]) for k in start)  # nothing was trained on
     for row in _steps(tmp_path):
         assert row["aborted"] == 8 and row["aborted_episodes"] == 4  # 4 episodes x 2 attempts
@@ -181,7 +224,9 @@ def tiny(tmp_path_factory):
     from fr_agents.models import create_tiny
 
     path = create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        path
+    )
 
 
 def _episode(tiny, tmp_path: Path, options, **env_kwargs):

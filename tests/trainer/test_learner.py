@@ -158,7 +158,9 @@ def test_packed_step_equals_flat_step(attn: str) -> None:
     # sign-like first step would amplify that noise on near-zero gradient entries.
     kw = {"delta": 0.05, "negative_token_fraction": 0.5}
     # tree_min_saving=0: tree attention even on these short rows (where the dense mask is cheaper)
-    s_packed = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), tree_min_saving=0, **kw).step(packed_batch)
+    s_packed = make_learner(
+        model, torch.optim.SGD(model.parameters(), lr=1e-2), tree_min_saving=0, **kw
+    ).step(packed_batch)
     s_flat = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(
         build_flat(trajs)
     )
@@ -187,8 +189,12 @@ def test_packed_step_of_a_model_without_logits_to_keep_equals_the_usual_packed_s
     model.load_state_dict(src.state_dict())
     trajs = make_trajectories(model)
     ref = copy.deepcopy(src)
-    s_fallback = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
-    s_usual = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05).step(build_packed(trajs))
+    s_fallback = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05).step(
+        build_packed(trajs)
+    )
+    s_usual = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05).step(
+        build_packed(trajs)
+    )
     assert s_fallback["packed"] == 1.0 and s_fallback["tree_attention"] == 0.0
     assert s_fallback["loss"] == pytest.approx(s_usual["loss"], rel=1e-12)
     assert moved(model, src) > 1e-4
@@ -225,7 +231,9 @@ def test_a_packed_step_takes_tree_attention_only_where_it_saves_enough_scores() 
     roots = list(range(len(packed.root_spans)))
     dense = len(roots) * packed.max_root_tokens**2
     assert dense < 2 * packed.tree_layout(roots).scores
-    s_short = make_learner(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.0), **kw).step(packed)
+    s_short = make_learner(tiny_model(), torch.optim.SGD(tiny_model().parameters(), lr=0.0), **kw).step(
+        packed
+    )
     assert s_short["packed"] == 1.0 and s_short["tree_attention"] == 0.0
     # one wide row of 16 branches: tree attention computes > 2x fewer scores than the dense mask
     wide = build_packed(_wide_tree())
@@ -337,17 +345,33 @@ def test_from_config_applies_every_switch() -> None:
                 "negative_min_prob": 0.02,
                 "negative_min_prob_scope": "suffix",
             },
-            "optim": {"lr": 3e-3, "grad_clip": 0.5, "scheduler": "cosine", "warmup_steps": 2, "spike_clip": 1.5,
-                      "spike_window": 20},
+            "optim": {
+                "lr": 3e-3,
+                "grad_clip": 0.5,
+                "scheduler": "cosine",
+                "warmup_steps": 2,
+                "spike_clip": 1.5,
+                "spike_window": 20,
+            },
             "trainer": {"micro_batch_tokens": 64, "packed": "never", "steps": 10},
         }
     )
     model = tiny_model()
     learner = Learner.from_config(model, cfg)
-    assert learner.policy.config.temperature == 0.8 and learner.objective.delta == 0.01 and not learner.objective.importance_sampling
+    assert (
+        learner.policy.config.temperature == 0.8
+        and learner.objective.delta == 0.01
+        and not learner.objective.importance_sampling
+    )
     assert learner.objective.aggregation == "token_mean" and learner.objective.negative_token_fraction == 0.25
-    assert learner.objective.negative_min_prob == 0.02 and learner.objective.negative_min_prob_scope == "suffix"
-    assert learner.chunking.micro_batch_tokens == 64 and learner.optim.grad_clip == 0.5 and learner.chunking.packed == "never"
+    assert (
+        learner.objective.negative_min_prob == 0.02 and learner.objective.negative_min_prob_scope == "suffix"
+    )
+    assert (
+        learner.chunking.micro_batch_tokens == 64
+        and learner.optim.grad_clip == 0.5
+        and learner.chunking.packed == "never"
+    )
     assert learner.scheduler is not None
     assert learner.spike is not None and learner.spike.k == 1.5 and learner.spike.window == 20
     stats = learner.step(build_packed(make_trajectories(model, temperature=0.8)))
@@ -476,9 +500,16 @@ def test_a_compact_forward_step_equals_a_transformers_forward_step(switches: dic
         switches = {"delta": 0.05, **switches}
         # plain SGD: the weights move by lr x gradient (Adam's normalisation would magnify float32
         # rounding in near-zero gradient entries)
-        compact = make_learner(model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batch_tokens=micro, **switches)
-        plain = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1.0), micro_batch_tokens=micro,
-                        compact_forward=False, **switches)
+        compact = make_learner(
+            model, torch.optim.SGD(model.parameters(), lr=1.0), micro_batch_tokens=micro, **switches
+        )
+        plain = make_learner(
+            ref,
+            torch.optim.SGD(ref.parameters(), lr=1.0),
+            micro_batch_tokens=micro,
+            compact_forward=False,
+            **switches,
+        )
         assert compact.policy.compact_reason is None and "compact_forward" in plain.policy.compact_reason
         s_compact = compact.step(build_flat(trajs))
         s_plain = plain.step(build_flat(trajs))
@@ -487,7 +518,11 @@ def test_a_compact_forward_step_equals_a_transformers_forward_step(switches: dic
         assert moved(ref, tiny_model().to(torch.float32)) > 1e-4
         params_close(model, ref, 1e-5)
     assert "float32" in Learner(tiny_model().to(torch.float64)).policy.compact_reason
-    off = Learner.from_config(tiny_model().to(torch.float32),
-                              config_from_dict({"model": {"compact_forward": False}}))
+    off = Learner.from_config(
+        tiny_model().to(torch.float32), config_from_dict({"model": {"compact_forward": False}})
+    )
     assert off.policy.compact_reason == "model.compact_forward is false"
-    assert Learner.from_config(tiny_model().to(torch.float32), config_from_dict({})).policy.compact_reason is None
+    assert (
+        Learner.from_config(tiny_model().to(torch.float32), config_from_dict({})).policy.compact_reason
+        is None
+    )

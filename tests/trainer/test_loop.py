@@ -62,7 +62,9 @@ def test_policy_lag_never_exceeds_max_policy_lag(tmp_path: Path, lag: int) -> No
     assert sum(end["lag_histogram"].values()) == steps * cfg.trainer.batch_size
 
 
-def test_nan_loss_stops_keeps_checkpoint_and_saves_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nan_loss_stops_keeps_checkpoint_and_saves_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.set_num_threads(1)
     from trainer.learner import Learner, NonFiniteLossError
 
@@ -107,7 +109,9 @@ def test_a_stopped_run_evaluates_the_last_good_checkpoint_it_hands_back(tmp_path
             return stats
 
     torch.set_num_threads(1)
-    cfg = load_config("math-tiny", [*BASE, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_episodes=8"])
+    cfg = load_config(
+        "math-tiny", [*BASE, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_episodes=8"]
+    )
     trainer = Trainer(cfg, tmp_path, console=False, hooks=NonFiniteAtThirdStep())
     res = trainer.run()
     assert not res.ok and res.stop_reason == "non-finite loss" and res.steps == 2
@@ -140,14 +144,17 @@ def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
             return step()
 
     torch.set_num_threads(1)
-    cfg = load_config("math-tiny", [*BASE, "rollout.max_policy_lag=2", "trainer.steps=40", "trainer.max_minutes=0.1"])
+    cfg = load_config(
+        "math-tiny", [*BASE, "rollout.max_policy_lag=2", "trainer.steps=40", "trainer.max_minutes=0.1"]
+    )
     res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
     assert res.ok and res.stop_reason == "time budget"
     assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
 
 
-def test_the_warm_start_uses_the_cores_it_is_given_and_rl_uses_trainer_threads(tmp_path: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_warm_start_uses_the_cores_it_is_given_and_rl_uses_trainer_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The warm start runs on every core this process may use, each RL step on ``trainer.threads``,
     and the caller's thread count is what it was once the run is over."""
     import os
@@ -174,7 +181,8 @@ def test_the_warm_start_uses_the_cores_it_is_given_and_rl_uses_trainer_threads(t
 
 
 def test_the_warm_start_takes_one_thread_when_given_one_core_or_told_by_omp_num_threads(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Pinned to one CPU (``taskset -c 0``), or with ``OMP_NUM_THREADS=1``, the warm start does
     not raise torch's threads to the machine's core count (threads spinning against each other on
     shared cores slowed it ~20x)."""
@@ -199,8 +207,17 @@ def test_a_run_that_reaches_its_plateau_stops_and_ends_normally(tmp_path: Path) 
     full window (step 2), so the run stops 3 steps later, at step 5, of the 40 it may take, and
     ends as a normal run does (the final evaluation and checkpoint)."""
     torch.set_num_threads(1)
-    cfg = load_config("math-tiny", [*BASE, "trainer.steps=40", "trainer.plateau_patience=3", "trainer.plateau_window=2",
-                                    "trainer.plateau_min_delta=1.0", "trainer.eval_episodes=4"])
+    cfg = load_config(
+        "math-tiny",
+        [
+            *BASE,
+            "trainer.steps=40",
+            "trainer.plateau_patience=3",
+            "trainer.plateau_window=2",
+            "trainer.plateau_min_delta=1.0",
+            "trainer.eval_episodes=4",
+        ],
+    )
     res = run_training(cfg, tmp_path, console=False)
     assert res.ok and res.stop_reason == "plateau" and res.steps == 5
     assert "after_rl" in res.evals
@@ -214,8 +231,16 @@ def test_every_checkpoint_holds_the_cursor_of_every_batch_it_trained(tmp_path: P
     cursor counts exactly the batches trained before it, and the store ends with all consumed."""
     torch.set_num_threads(1)
     steps = 6
-    cfg = load_config("math-tiny", [*BASE, "rollout.max_policy_lag=1", f"trainer.steps={steps}",
-                                    "trainer.checkpoint_every=2", "trainer.keep_checkpoints=10"])
+    cfg = load_config(
+        "math-tiny",
+        [
+            *BASE,
+            "rollout.max_policy_lag=1",
+            f"trainer.steps={steps}",
+            "trainer.checkpoint_every=2",
+            "trainer.keep_checkpoints=10",
+        ],
+    )
     res = run_training(cfg, tmp_path, console=False)
     assert res.ok and res.steps == steps
     cursors = {}

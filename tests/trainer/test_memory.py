@@ -31,7 +31,9 @@ STEPS = textwrap.dedent(
 
 
 def _faults(*overrides: str) -> int:
-    out = subprocess.run([sys.executable, "-c", STEPS, *overrides], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", STEPS, *overrides], capture_output=True, text=True, check=True
+    )
     return int(out.stdout.split()[-1])
 
 
@@ -111,7 +113,9 @@ RELEASE = textwrap.dedent(
 def test_release_freed_memory_hands_kept_blocks_back():
     """What keep_freed_memory kept after a burst of large blocks (a warm start's), freed between
     blocks still in use, goes back to the kernel when released."""
-    out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[0] == "True"
     kept, released = int(out[1]), int(out[2])
     assert kept > 1000 and released < kept - 400, (kept, released)
@@ -127,8 +131,12 @@ def test_onednn_cache_capacity_caps_the_cache_unless_the_environment_sets_it(mon
     assert onednn_cache_capacity(load_config("math-tiny", ["trainer.onednn_cache_capacity=0"])) is None
     assert ONEDNN_CACHE_ENV not in os.environ
     assert onednn_cache_capacity(load_config("math-tiny", [])) == "16" == os.environ[ONEDNN_CACHE_ENV]
-    child = subprocess.run([sys.executable, "-c", f"import os; print(os.environ['{ONEDNN_CACHE_ENV}'])"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+    child = subprocess.run(
+        [sys.executable, "-c", f"import os; print(os.environ['{ONEDNN_CACHE_ENV}'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert child == "16"
     monkeypatch.setenv(ONEDNN_CACHE_ENV, "4")
     assert onednn_cache_capacity(load_config("math-tiny", [])) == "4"

@@ -23,7 +23,17 @@ def tb_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
 
 def test_every_number_of_a_step_row_reaches_tensorboard_under_train_in_one_event(tmp_path: Path) -> None:
     sink = MetricsSink(tmp_path, plot_every=1000, console=False)
-    rows = [{"step": s, "reward": 0.25 * s, "acceptance": 1.0, "lag_max": s % 2, "packed": False, "lag_hist": {0: 3}} for s in (1, 2, 3)]
+    rows = [
+        {
+            "step": s,
+            "reward": 0.25 * s,
+            "acceptance": 1.0,
+            "lag_max": s % 2,
+            "packed": False,
+            "lag_hist": {0: 3},
+        }
+        for s in (1, 2, 3)
+    ]
     for row in rows:
         sink.step(row)
     sink.event("eval", step=3, success=0.5, bench="arithmetic")
@@ -35,7 +45,9 @@ def test_every_number_of_a_step_row_reaches_tensorboard_under_train_in_one_event
     assert scalars["eval/success"] == {3: 0.5}
     # bools, mappings and text are not scalars; the step is the event's step, not a value
     assert not any(t.endswith(("/packed", "/lag_hist", "/bench", "/step")) for t in scalars)
-    events = [e for p in (tmp_path / "tb").iterdir() for e in EventFileLoader(str(p)).Load() if e.summary.value]
+    events = [
+        e for p in (tmp_path / "tb").iterdir() for e in EventFileLoader(str(p)).Load() if e.summary.value
+    ]
     assert len(events) == 4  # one event per row
     assert [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "step"] == [1, 2, 3]
 

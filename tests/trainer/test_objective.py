@@ -207,8 +207,10 @@ def test_negative_min_prob_suffix_scope_also_drops_the_rest_of_a_pushed_down_row
     # Row 0 (A = -0.5): a copy that went wrong at position 2 (p = 0.003) and went on at p = 0.9 / 0.5;
     # row 1 (A = +0.5): the same tokens. Row 2 (A = -0.5) has no unlikely token.
     mask = torch.tensor([[False, True, True, True, True]] * 3)
-    lp = leaf([[0.0, math.log(0.9), math.log(0.003), math.log(0.9), math.log(0.5)]] * 2
-              + [[0.0, math.log(0.9), math.log(0.8), math.log(0.9), math.log(0.5)]])
+    lp = leaf(
+        [[0.0, math.log(0.9), math.log(0.003), math.log(0.9), math.log(0.5)]] * 2
+        + [[0.0, math.log(0.9), math.log(0.8), math.log(0.9), math.log(0.5)]]
+    )
     blp = lp.detach().clone()
     rewards = t64([0.0, 1.0, 0.0])  # batch mean 1/3
     paper, _ = flashreinforce_loss(lp, blp, rewards, mask, delta=math.inf)
@@ -223,7 +225,11 @@ def test_negative_min_prob_suffix_scope_also_drops_the_rest_of_a_pushed_down_row
     torch.testing.assert_close(g[0, 1], g_paper[0, 1])  # before the deviation: the paper's push
     # rows with a positive advantage, and pushed-down rows without an unlikely token, are untouched
     torch.testing.assert_close(g[1:], g_paper[1:])
-    assert suf_stats["retained_tokens"].tolist() == [1, 4, 4] and tok_stats["retained_tokens"].tolist() == [3, 4, 4]
+    assert suf_stats["retained_tokens"].tolist() == [1, 4, 4] and tok_stats["retained_tokens"].tolist() == [
+        3,
+        4,
+        4,
+    ]
     # the denominator stays T_i = 4
     torch.testing.assert_close(g[0, 1], torch.tensor(-(1 / 3) * (1 / 4) * (-1 / 3), dtype=F64))
     with pytest.raises(ValueError, match="negative_min_prob_scope"):

@@ -59,7 +59,9 @@ class ToolEnv(gymnasium.Env):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = create_tiny(tmp_path_factory.mktemp("tiny") / "m", size="nano", seed=0)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(
+        path
+    )
 
 
 def _pool(model, tok, migration: MigrationPolicy | None = None, max_live: int = 8) -> ElasticPool:
@@ -155,8 +157,16 @@ def test_finish_in_place_when_migration_costs_more(tiny, tmp_path):
 
 def _t(**kw: Any) -> Telemetry:
     base = dict(
-        time_s=0.0, rollout_devices=4, train_devices=4, moving=0, queue_depth=0, unconsumed=0,
-        batch_size=8, learner_idle_frac=0.0, long_tail_frac=0.0, staleness=0.5,
+        time_s=0.0,
+        rollout_devices=4,
+        train_devices=4,
+        moving=0,
+        queue_depth=0,
+        unconsumed=0,
+        batch_size=8,
+        learner_idle_frac=0.0,
+        long_tail_frac=0.0,
+        staleness=0.5,
     )
     return Telemetry(**{**base, **kw})
 
@@ -174,7 +184,9 @@ def test_controller_rules():
     assert c.decide(_t(learner_idle_frac=1.0, queue_depth=10, train_devices=1)) is None
     assert c.decide(_t(long_tail_frac=0.9, moving=1)) is None
     # one decision moves at most max_move_frac of a pool
-    capped = ElasticController(ControllerConfig(max_move_frac=0.25)).decide(_t(learner_idle_frac=1.0, queue_depth=10))
+    capped = ElasticController(ControllerConfig(max_move_frac=0.25)).decide(
+        _t(learner_idle_frac=1.0, queue_depth=10)
+    )
     assert capped is not None and capped.count == 1
     # a backlog of rollout work (queue > 0) is not a long tail
     assert c.decide(_t(long_tail_frac=0.9, queue_depth=3)) is None
@@ -258,7 +270,9 @@ def test_spare_fraction():
     # compute binds first: 24 generations need 3 devices at 8 each
     assert spare_fraction(4, live=24, slots=64, generating=24, saturation=8) == pytest.approx(0.25)
     # the KV cache binds: 2.5M tokens held on 1M-token devices need 3 of them
-    assert spare_fraction(4, live=4, slots=64, generating=0, saturation=8, kv_used=2.5e6, kv_tokens=1e6) == pytest.approx(0.25)
+    assert spare_fraction(
+        4, live=4, slots=64, generating=0, saturation=8, kv_used=2.5e6, kv_tokens=1e6
+    ) == pytest.approx(0.25)
     # a full pool has nothing spare; no devices, nothing spare
     assert spare_fraction(2, live=16, slots=8, generating=16, saturation=8) == 0.0
     assert spare_fraction(0, live=0, slots=8, generating=0, saturation=8) == 0.0
@@ -292,7 +306,10 @@ def test_controller_brings_lent_devices_home_when_rollout_fills_again():
     m = c.decide(_t(time_s=10.0, rollout_devices=2, train_devices=6, queue_depth=5, long_tail_frac=0.0))
     assert m is not None and m.to == "rollout" and m.count == 2
     # at the starting split nothing more moves for that reason
-    assert c.decide(_t(time_s=20.0, rollout_devices=4, train_devices=4, queue_depth=5, long_tail_frac=0.0)) is None
+    assert (
+        c.decide(_t(time_s=20.0, rollout_devices=4, train_devices=4, queue_depth=5, long_tail_frac=0.0))
+        is None
+    )
 
 
 def test_spare_share_falls_at_once_and_rises_slowly():

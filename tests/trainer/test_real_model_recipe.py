@@ -16,8 +16,10 @@ from tests.trainer.learners import make_learner
 from tests.trainer.test_learner import make_trajectories, tiny_model
 from trainer.learner import Learner
 
-EXAMPLES = [{"role": "user", "content": "What is 23 + 19?"},
-            {"role": "assistant", "content": "23 + 19 = 42. The answer is \\boxed{42}."}]
+EXAMPLES = [
+    {"role": "user", "content": "What is 23 + 19?"},
+    {"role": "assistant", "content": "23 + 19 = 42. The answer is \\boxed{42}."},
+]
 
 
 def test_example_turns_sit_between_the_system_message_and_the_first_observation_everywhere(tmp_path) -> None:
@@ -32,14 +34,27 @@ def test_example_turns_sit_between_the_system_message_and_the_first_observation_
 
     turns = example_turns(EXAMPLES)
     assert prompt_messages("What is 57 + 29?", "Be brief.", turns) == [
-        {"role": "system", "content": "Be brief."}, *EXAMPLES, {"role": "user", "content": "What is 57 + 29?"}]
+        {"role": "system", "content": "Be brief."},
+        *EXAMPLES,
+        {"role": "user", "content": "What is 57 + 29?"},
+    ]
     tok = load_tokenizer("tiny")
     text, ids = encode_prompt(tok, "What is 57 + 29?", "Be brief.", turns)
-    assert text.index("Be brief.") < text.index("What is 23 + 19?") < text.index("\\boxed{42}") < text.index("57 + 29")
+    assert (
+        text.index("Be brief.")
+        < text.index("What is 23 + 19?")
+        < text.index("\\boxed{42}")
+        < text.index("57 + 29")
+    )
     assert ids == tok.encode(text, add_special_tokens=False)
 
-    cfg = config_from_dict({"env": {"system_prompt": "Be brief.", "examples": EXAMPLES},
-                            "tasks": {"params": {"template": "What is {a} + {b}?"}}, "warm_start": {"examples": 0}})
+    cfg = config_from_dict(
+        {
+            "env": {"system_prompt": "Be brief.", "examples": EXAMPLES},
+            "tasks": {"params": {"template": "What is {a} + {b}?"}},
+            "warm_start": {"examples": 0},
+        }
+    )
     runner = EpisodeRunner(cfg, "tiny", tok, None, None, [], with_engine=False)
     assert runner.options.examples == turns
     assert runner.encode_observation("What is 57 + 29?") == ids
@@ -69,10 +84,15 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_follows_the_float32_
     stats = {}
     for autocast in ("", "bfloat16"):
         model = tiny_model().to(torch.float32)
-        learner = make_learner(model, torch.optim.SGD(model.parameters(), lr=0.0), delta=0.5, autocast=autocast)
+        learner = make_learner(
+            model, torch.optim.SGD(model.parameters(), lr=0.0), delta=0.5, autocast=autocast
+        )
         seen = []
         learner.optimizer.register_step_pre_hook(
-            lambda opt, *_, seen=seen: seen.append(torch.cat([p.grad.flatten() for p in opt.param_groups[0]["params"]])))
+            lambda opt, *_, seen=seen: seen.append(
+                torch.cat([p.grad.flatten() for p in opt.param_groups[0]["params"]])
+            )
+        )
         stats[autocast] = learner.step(build_flat(trajs))
         grads[autocast] = seen[0]
         assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -93,8 +113,12 @@ def test_a_bfloat16_autocast_step_keeps_float32_weights_and_follows_the_float32_
         assert logits.dtype == dtype
     with pytest.raises(ValueError, match="autocast"):
         make_learner(tiny_model().to(torch.float32), autocast="float16")
-    assert Learner.from_config(tiny_model().to(torch.float32),
-                               config_from_dict({"trainer": {"autocast": "bfloat16"}})).policy.config.autocast == "bfloat16"
+    assert (
+        Learner.from_config(
+            tiny_model().to(torch.float32), config_from_dict({"trainer": {"autocast": "bfloat16"}})
+        ).policy.config.autocast
+        == "bfloat16"
+    )
 
 
 def test_math_smollm2_takes_a_real_rl_step_of_smollm2_in_seconds(tmp_path) -> None:
@@ -105,17 +129,32 @@ def test_math_smollm2_takes_a_real_rl_step_of_smollm2_in_seconds(tmp_path) -> No
     from trainer.preflight import dry_run_report
     from trainer.train import main_train
 
-    overrides = ["trainer.steps=1", "trainer.max_minutes=0", "trainer.batch_size=2", "rollout.concurrency=2",
-                 "rollout.max_new_tokens=8", "trainer.eval_episodes=2", "trainer.eval_every=0",
-                 "trainer.checkpoint_every=1000", "trainer.plot_every=1000",
-                 f"run.out_dir={tmp_path}", "run.name=r"]
+    overrides = [
+        "trainer.steps=1",
+        "trainer.max_minutes=0",
+        "trainer.batch_size=2",
+        "rollout.concurrency=2",
+        "rollout.max_new_tokens=8",
+        "trainer.eval_episodes=2",
+        "trainer.eval_every=0",
+        "trainer.checkpoint_every=1000",
+        "trainer.plot_every=1000",
+        f"run.out_dir={tmp_path}",
+        "run.name=r",
+    ]
     cfg = load_config("math-smollm2", overrides)
-    assert cfg.model.tuned_for == "pretrained" and (cfg.rollout.dtype, cfg.trainer.autocast) == ("auto", "auto")
+    assert cfg.model.tuned_for == "pretrained" and (cfg.rollout.dtype, cfg.trainer.autocast) == (
+        "auto",
+        "auto",
+    )
     fast = bfloat16_support("cpu")[0]
     assert (cfg.engine_dtype, cfg.learner_autocast) == (("bfloat16", "bfloat16") if fast else ("float32", ""))
     report = dry_run_report(cfg)
     assert "WARNING" not in report
-    assert f"precision: the rollout engine and the evaluations sample in {cfg.engine_dtype} (rollout.dtype=auto" in report
+    assert (
+        f"precision: the rollout engine and the evaluations sample in {cfg.engine_dtype} (rollout.dtype=auto"
+        in report
+    )
     assert ("autocast: the learner's forward runs its products in bfloat16" in report) == fast
     assert "prompt: 2 example turn(s)" in report
     assert main_train("math-smollm2", overrides) == 0

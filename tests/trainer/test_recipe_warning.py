@@ -17,8 +17,14 @@ from fr_agents.config import load_config
 from fr_agents.models import model_kind, tiny_dir
 from trainer.preflight import RECIPE_KEYS, dry_run_report, recipe_warning
 
-TINY_RECIPE = ("optim.lr=0.0001", "rollout.temperature=1.0", "rollout.max_new_tokens=32", "rollout.max_context=64",
-               "env.kwargs.answer_format=plain", "warm_start.examples=0")
+TINY_RECIPE = (
+    "optim.lr=0.0001",
+    "rollout.temperature=1.0",
+    "rollout.max_new_tokens=32",
+    "rollout.max_context=64",
+    "env.kwargs.answer_format=plain",
+    "warm_start.examples=0",
+)
 
 
 def test_dry_run_of_math_tiny_with_smollm2_warns_naming_the_keys_and_the_fitting_presets(
@@ -27,13 +33,25 @@ def test_dry_run_of_math_tiny_with_smollm2_warns_naming_the_keys_and_the_fitting
     """The command that wrecked SmolLM2-135M in five steps now says why before it starts."""
     from trainer.train import main_train
 
-    main_train("math-tiny", ["model.name=smollm2-135m", "warm_start.examples=0", "trainer.steps=5",
-                             "trainer.batch_size=16", "rollout.max_new_tokens=32"], dry_run=True)
+    main_train(
+        "math-tiny",
+        [
+            "model.name=smollm2-135m",
+            "warm_start.examples=0",
+            "trainer.steps=5",
+            "trainer.batch_size=16",
+            "rollout.max_new_tokens=32",
+        ],
+        dry_run=True,
+    )
     out = capsys.readouterr().out
     warning = [line for line in out.splitlines() if line.startswith("WARNING")]
     assert len(warning) == 1, out
     line = warning[0]
-    assert "preset math-tiny is tuned for the tiny model" in line and "model.name=smollm2-135m is a pretrained model" in line
+    assert (
+        "preset math-tiny is tuned for the tiny model" in line
+        and "model.name=smollm2-135m is a pretrained model" in line
+    )
     for item in TINY_RECIPE:
         assert item in line, item
     # the presets tuned for a pretrained model on the same env, each with its model and device
@@ -53,9 +71,19 @@ def test_math_tiny_with_the_tiny_model_has_no_warning() -> None:
 def test_a_pretrained_preset_with_the_tiny_model_names_the_tiny_presets() -> None:
     why = recipe_warning(load_config("math-qwen2.5-math-1.5b", ["model.name=tiny"]))
     assert why is not None
-    assert "is tuned for a pretrained model (model.tuned_for=pretrained), but model.name=tiny is the tiny model" in why
-    assert "optim.lr=1e-06" in why and "rollout.max_new_tokens=3072" in why and "env.kwargs.answer_format=boxed" in why
-    assert "Presets tuned for the tiny model on fr_agents/MathVerifier-v0: " in why and "math-tiny (model tiny, cpu)" in why
+    assert (
+        "is tuned for a pretrained model (model.tuned_for=pretrained), but model.name=tiny is the tiny model"
+        in why
+    )
+    assert (
+        "optim.lr=1e-06" in why
+        and "rollout.max_new_tokens=3072" in why
+        and "env.kwargs.answer_format=boxed" in why
+    )
+    assert (
+        "Presets tuned for the tiny model on fr_agents/MathVerifier-v0: " in why
+        and "math-tiny (model tiny, cpu)" in why
+    )
 
 
 def test_no_fitting_preset_is_said_plainly() -> None:
@@ -65,7 +93,10 @@ def test_no_fitting_preset_is_said_plainly() -> None:
 
 def test_an_undeclared_or_redeclared_recipe_is_not_checked() -> None:
     assert recipe_warning(load_config("math-tiny", ["model.name=smollm2-135m", "model.tuned_for="])) is None
-    assert recipe_warning(load_config("math-tiny", ["model.name=smollm2-135m", "model.tuned_for=pretrained"])) is None
+    assert (
+        recipe_warning(load_config("math-tiny", ["model.name=smollm2-135m", "model.tuned_for=pretrained"]))
+        is None
+    )
 
 
 def test_every_recipe_key_is_a_config_key() -> None:
@@ -98,7 +129,9 @@ class _Built(Exception):
 
 
 def test_the_run_logs_the_warning_before_any_work(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``Trainer.open_run`` warns first of all: before the model is loaded, evaluated or warm started."""
     from trainer.loop import Trainer
@@ -110,7 +143,9 @@ def test_the_run_logs_the_warning_before_any_work(
     cfg = load_config("math-tiny", ["model.name=smollm2-135m", "warm_start.examples=0"])
     with caplog.at_level(logging.WARNING, logger="trainer.preflight"), pytest.raises(_Built):
         Trainer(cfg, tmp_path, console=False).open_run(resume=False)
-    warned = [r for r in caplog.records if r.levelno == logging.WARNING and r.getMessage().startswith("recipe: ")]
+    warned = [
+        r for r in caplog.records if r.levelno == logging.WARNING and r.getMessage().startswith("recipe: ")
+    ]
     assert len(warned) == 1 and "optim.lr=0.0001" in warned[0].getMessage()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="trainer.preflight"), pytest.raises(_Built):

@@ -74,7 +74,9 @@ def _steps_logged(run: Path) -> int:
     path = run / "metrics.jsonl"
     if not path.exists():
         return 0
-    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"kind": "step"' in line]
+    steps = [
+        json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"kind": "step"' in line
+    ]
     return max(steps, default=0)
 
 

@@ -37,7 +37,6 @@ def test_the_rollout_runs_in_a_child_process_that_ends_with_the_run(tmp_path: Pa
     assert [r["leaves"] for r in steps] == [8.0, 8.0, 8.0] and [r["lag_max"] for r in steps] == [0, 1, 1]
 
 
-
 def test_a_run_with_no_rl_steps_sends_the_child_no_weights_and_ends_cleanly(tmp_path: Path, capfd) -> None:
     """``trainer.steps=0`` (a warm start only): the child is spawned with the run, but has no batch
     to roll out. Weights handed to it would be torn down mid-transfer by its stop (a traceback of
@@ -83,7 +82,9 @@ def test_a_failure_in_the_rollout_process_stops_the_run_with_its_traceback(
     (mods / "step_fails_env.py").write_text(textwrap.dedent(FAILING_ENV))
     monkeypatch.syspath_prepend(str(mods))  # the spawned child gets the parent's sys.path
     torch.set_num_threads(1)
-    cfg = load_config("math-tiny", [*BASE, "trainer.steps=3", "env.id=step_fails_env:fr_agents_test/StepFails-v0"])
+    cfg = load_config(
+        "math-tiny", [*BASE, "trainer.steps=3", "env.id=step_fails_env:fr_agents_test/StepFails-v0"]
+    )
     t = Trainer(cfg, tmp_path / "run", console=False)
     with pytest.raises(RuntimeError, match="rollout failed") as e:
         t.run()

@@ -46,18 +46,34 @@ def _thread(tmp_path, ledger, turns_of, *, batches=2, fail_at=None):
             await asyncio.sleep(0)
         if spec.episode == fail_at:
             raise RuntimeError("episode failed")
-        return EpisodeOutcome([LeafOutcome(leaf_id=1000 + spec.episode, reward=1.0, policy_tokens=3, turns=1)])
+        return EpisodeOutcome(
+            [LeafOutcome(leaf_id=1000 + spec.episode, reward=1.0, policy_tokens=3, turns=1)]
+        )
 
     def rows(batch):
-        return len(sqlite3.connect(ledger.path).execute("SELECT 1 FROM episode_leaves WHERE batch = ?", (batch,)).fetchall())
+        return len(
+            sqlite3.connect(ledger.path)
+            .execute("SELECT 1 FROM episode_leaves WHERE batch = ?", (batch,))
+            .fetchall()
+        )
 
     def episode_done(out):
         heard.append((out.leaf_id, out.leaf_id - 1000 in ledger.leaves([out.leaf_id - 1000])))
 
-    loop = BatchLoop(schedule=schedule, ledger=ledger, set_weights=lambda w, v: None, run_episode=scripted_episode,
-                     concurrency=8, on_episode_done=episode_done, stopped=lambda: board.stopped)
+    loop = BatchLoop(
+        schedule=schedule,
+        ledger=ledger,
+        set_weights=lambda w, v: None,
+        run_episode=scripted_episode,
+        concurrency=8,
+        on_episode_done=episode_done,
+        stopped=lambda: board.stopped,
+    )
     thread = RolloutThread(
-        batches=loop, first_batch=0, last_batch=batches, board=board,
+        batches=loop,
+        first_batch=0,
+        last_batch=batches,
+        board=board,
         on_batch_done=lambda k: done.append((k, rows(k) if k >= 0 else -1)),
     )
     return thread, heard, done
@@ -69,7 +85,12 @@ def test_episodes_finishing_in_one_loop_turn_share_one_ledger_transaction(tmp_pa
     thread, heard, done = _thread(tmp_path, ledger, lambda e: 1 if e % 8 < 4 else 3)
     thread.run()
     assert thread.error is None
-    assert sorted(map(sorted, ledger.transactions)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert sorted(map(sorted, ledger.transactions)) == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+        [12, 13, 14, 15],
+    ]
     assert done == [(0, 8), (1, 8)]  # each batch whole in the ledger when reported
     assert sorted(leaf for leaf, _ in heard) == list(range(1000, 1016))
     assert all(recorded for _, recorded in heard)  # the hook hears only of recorded episodes
@@ -103,14 +124,19 @@ def test_record_outcomes_writes_all_or_nothing(tmp_path, n):
     from trainer.schedule import EpisodeSpec
 
     ledger = EpisodeLedger(tmp_path / "episodes.sqlite")
-    specs = [EpisodeSpec(episode=i, batch=0, slot=i, member=0, task_index=i, seed=i, version=0) for i in range(n)]
-    outs = [EpisodeOutcome([LeafOutcome(leaf_id=10 + i, reward=0.5, policy_tokens=2, turns=1)]) for i in range(n)]
+    specs = [
+        EpisodeSpec(episode=i, batch=0, slot=i, member=0, task_index=i, seed=i, version=0) for i in range(n)
+    ]
+    outs = [
+        EpisodeOutcome([LeafOutcome(leaf_id=10 + i, reward=0.5, policy_tokens=2, turns=1)]) for i in range(n)
+    ]
     with pytest.raises(ValueError, match="episode 99 has no leaf"):
-        ledger.record_outcomes([*zip(specs, outs, strict=True), (EpisodeSpec(99, 0, 99, 0, 0, 0, 0), EpisodeOutcome([]))])
+        ledger.record_outcomes(
+            [*zip(specs, outs, strict=True), (EpisodeSpec(99, 0, 99, 0, 0, 0, 0), EpisodeOutcome([]))]
+        )
     assert ledger.leaves(range(n)) == {}  # refused before anything was written
     ledger.record_outcomes(zip(specs, outs, strict=True))
     assert ledger.leaves(range(n)) == {i: 10 + i for i in range(n)}
-
 
 
 def test_aborted_leaves_have_their_own_rows_and_an_episode_with_only_aborts_is_done(tmp_path):
@@ -122,23 +148,35 @@ def test_aborted_leaves_have_their_own_rows_and_an_episode_with_only_aborts_is_d
     from trainer.schedule import EpisodeSpec
 
     ledger = EpisodeLedger(tmp_path / "episodes.sqlite")
-    specs = [EpisodeSpec(episode=i, batch=0, slot=i, member=0, task_index=i, seed=i, version=0) for i in range(3)]
+    specs = [
+        EpisodeSpec(episode=i, batch=0, slot=i, member=0, task_index=i, seed=i, version=0) for i in range(3)
+    ]
     retried = EpisodeOutcome(
         [LeafOutcome(leaf_id=11, reward=1.0, policy_tokens=2, turns=1, sampled_tokens=2, attempt=1)],
         [LeafOutcome(11, 0.0, 2, 1, "aborted", None, 2, attempt=0, reason="sandbox_died")],
         attempts=2,
     )
     lost = EpisodeOutcome(
-        [], [aborted_attempt(0, InfrastructureFailure("sandbox_start", "no sandbox")),
-             LeafOutcome(12, 0.0, 3, 1, "aborted", None, 3, attempt=1, reason="grader_timeout")], attempts=2,
+        [],
+        [
+            aborted_attempt(0, InfrastructureFailure("sandbox_start", "no sandbox")),
+            LeafOutcome(12, 0.0, 3, 1, "aborted", None, 3, attempt=1, reason="grader_timeout"),
+        ],
+        attempts=2,
     )
     plain = EpisodeOutcome([LeafOutcome(leaf_id=10, reward=0.0, policy_tokens=2, turns=1, sampled_tokens=2)])
     ledger.record_outcomes(zip(specs, [plain, retried, lost], strict=True))
     assert ledger.batch_rows(0) == [(0, 10, 0.0, 2, 0), (1, 11, 1.0, 2, 0)]
-    assert ledger.aborted_rows(0) == [(1, 0, 11, "sandbox_died"), (2, 0, None, "sandbox_start"), (2, 1, 12, "grader_timeout")]
+    assert ledger.aborted_rows(0) == [
+        (1, 0, 11, "sandbox_died"),
+        (2, 0, None, "sandbox_start"),
+        (2, 1, 12, "grader_timeout"),
+    ]
     assert ledger.done(range(4)) == {0, 1, 2} and ledger.leaves(range(4)) == {0: 10, 1: 11}
     assert ledger.sampled_tokens(0) == 2 + 2 + 2 + 0 + 3  # what the engine sampled, aborted attempts included
-    ledger.record_outcomes([(specs[2], retried)])  # an episode recorded again replaces its rows, aborts included
+    ledger.record_outcomes(
+        [(specs[2], retried)]
+    )  # an episode recorded again replaces its rows, aborts included
     assert [r[0] for r in ledger.aborted_rows(0)] == [1, 2] and ledger.done([2]) == {2}
     assert lost.reward != lost.reward and lost.leaf_id == -1 and lost.policy_tokens == 0  # nan: no leaf
 
@@ -150,7 +188,11 @@ def test_a_resumed_rollout_does_not_run_again_an_episode_whose_every_attempt_abo
     from trainer.schedule import EpisodeSpec
 
     ledger = CountingLedger(tmp_path / "episodes.sqlite")
-    lost = EpisodeOutcome([], [aborted_attempt(0, RuntimeError("no sandbox")), aborted_attempt(1, RuntimeError("no sandbox"))], 2)
+    lost = EpisodeOutcome(
+        [],
+        [aborted_attempt(0, RuntimeError("no sandbox")), aborted_attempt(1, RuntimeError("no sandbox"))],
+        2,
+    )
     ledger.record_outcomes([(EpisodeSpec(0, 0, 0, 0, 0, 0, 0), lost)])
     thread, heard, done = _thread(tmp_path, ledger, lambda e: 1, batches=1)
     thread.run()

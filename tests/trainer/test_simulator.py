@@ -21,7 +21,6 @@ def test_deterministic():
     assert c.makespan_s != a.makespan_s
 
 
-
 def test_common_random_numbers_every_policy_simulates_the_same_episodes():
     """One seed, one set of episodes: every policy generates the same turns and tokens (only
     their timing differs); another seed draws other episodes."""
@@ -44,7 +43,12 @@ def test_cli_json_keys(capsys):
     rc = cli_main(["simulate-elastic", "--workload", "tool", "--gpus", "4", "--steps", "3", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("speedup_vs_colocated", "speedup_vs_static_async", "throughput", "best_static_rollout_devices"):
+    for key in (
+        "speedup_vs_colocated",
+        "speedup_vs_static_async",
+        "throughput",
+        "best_static_rollout_devices",
+    ):
         assert key in out
     tp = out["throughput"]
     assert out["speedup_vs_colocated"] == pytest.approx(tp["elastic"] / tp["colocated"])
@@ -75,9 +79,15 @@ def test_policy_sanity(tmp_path):
     # rollout-bound (cheap training, compute-saturated decode): more rollout devices are faster;
     # train-bound: more train devices are faster
     roll = SMALL.with_overrides(train_tokens_per_s=1e9, train_fixed_s=0.1, decode_per_seq_s=0.01)
-    assert simulate(roll, 4, "static", rollout_devices=3).throughput > simulate(roll, 4, "static", rollout_devices=1).throughput
+    assert (
+        simulate(roll, 4, "static", rollout_devices=3).throughput
+        > simulate(roll, 4, "static", rollout_devices=1).throughput
+    )
     train = SMALL.with_overrides(train_tokens_per_s=20.0)
-    assert simulate(train, 4, "static", rollout_devices=1).throughput > simulate(train, 4, "static", rollout_devices=3).throughput
+    assert (
+        simulate(train, 4, "static", rollout_devices=1).throughput
+        > simulate(train, 4, "static", rollout_devices=3).throughput
+    )
     from trainer.elastic.simulator import plot_pools
 
     plot_pools(res, str(tmp_path / "pools.png"))
@@ -106,9 +116,19 @@ def test_critical_path_bound_bounds_every_policy():
 def test_shared_host_model():
     """A shared host (CPU slots): serial host work per episode, processor sharing, one batch at a time."""
     one_turn = SMALL.with_overrides(
-        turns_median=1.0, turns_sigma=0.0, max_turns=1, tokens_median=16.0, tokens_sigma=0.0, max_new_tokens=16,
-        prompt_tokens=20, obs_tokens=0, train_fixed_s=0.01, train_tokens_per_s=1e7, weight_sync_s=0.0,
-        decode_base_s=0.002, decode_per_seq_s=0.0001,
+        turns_median=1.0,
+        turns_sigma=0.0,
+        max_turns=1,
+        tokens_median=16.0,
+        tokens_sigma=0.0,
+        max_new_tokens=16,
+        prompt_tokens=20,
+        obs_tokens=0,
+        train_fixed_s=0.01,
+        train_tokens_per_s=1e7,
+        weight_sync_s=0.0,
+        decode_base_s=0.002,
+        decode_per_seq_s=0.0001,
     )
     free = simulate(one_turn, 3, "static", rollout_devices=2)
     # serial host work of h per episode caps throughput at 1/h, and that cap binds here
@@ -125,7 +145,9 @@ def test_shared_host_model():
     # one batch at a time (the embedded RolloutThread) never beats overlapping batches
     serial = simulate(SMALL.with_overrides(overlap_batches=False), 4, "static", rollout_devices=2)
     assert serial.throughput <= simulate(SMALL, 4, "static", rollout_devices=2).throughput
-    elastic = simulate(one_turn.with_overrides(host_episode_s=h, host_cpus=2.0), 3, "elastic", rollout_devices=2)
+    elastic = simulate(
+        one_turn.with_overrides(host_episode_s=h, host_cpus=2.0), 3, "elastic", rollout_devices=2
+    )
     assert elastic.trajectories == one_turn.steps * one_turn.batch_size
 
 
@@ -156,7 +178,9 @@ def test_a_running_step_grows_onto_a_lent_device():
     heavy = SMALL.with_overrides(train_tokens_per_s=40.0, steps=2, realloc_s=1.0, weight_sync_s=0.0)
 
     def lend():
-        return _Scripted(Move("train", 1, "test"), lambda t: t.time_s > 200)  # step 0 runs from ~60 s to ~1000 s
+        return _Scripted(
+            Move("train", 1, "test"), lambda t: t.time_s > 200
+        )  # step 0 runs from ~60 s to ~1000 s
 
     grown = _run(heavy, 4, 3, lend())
     fixed = _run(heavy.with_overrides(grow_steps=False), 4, 3, lend())
@@ -188,7 +212,9 @@ def test_bound_counts_the_work_of_slot_bound_rollout():
     few = SMALL.with_overrides(max_live=2)
     assert critical_path_bound(few, 4) < critical_path_bound(SMALL, 4)
     for policy in ("static", "elastic"):
-        assert simulate(few, 4, policy, rollout_devices=2).throughput <= critical_path_bound(few, 4) * (1 + 1e-9)
+        assert simulate(few, 4, policy, rollout_devices=2).throughput <= critical_path_bound(few, 4) * (
+            1 + 1e-9
+        )
 
 
 def test_colocated_async_reference():
@@ -202,10 +228,14 @@ def test_colocated_async_reference():
     assert ref.throughput >= simulate(SMALL, 4, "colocated").throughput
     # with no staleness allowed there is nothing to overlap: it is colocated-sync exactly
     sync = SMALL.with_overrides(max_policy_lag=0)
-    assert simulate(sync, 4, "colocated_async").makespan_s == pytest.approx(simulate(sync, 4, "colocated").makespan_s)
+    assert simulate(sync, 4, "colocated_async").makespan_s == pytest.approx(
+        simulate(sync, 4, "colocated").makespan_s
+    )
     # generation really pauses during steps: a longer step switch costs the whole cluster
     slow_switch = SMALL.with_overrides(colocated_switch_s=SMALL.colocated_switch_s + 50.0)
     assert simulate(slow_switch, 4, "colocated_async").makespan_s > ref.makespan_s + 50.0 * (SMALL.steps - 1)
     assert ref.throughput <= critical_path_bound(SMALL, 4) * (1 + 1e-9)
     res = compare(SMALL, 4)
-    assert res["colocated_async_vs_static_async"] == pytest.approx(res["colocated_async_throughput"] / res["throughput"]["static_async"])
+    assert res["colocated_async_vs_static_async"] == pytest.approx(
+        res["colocated_async_throughput"] / res["throughput"]["static_async"]
+    )

@@ -46,7 +46,10 @@ def test_state_round_trips() -> None:
     assert list(b.norms) == [2.0, 3.0, 4.0, 5.0] and b.bound() == a.bound()
 
 
-@pytest.mark.parametrize("k,window,field", [(0.0, 5, "optim.spike_clip"), (math.inf, 5, "optim.spike_clip"), (1.0, 0, "optim.spike_window")])
+@pytest.mark.parametrize(
+    "k,window,field",
+    [(0.0, 5, "optim.spike_clip"), (math.inf, 5, "optim.spike_clip"), (1.0, 0, "optim.spike_window")],
+)
 def test_bad_settings_name_the_field(k: float, window: int, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SpikeClip(k, window)
@@ -58,7 +61,9 @@ def _sgd_learner(model: torch.nn.Module, **kw) -> Learner:
 
 @torch.no_grad()
 def _update_norm(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return math.sqrt(sum(float(((pa - pb) ** 2).sum()) for pa, pb in zip(a.parameters(), b.parameters(), strict=True)))
+    return math.sqrt(
+        sum(float(((pa - pb) ** 2).sum()) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+    )
 
 
 def test_grad_clip_bounds_the_applied_gradient() -> None:
@@ -68,7 +73,9 @@ def test_grad_clip_bounds_the_applied_gradient() -> None:
     free = _sgd_learner(copy.deepcopy(model), grad_clip=0.0)
     start = copy.deepcopy(model)
     norm = free.step(build_flat(trajs))["grad_norm"]
-    assert _update_norm(free.model, start) == pytest.approx(norm, rel=1e-5)  # SGD at lr 1: the update is the gradient
+    assert _update_norm(free.model, start) == pytest.approx(
+        norm, rel=1e-5
+    )  # SGD at lr 1: the update is the gradient
     clipped = _sgd_learner(model, grad_clip=norm / 4)
     stats = clipped.step(build_flat(trajs))
     assert stats["grad_norm"] == pytest.approx(norm, rel=1e-6)  # reported before clipping
@@ -121,8 +128,13 @@ def test_a_checkpoint_carries_the_spike_history_to_the_resumed_learner(tmp_path)
     from trainer.checkpoint import TrainerState, checkpoint_run, resume_run
     from trainer.parts import build_learner_side
 
-    cfg = config_from_dict({"model": {"tiny_size": "nano"}, "optim": {"spike_clip": 2.0, "spike_window": 20},
-                            "trainer": {"eval_episodes": 0}})
+    cfg = config_from_dict(
+        {
+            "model": {"tiny_size": "nano"},
+            "optim": {"spike_clip": 2.0, "spike_window": 20},
+            "trainer": {"eval_episodes": 0},
+        }
+    )
     side = build_learner_side(cfg, tmp_path, console=False)
     norms = [0.1 * (i + 1) for i in range(12)]
     for x in norms:

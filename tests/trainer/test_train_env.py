@@ -58,11 +58,18 @@ SMALL = [
 
 def _train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "guessmod.py").write_text(textwrap.dedent(GUESS_ENV))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
     return subprocess.run(
         [sys.executable, "-m", "fr_agents.cli", "train", *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -95,17 +102,31 @@ def test_dry_run_of_env_shows_the_user_env(tmp_path: Path) -> None:
     ("args", "expected"),
     [
         (["--env", "guessmod:me/Nope-v0"], "'me/Nope-v0' is not registered"),
-        (["--env", "guessmod:me/Guess-v0", "env.kwargs={colour: red}"],
-         "env.kwargs: gymnasium.make('guessmod:me/Guess-v0', **{'colour': 'red'}) failed: TypeError"),
-        (["--env", "guessmod:me/Guess-v0", "env.kwargs={fail_reset: true}"],
-         "the first reset() of guessmod:me/Guess-v0 (seed 0) failed: RuntimeError: guess: the secrets file is missing"),
-        (["math-tiny", "env.id=guessmod:me/Guess-v0"],  # the preset's kwargs reach the user's env
-         "unexpected keyword argument 'answer_format'"),
-        (["math-tiny", "env.id=guessmod:me/Guess-v0", "env.kwargs={}"],  # replaced, but the env refuses tasks
-         "guess: this env picks its own tasks"),
+        (
+            ["--env", "guessmod:me/Guess-v0", "env.kwargs={colour: red}"],
+            "env.kwargs: gymnasium.make('guessmod:me/Guess-v0', **{'colour': 'red'}) failed: TypeError",
+        ),
+        (
+            ["--env", "guessmod:me/Guess-v0", "env.kwargs={fail_reset: true}"],
+            "the first reset() of guessmod:me/Guess-v0 (seed 0) failed: RuntimeError: guess: the secrets file is missing",
+        ),
+        (
+            ["math-tiny", "env.id=guessmod:me/Guess-v0"],  # the preset's kwargs reach the user's env
+            "unexpected keyword argument 'answer_format'",
+        ),
+        (
+            [
+                "math-tiny",
+                "env.id=guessmod:me/Guess-v0",
+                "env.kwargs={}",
+            ],  # replaced, but the env refuses tasks
+            "guess: this env picks its own tasks",
+        ),
     ],
 )
-def test_env_problems_are_config_errors_before_anything_starts(tmp_path: Path, args: list[str], expected: str) -> None:
+def test_env_problems_are_config_errors_before_anything_starts(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
     run = tmp_path / "run"
     r = _train(tmp_path, *args, *SMALL, "--run-dir", str(run))
     assert r.returncode == 2, (r.stdout[-1000:], r.stderr[-2000:])

@@ -43,20 +43,38 @@ def test_dry_run_that_would_refuse_exits_nonzero(capsys: pytest.CaptureFixture[s
 
 def test_gpu_presets_mirror_the_paper() -> None:
     math = load_config("math-qwen2.5-math-1.5b")
-    assert (math.model.name, math.objective.delta, math.trainer.batch_size) == ("Qwen/Qwen2.5-Math-1.5B", 3e-3, 128)
+    assert (math.model.name, math.objective.delta, math.trainer.batch_size) == (
+        "Qwen/Qwen2.5-Math-1.5B",
+        3e-3,
+        128,
+    )
     tool = load_config("python-tool-qwen2.5-7b")
     assert (tool.env.max_turns, tool.objective.delta, tool.trainer.batch_size) == (10, 1e-3, 128)
     alf = load_config("alfworld-qwen2.5-7b")
     assert (alf.env.max_turns, alf.trainer.batch_size, alf.objective.delta) == (50, 64, 1e-3)
     assert "R1-Distill" in load_config("math-r1-distill-1.5b").model.name
-    for name in ("math-qwen2.5-math-1.5b", "python-tool-qwen2.5-7b", "alfworld-qwen2.5-7b", "math-r1-distill-1.5b"):
+    for name in (
+        "math-qwen2.5-math-1.5b",
+        "python-tool-qwen2.5-7b",
+        "alfworld-qwen2.5-7b",
+        "math-r1-distill-1.5b",
+    ):
         cfg = load_config(name)
-        assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.rollout.temperature, cfg.rollout.top_p) == (1e-6, 0.1, 1.0, 1.0)
+        assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.rollout.temperature, cfg.rollout.top_p) == (
+            1e-6,
+            0.1,
+            1.0,
+            1.0,
+        )
 
 
 def test_ablation_switches_are_config_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    for override in ("objective.delta=inf", "objective.importance_sampling=false", "objective.aggregation=token_mean",
-                     "objective.algo=grpo"):
+    for override in (
+        "objective.delta=inf",
+        "objective.importance_sampling=false",
+        "objective.aggregation=token_mean",
+        "objective.algo=grpo",
+    ):
         assert main(["train", "math-tiny", override, "--dry-run"]) == 0
     assert "GRPO groups of 4" in capsys.readouterr().out
 
@@ -83,7 +101,14 @@ def test_missing_model_and_env_fail_preflight(capsys: pytest.CaptureFixture[str]
 
 
 def test_elastic_dry_run_states_the_pools(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
-    args = ["train", "math-tiny", "trainer.elastic=true", "trainer.backend=local", "trainer.devices=4", "trainer.rollout_devices=3"]
+    args = [
+        "train",
+        "math-tiny",
+        "trainer.elastic=true",
+        "trainer.backend=local",
+        "trainer.devices=4",
+        "trainer.rollout_devices=3",
+    ]
     assert main([*args, "--dry-run", f"run.out_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "pools: 4 CPU slots, 3 rollout / 1 train at the start" in out
@@ -104,9 +129,22 @@ def test_multi_turn_run_writes_held_out_figures_before_and_after(tmp_path: Path)
     eval runner, with success, mean reward, turns and tool calls per episode."""
     torch.set_num_threads(1)
     run = tmp_path / "run"
-    rc = main(["train", "math-tiny", "env.max_turns=3", "model.tiny_size=nano", "trainer.steps=2",
-               "trainer.batch_size=4", "rollout.concurrency=4", "warm_start.examples=0",
-               "trainer.eval_episodes=6", "trainer.checkpoint_every=0", "--run-dir", str(run)])
+    rc = main(
+        [
+            "train",
+            "math-tiny",
+            "env.max_turns=3",
+            "model.tiny_size=nano",
+            "trainer.steps=2",
+            "trainer.batch_size=4",
+            "rollout.concurrency=4",
+            "warm_start.examples=0",
+            "trainer.eval_episodes=6",
+            "trainer.checkpoint_every=0",
+            "--run-dir",
+            str(run),
+        ]
+    )
     assert rc == 0
     evals = {e["name"]: e for e in _events(run, "eval")}
     assert set(evals) == {"before", "after_rl"}
@@ -123,7 +161,10 @@ def _sandbox_backend() -> str | None:
     from tools_sandbox.bwrap import bwrap_available
     from tools_sandbox.docker_backend import docker_available
 
-    return next((name for name, probe in (("docker", docker_available), ("bwrap", bwrap_available)) if probe()[0]), None)
+    return next(
+        (name for name, probe in (("docker", docker_available), ("bwrap", bwrap_available)) if probe()[0]),
+        None,
+    )
 
 
 def _needs_sandbox() -> None:
@@ -133,20 +174,52 @@ def _needs_sandbox() -> None:
 
 def _needs_alfworld() -> None:
     pytest.importorskip("alfworld", reason="needs the alfworld extra: bash scripts/install_alfworld.sh")
-    pytest.importorskip("fast_downward", reason="needs fast-downward-textworld: bash scripts/install_alfworld.sh")
+    pytest.importorskip(
+        "fast_downward", reason="needs fast-downward-textworld: bash scripts/install_alfworld.sh"
+    )
 
 
 # What each CPU preset needs beyond the core install, and overrides that keep its real run short.
 _TINY_RUNS = {
-    "math-tiny": ((), None, ["warm_start.examples=32", "warm_start.epochs=1", "trainer.batch_size=8",
-                             "rollout.concurrency=8", "trainer.eval_episodes=8"]),
-    "python-tool-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox,
-                         ["warm_start.examples=8", "warm_start.epochs=1", "trainer.batch_size=4",
-                          "rollout.concurrency=4", "trainer.eval_episodes=4"]),
-    "repo-coding-tiny": ((pytest.mark.docker, pytest.mark.bwrap), _needs_sandbox, ["trainer.eval_episodes=2"]),
-    "alfworld-tiny": ((pytest.mark.alfworld,), _needs_alfworld,
-                      ["warm_start.examples=2", "warm_start.epochs=1", "trainer.batch_size=2", "rollout.concurrency=2",
-                       "env.max_turns=3", "trainer.eval_episodes=3"]),
+    "math-tiny": (
+        (),
+        None,
+        [
+            "warm_start.examples=32",
+            "warm_start.epochs=1",
+            "trainer.batch_size=8",
+            "rollout.concurrency=8",
+            "trainer.eval_episodes=8",
+        ],
+    ),
+    "python-tool-tiny": (
+        (pytest.mark.docker, pytest.mark.bwrap),
+        _needs_sandbox,
+        [
+            "warm_start.examples=8",
+            "warm_start.epochs=1",
+            "trainer.batch_size=4",
+            "rollout.concurrency=4",
+            "trainer.eval_episodes=4",
+        ],
+    ),
+    "repo-coding-tiny": (
+        (pytest.mark.docker, pytest.mark.bwrap),
+        _needs_sandbox,
+        ["trainer.eval_episodes=2"],
+    ),
+    "alfworld-tiny": (
+        (pytest.mark.alfworld,),
+        _needs_alfworld,
+        [
+            "warm_start.examples=2",
+            "warm_start.epochs=1",
+            "trainer.batch_size=2",
+            "rollout.concurrency=2",
+            "env.max_turns=3",
+            "trainer.eval_episodes=3",
+        ],
+    ),
     # the preset behind `train --env` (its env.id placeholder is a built-in env that picks its own tasks)
     "env-tiny": ((), None, ["trainer.batch_size=4", "rollout.concurrency=4", "trainer.eval_episodes=2"]),
 }
@@ -167,8 +240,18 @@ def test_tiny_preset_trains_to_its_end(preset: str, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     run = tmp_path / "run"
     started = time.monotonic()
-    rc = main(["train", preset, "trainer.steps=2", "trainer.checkpoint_every=2", "trainer.max_minutes=0",
-               *overrides, "--run-dir", str(run)])
+    rc = main(
+        [
+            "train",
+            preset,
+            "trainer.steps=2",
+            "trainer.checkpoint_every=2",
+            "trainer.max_minutes=0",
+            *overrides,
+            "--run-dir",
+            str(run),
+        ]
+    )
     assert rc == 0, f"{preset} did not train to its end"
     assert latest_checkpoint(run).name == "step_000002"
     steps = _events(run, "step")

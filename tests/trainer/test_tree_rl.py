@@ -88,9 +88,13 @@ MERGE_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("switches", MERGE_CONFIGS, ids=["batch", "tree", "tree+filter+token_mean", "grpo", "nodes+min_prob"])
+@pytest.mark.parametrize(
+    "switches", MERGE_CONFIGS, ids=["batch", "tree", "tree+filter+token_mean", "grpo", "nodes+min_prob"]
+)
 @pytest.mark.parametrize("form", ["flat", "packed"])
-def test_a_merged_row_steps_exactly_like_its_identical_siblings_as_separate_rows(switches: dict, form: str) -> None:
+def test_a_merged_row_steps_exactly_like_its_identical_siblings_as_separate_rows(
+    switches: dict, form: str
+) -> None:
     """Merging identical siblings saves their compute and changes nothing else: one row of weight m
     gives the loss and gradients of m identical rows (baselines, denominators, GRPO groups)."""
     model = tiny_model()
@@ -101,10 +105,15 @@ def test_a_merged_row_steps_exactly_like_its_identical_siblings_as_separate_rows
     kw = {"delta": 0.05, **switches}
     build = build_packed if form == "packed" else build_flat
     merged = build(trajs, "env", counts)
-    assert merged.consumed is False and len((merged.flat if form == "packed" else merged).leaf_ids) == len(trajs)
-    s_merged = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=24,
-                       tree_min_saving=0, **kw).step(merged)
-    s_sep = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=0, **kw).step(build_flat(separate))
+    assert merged.consumed is False and len((merged.flat if form == "packed" else merged).leaf_ids) == len(
+        trajs
+    )
+    s_merged = make_learner(
+        model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=24, tree_min_saving=0, **kw
+    ).step(merged)
+    s_sep = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=0, **kw).step(
+        build_flat(separate)
+    )
     assert s_sep["rows"] == len(separate) and s_merged["rows"] == len(trajs)
     for key in ("loss", "grad_norm"):
         assert s_merged[key] == pytest.approx(s_sep[key], rel=1e-7, abs=1e-10), key
@@ -150,7 +159,11 @@ def test_tree_baseline_equals_a_plain_loop_over_the_tree() -> None:
                 node = n
         siblings = [rewards[j] for j, u in enumerate(trajs) if node in u.path]
         local = sum(siblings) / len(siblings)
-        expected.append(rewards[i] - mean if len(siblings) == 1 else 0.5 * (rewards[i] - mean) + 0.5 * (rewards[i] - local))
+        expected.append(
+            rewards[i] - mean
+            if len(siblings) == 1
+            else 0.5 * (rewards[i] - mean) + 0.5 * (rewards[i] - local)
+        )
     # the paths: leaves 0,1,2 share node 3 under root 1 and leaf 3 forks at the root, etc.
     assert flat.branch_nodes[:4] == [3, 3, 3, 1]
     assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
@@ -174,7 +187,11 @@ def test_node_values_equal_the_mean_of_their_leaves_and_each_token_gets_its_bran
     got = node_value_advantages(flat.rewards.to(torch.float64), flat.node_spans, width)
     leaves = {n: [i for i, t in enumerate(trajs) if n in t.path] for t in trajs for n in t.path}
     value = {n: sum(rewards[i] for i in rows) / len(rows) for n, rows in leaves.items()}
-    assert value[3] == pytest.approx(2 / 3) and value[1] == pytest.approx(0.5) and value[2] == pytest.approx(0.375)
+    assert (
+        value[3] == pytest.approx(2 / 3)
+        and value[1] == pytest.approx(0.5)
+        and value[2] == pytest.approx(0.375)
+    )
     mean = sum(rewards) / len(rewards)
     for i, t in enumerate(trajs):
         ends = [*t.offsets[1:], len(t.token_ids)]
@@ -202,8 +219,12 @@ def test_the_nodes_baseline_of_a_linear_batch_is_the_batch_baseline() -> None:
         real = flat.attention_mask[i]
         assert torch.allclose(got[i][real], row[i].expand(int(real.sum())))
     ref = copy.deepcopy(model)
-    a = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05, baseline="nodes").step(build_flat(trajs))
-    b = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05, baseline="batch").step(build_flat(trajs))
+    a = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), delta=0.05, baseline="nodes").step(
+        build_flat(trajs)
+    )
+    b = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), delta=0.05, baseline="batch").step(
+        build_flat(trajs)
+    )
     for key in ("loss", "grad_norm", "adv_mean", "adv_max"):
         assert a[key] == pytest.approx(b[key], rel=1e-7, abs=1e-12), key
     params_close(model, ref, 1e-7)
@@ -232,9 +253,16 @@ def test_per_root_packed_step_gradients_equal_flat_on_a_branching_batch(attn: st
     budget = packed.max_root_tokens
     assert packed.root_chunks(budget) == [[0], [1]] or packed.root_chunks(budget) == [[1], [0]]
     kw = {"delta": 0.05, "baseline": "tree"}
-    s_packed = make_learner(model, torch.optim.SGD(model.parameters(), lr=1e-2), micro_batch_tokens=budget,
-                       tree_min_saving=0, **kw).step(packed)  # tree attention even on these short rows
-    s_flat = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(build_flat(trajs))
+    s_packed = make_learner(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1e-2),
+        micro_batch_tokens=budget,
+        tree_min_saving=0,
+        **kw,
+    ).step(packed)  # tree attention even on these short rows
+    s_flat = make_learner(ref, torch.optim.SGD(ref.parameters(), lr=1e-2), micro_batch_tokens=30, **kw).step(
+        build_flat(trajs)
+    )
     assert s_packed["packed"] == 1.0 and s_flat["packed"] == 0.0 and s_packed["micro_batches"] == 2
     assert s_packed["tree_attention"] == float(attn == "sdpa")
     assert s_packed["forward_tokens"] < sum(len(t.token_ids) for t in trajs)
@@ -282,15 +310,22 @@ def test_branching_episodes_in_the_training_loop(tmp_path: Path) -> None:
 def test_a_partially_scored_run_reports_the_reward_the_learner_trained_on(tmp_path: Path) -> None:
     """With ``rollout.reward: partial`` a cut leaf trains on its partial score: ``learner_reward`` is
     the mean of what the learner saw over the leaves it trained on, ``reward`` the env's."""
-    cfg = load_config("math-tiny", [*BRANCHING, "trainer.steps=2", "rollout.reward=partial",
-                                    "rollout.max_context=40"])  # most second attempts are cut by the context
+    cfg = load_config(
+        "math-tiny", [*BRANCHING, "trainer.steps=2", "rollout.reward=partial", "rollout.max_context=40"]
+    )  # most second attempts are cut by the context
     assert run_training(cfg, tmp_path, console=False).ok
     ledger, tree = EpisodeLedger(tmp_path / "episodes.sqlite"), TrajectoryTree.open(tmp_path / "store.sqlite")
-    assert any(row["partial_scored"] for row in _step_rows(tmp_path)), "the check needs partially scored leaves"
+    assert any(row["partial_scored"] for row in _step_rows(tmp_path)), (
+        "the check needs partially scored leaves"
+    )
     for k, row in enumerate(_step_rows(tmp_path)):
         trained = tree.trajectories(sorted({r[1] for r in ledger.batch_rows(k)}))
-        assert row["partial_scored"] == sum(t.status != "finished" and t.partial_score is not None for t in trained)
-        assert row["learner_reward"] == pytest.approx(sum(t.learner_reward("partial") for t in trained) / len(trained))
+        assert row["partial_scored"] == sum(
+            t.status != "finished" and t.partial_score is not None for t in trained
+        )
+        assert row["learner_reward"] == pytest.approx(
+            sum(t.learner_reward("partial") for t in trained) / len(trained)
+        )
         if row["partial_scored"]:  # the console shows it beside the env's reward
             assert "trained reward" in MetricsSink.progress_line(row)
     ledger.close()
@@ -310,7 +345,9 @@ def test_branching_run_prunes_to_max_per_root_and_keeps_pruned_leaves(tmp_path: 
     # merged siblings are the kept leaf itself; the leaves cut by J_max are marked pruned
     assert stats["pruned"] == sum(r["pruned"] - r["merged"] for r in rows) > 0
     with tree._db.read() as c:  # pruned leaves stay in the store, marked
-        states = dict(c.execute(f"SELECT id, state FROM leaves WHERE id IN ({','.join(map(str, leaves))})").fetchall())
+        states = dict(
+            c.execute(f"SELECT id, state FROM leaves WHERE id IN ({','.join(map(str, leaves))})").fetchall()
+        )
     pruned = [leaf for leaf, s in states.items() if s == STATE_PRUNED]
     assert len(pruned) == stats["pruned"] > 0
     assert all(tree.trajectory(leaf).token_ids for leaf in pruned)
@@ -361,9 +398,13 @@ def test_ledger_of_a_run_from_before_branching_still_reads(tmp_path: Path) -> No
 
     path = tmp_path / "episodes.sqlite"
     with sqlite3.connect(path) as c:  # the one-leaf-per-episode schema
-        c.execute("CREATE TABLE episodes (episode INTEGER PRIMARY KEY, batch INTEGER NOT NULL, leaf INTEGER NOT NULL,"
-                  " reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL)")
-        c.executemany("INSERT INTO episodes VALUES (?,?,?,?,?,?)", [(0, 0, 7, 1.0, 3, 0), (1, 0, 9, 0.0, 4, 0)])
+        c.execute(
+            "CREATE TABLE episodes (episode INTEGER PRIMARY KEY, batch INTEGER NOT NULL, leaf INTEGER NOT NULL,"
+            " reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL)"
+        )
+        c.executemany(
+            "INSERT INTO episodes VALUES (?,?,?,?,?,?)", [(0, 0, 7, 1.0, 3, 0), (1, 0, 9, 0.0, 4, 0)]
+        )
     ledger = EpisodeLedger(path)
     assert ledger.batch_rows(0) == [(0, 7, 1.0, 3, 0), (1, 9, 0.0, 4, 0)]
     assert ledger.leaves([0, 1, 2]) == {0: 7, 1: 9}
@@ -373,18 +414,24 @@ def test_ledger_of_a_run_from_before_branching_still_reads(tmp_path: Path) -> No
     assert EpisodeLedger(path).batch_rows(0)[0] == (0, 7, 1.0, 3, 0)  # reopening is a no-op
 
 
-def test_a_ledger_from_before_the_sampled_count_gains_the_column_and_reports_it_unknown(tmp_path: Path) -> None:
+def test_a_ledger_from_before_the_sampled_count_gains_the_column_and_reports_it_unknown(
+    tmp_path: Path,
+) -> None:
     import sqlite3
 
     path = tmp_path / "episodes.sqlite"
     with sqlite3.connect(path) as c:  # the schema before the engine's token count
-        c.execute("CREATE TABLE episode_leaves (episode INTEGER NOT NULL, branch INTEGER NOT NULL, batch INTEGER NOT NULL,"
-                  " leaf INTEGER NOT NULL, reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL,"
-                  " PRIMARY KEY (episode, branch))")
+        c.execute(
+            "CREATE TABLE episode_leaves (episode INTEGER NOT NULL, branch INTEGER NOT NULL, batch INTEGER NOT NULL,"
+            " leaf INTEGER NOT NULL, reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL,"
+            " PRIMARY KEY (episode, branch))"
+        )
         c.execute("INSERT INTO episode_leaves VALUES (0, 0, 0, 7, 1.0, 3, 0)")
     ledger = EpisodeLedger(path)
     assert ledger.batch_rows(0) == [(0, 7, 1.0, 3, 0)]
     assert ledger.sampled_tokens(0) is None, "rows written before the count do not know it"
-    ledger.record_episode(1, 1, [(11, 0.5, 5, 5), (12, 1.0, 5, 2)], 1)  # a fork: 3 shared tokens, counted once
+    ledger.record_episode(
+        1, 1, [(11, 0.5, 5, 5), (12, 1.0, 5, 2)], 1
+    )  # a fork: 3 shared tokens, counted once
     assert ledger.sampled_tokens(1) == 7 and ledger.sampled_tokens(2) is None
     ledger.close()

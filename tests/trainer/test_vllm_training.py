@@ -32,11 +32,30 @@ def test_vllm_trains_math_tiny_with_token_true_log_probs(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     r = subprocess.run(
-        [sys.executable, "-m", "fr_agents.cli", "train", "math-tiny", "rollout.engine=vllm",
-         "warm_start.examples=0", "trainer.eval_episodes=0", f"trainer.steps={STEPS}", "trainer.batch_size=8",
-         "rollout.concurrency=8", "rollout.max_policy_lag=0", "trainer.checkpoint_every=1",
-         "trainer.keep_checkpoints=10", "trainer.threads=1", "--run-dir", str(run)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "fr_agents.cli",
+            "train",
+            "math-tiny",
+            "rollout.engine=vllm",
+            "warm_start.examples=0",
+            "trainer.eval_episodes=0",
+            f"trainer.steps={STEPS}",
+            "trainer.batch_size=8",
+            "rollout.concurrency=8",
+            "rollout.max_policy_lag=0",
+            "trainer.checkpoint_every=1",
+            "trainer.keep_checkpoints=10",
+            "trainer.threads=1",
+            "--run-dir",
+            str(run),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -50,13 +69,19 @@ def test_vllm_trains_math_tiny_with_token_true_log_probs(tmp_path: Path) -> None
     try:
         for k in range(STEPS):
             # lag 0: batch k is sampled by version k, the weights of checkpoint step_k
-            model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / f"step_{k:06d}", dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(
+                run / "checkpoints" / f"step_{k:06d}", dtype=torch.float32
+            ).eval()
             for traj in tree.trajectories([row[1] for row in ledger.batch_rows(k)]):
                 mask = torch.tensor(traj.policy_mask[1:])
                 versions_seen |= {v for v, m in zip(traj.versions, traj.policy_mask, strict=True) if m}
                 ids = torch.tensor([traj.token_ids])
                 with torch.no_grad():
-                    lp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None]).squeeze(1)
+                    lp = (
+                        torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+                        .gather(1, ids[0, 1:, None])
+                        .squeeze(1)
+                    )
                 stored = torch.tensor(traj.logprobs[1:])
                 worst = max(worst, float((lp[mask] - stored[mask]).abs().max()))
                 checked += int(mask.sum())

@@ -14,7 +14,9 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_a_long_batch_in_groups_has_the_whole_batchs_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_long_batch_in_groups_has_the_whole_batchs_loss_and_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model, _ = load_policy("tiny")

@@ -181,7 +181,9 @@ class ElasticController:
             n = max(1, math.floor(t.long_tail_frac * t.rollout_devices + 1e-9))
             n = min(n, max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
             if self._lend_pays(t, n):
-                move = Move("train", n, f"rollout pool {t.long_tail_frac:.0%} spare, staleness {t.staleness:.2f}")
+                move = Move(
+                    "train", n, f"rollout pool {t.long_tail_frac:.0%} spare, staleness {t.staleness:.2f}"
+                )
         elif (
             f < c.idle_high
             and t.staleness >= 1.0
@@ -192,17 +194,30 @@ class ElasticController:
         ):
             n = min(max(1, int(c.max_move_frac * t.rollout_devices)), t.rollout_devices - c.min_rollout)
             if self._lend_pays(t, n):
-                move = Move("train", n, f"learner is the bottleneck: step {t.last_step_s:.0f}s > backlog {t.queue_depth / t.finish_rate:.0f}s")
+                move = Move(
+                    "train",
+                    n,
+                    f"learner is the bottleneck: step {t.last_step_s:.0f}s > backlog {t.queue_depth / t.finish_rate:.0f}s",
+                )
         elif backlogged and t.rollout_devices < self.home_rollout and t.train_devices > c.min_train:
             n = min(self.home_rollout - t.rollout_devices, t.train_devices - c.min_train)
-            move = Move("rollout", n, f"rollout busy again (queue {t.queue_depth}): back to the starting split")
+            move = Move(
+                "rollout", n, f"rollout busy again (queue {t.queue_depth}): back to the starting split"
+            )
         if move is not None:
             self.last_move_s = t.time_s
         return move
 
 
 def spare_fraction(
-    devices: int, *, live: int, slots: int, generating: int, saturation: float, kv_used: float = 0.0, kv_tokens: float = 0.0
+    devices: int,
+    *,
+    live: int,
+    slots: int,
+    generating: int,
+    saturation: float,
+    kv_used: float = 0.0,
+    kv_tokens: float = 0.0,
 ) -> float:
     """Share of ``devices`` rollout devices (whole devices) that could leave while every live
     episode keeps a slot (``slots`` per device), every running generation its compute

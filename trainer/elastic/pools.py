@@ -94,7 +94,8 @@ class ElasticPool(Engine):
         if max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
         self.devices = {
-            n: Device(n, e, DeviceState.ROLLOUT if n in rollout else DeviceState.TRAIN) for n, e in devices.items()
+            n: Device(n, e, DeviceState.ROLLOUT if n in rollout else DeviceState.TRAIN)
+            for n, e in devices.items()
         }
         self.max_live = max_live
         self.saturation = saturation or max_live
@@ -145,7 +146,9 @@ class ElasticPool(Engine):
         with self._lock:
             self._weights = (state_dict, int(version))
             self.version = int(version)
-            serving = [d for d in self.devices.values() if d.state in (DeviceState.ROLLOUT, DeviceState.DRAINING)]
+            serving = [
+                d for d in self.devices.values() if d.state in (DeviceState.ROLLOUT, DeviceState.DRAINING)
+            ]
         for d in serving:
             assert d.engine is not None
             d.engine.set_weights(state_dict, version)
@@ -198,7 +201,9 @@ class ElasticPool(Engine):
     def _admit(self, key: Hashable, *, resuming: bool = False) -> str | None:
         if self._resuming and not resuming:
             return None  # moved episodes get the free slots first
-        admitting = [d for d in self.devices.values() if d.state is DeviceState.ROLLOUT and len(d.live) < self.max_live]
+        admitting = [
+            d for d in self.devices.values() if d.state is DeviceState.ROLLOUT and len(d.live) < self.max_live
+        ]
         if not admitting:
             return None
         d = min(admitting, key=lambda x: (len(x.live), x.name))

@@ -257,7 +257,13 @@ class ElasticHooks(TrainerHooks):
         last, seen = time.perf_counter(), self.finished
         while not self._stop.wait(self.tick_s / 5):
             now, done = time.perf_counter(), self.finished
-            self.window.observe(now - last, self.learner_waiting, self.pool.idle_capacity_frac(), self.pool.queue_depth, done - seen)
+            self.window.observe(
+                now - last,
+                self.learner_waiting,
+                self.pool.idle_capacity_frac(),
+                self.pool.queue_depth,
+                done - seen,
+            )
             last, seen = now, done
             if self.controller is None or self.trainer is None or self.trainer.board.stopped:
                 continue
@@ -270,7 +276,9 @@ class ElasticHooks(TrainerHooks):
             log.info("elastic: move %d to %s (%s)", move.count, move.to, move.reason)
             if move.to == "train":
                 live = self.pool.live_counts()
-                for name in sorted(self.pool.in_state(DeviceState.ROLLOUT), key=lambda n: live[n])[: move.count]:
+                for name in sorted(self.pool.in_state(DeviceState.ROLLOUT), key=lambda n: live[n])[
+                    : move.count
+                ]:
                     self.pool.move_to_train(name)
             else:
                 with self.step_lock:  # a step's device count is fixed while it runs

@@ -283,10 +283,17 @@ def make_episodes(w: Workload, batch: int, seed: int) -> list[Episode]:
     out = []
     for j in range(w.batch_size):
         n = int(min(w.max_turns, max(1, round(rng.lognormal(math.log(w.turns_median), w.turns_sigma)))))
-        toks = np.minimum(w.max_new_tokens, np.maximum(1, rng.lognormal(math.log(w.tokens_median), w.tokens_sigma, n) * growth))
+        toks = np.minimum(
+            w.max_new_tokens,
+            np.maximum(1, rng.lognormal(math.log(w.tokens_median), w.tokens_sigma, n) * growth),
+        )
         lat = np.minimum(w.tool_max_s, rng.lognormal(math.log(w.tool_median_s), w.tool_sigma, n))
         lat[-1] = 0.0  # the last turn ends the episode (its reward is cheap)
-        out.append(Episode(batch * w.batch_size + j, batch, list(zip(toks.round().tolist(), lat.tolist(), strict=True))))
+        out.append(
+            Episode(
+                batch * w.batch_size + j, batch, list(zip(toks.round().tolist(), lat.tolist(), strict=True))
+            )
+        )
     return out
 
 
@@ -453,7 +460,9 @@ class _Sim:
     def schedule_host(self) -> None:
         if self.host_cur is not None:
             self.host_stamp += 1
-            self.push(self.now + max(0.0, self.host_work) / self.speed, "host", self.host_cur, self.host_stamp)
+            self.push(
+                self.now + max(0.0, self.host_work) / self.speed, "host", self.host_cur, self.host_stamp
+            )
 
     def host_next(self) -> None:
         """Start the host's next job (FIFO): the finishing work of one episode."""
@@ -725,7 +734,9 @@ class _Sim:
             kv_tokens=self.w.kv_tokens,
         )
         waiting = self.learner_busy_until is None and self.count(TRAIN) > 0
-        self.window.observe(dt, waiting, spare, len(self.queue) + len(self.resume), self.finished_total - self.finished_seen)
+        self.window.observe(
+            dt, waiting, spare, len(self.queue) + len(self.resume), self.finished_total - self.finished_seen
+        )
         self.finished_seen = self.finished_total
 
     # ------------------------------------------------------------------ run
@@ -894,7 +905,9 @@ def best_static(
         if r not in tried:
             tried[r] = simulate(w, n_devices, "static", rollout_devices=r, seed=seed)
             if progress:
-                progress(f"static split {r} rollout / {n_devices - r} train: {tried[r].throughput:.3f} traj/s")
+                progress(
+                    f"static split {r} rollout / {n_devices - r} train: {tried[r].throughput:.3f} traj/s"
+                )
         return tried[r]
 
     step = max(1, (n_devices - 1) // 8)
@@ -932,9 +945,13 @@ def compare(
         progress(f"colocated-sync: {col.throughput:.3f} traj/s")
     static, grid = best_static(w, n_devices, seed, progress)
     assert static.rollout_devices is not None
-    ela = simulate(w, n_devices, "elastic", rollout_devices=static.rollout_devices, seed=seed, controller=controller)
+    ela = simulate(
+        w, n_devices, "elastic", rollout_devices=static.rollout_devices, seed=seed, controller=controller
+    )
     if progress:
-        progress(f"elastic from {static.rollout_devices} rollout: {ela.throughput:.3f} traj/s ({ela.moves} moves)")
+        progress(
+            f"elastic from {static.rollout_devices} rollout: {ela.throughput:.3f} traj/s ({ela.moves} moves)"
+        )
     ref = simulate(w, n_devices, "colocated_async", seed=seed)
     if progress:
         progress(f"colocated-async (reference): {ref.throughput:.3f} traj/s")
@@ -943,7 +960,11 @@ def compare(
         "workload": w.name,
         "gpus": n_devices,
         "seed": seed,
-        "throughput": {"colocated": col.throughput, "static_async": static.throughput, "elastic": ela.throughput},
+        "throughput": {
+            "colocated": col.throughput,
+            "static_async": static.throughput,
+            "elastic": ela.throughput,
+        },
         "speedup_vs_colocated": ela.throughput / col.throughput,
         "speedup_vs_static_async": ela.throughput / static.throughput,
         "best_static_rollout_devices": static.rollout_devices,
@@ -997,7 +1018,15 @@ def plot_pools(result: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str | None = None, seed: int = 0, steps: int | None = None) -> int:
+def main_simulate(
+    workload: str,
+    gpus: int,
+    *,
+    as_json: bool = False,
+    plot: str | None = None,
+    seed: int = 0,
+    steps: int | None = None,
+) -> int:
     """The ``fr-agents simulate-elastic`` command."""
     import json
 
@@ -1013,8 +1042,12 @@ def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str 
         if steps < 1:
             raise ConfigError(f"--steps: must be >= 1, got {steps}")
         w = w.with_overrides(steps=steps)
-    print(f"simulate-elastic: {w.name} on {gpus} GPUs, {w.steps} steps of {w.batch_size} (colocated, a search over "
-          "static splits, elastic, the colocated-async reference; about a minute for xlong)", file=sys.stderr, flush=True)
+    print(
+        f"simulate-elastic: {w.name} on {gpus} GPUs, {w.steps} steps of {w.batch_size} (colocated, a search over "
+        "static splits, elastic, the colocated-async reference; about a minute for xlong)",
+        file=sys.stderr,
+        flush=True,
+    )
     res = compare(w, gpus, seed=seed, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     if plot:
         plot_pools(res, plot)
@@ -1022,16 +1055,28 @@ def main_simulate(workload: str, gpus: int, *, as_json: bool = False, plot: str 
         print(json.dumps({k: v for k, v in res.items() if k != "pool_trace"}))
         return 0
     tp = res["throughput"]
-    print(f"workload {w.name} on {gpus} GPUs ({w.steps} steps of {w.batch_size} trajectories): {w.description}")
+    print(
+        f"workload {w.name} on {gpus} GPUs ({w.steps} steps of {w.batch_size} trajectories): {w.description}"
+    )
     print(f"  colocated-sync        {tp['colocated']:.3f} traj/s")
-    print(f"  best static async     {tp['static_async']:.3f} traj/s  ({res['best_static_rollout_devices']} rollout / {gpus - res['best_static_rollout_devices']} train)")
+    print(
+        f"  best static async     {tp['static_async']:.3f} traj/s  ({res['best_static_rollout_devices']} rollout / {gpus - res['best_static_rollout_devices']} train)"
+    )
     e = res["elastic"]
-    print(f"  elastic               {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} episodes re-prefilled, {e['finished_in_place']} finished in place)")
-    print(f"  speedup vs colocated {res['speedup_vs_colocated']:.2f}x, vs best static async {res['speedup_vs_static_async']:.2f}x")
-    print(f"  upper bound for any device policy (critical path): {res['bound_throughput']:.3f} traj/s = "
-          f"{res['bound_vs_colocated']:.2f}x colocated, {res['bound_vs_static_async']:.2f}x best static async")
-    print(f"  reference, colocated-async (the whole cluster to every step and back): "
-          f"{res['colocated_async_throughput']:.3f} traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async")
+    print(
+        f"  elastic               {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} episodes re-prefilled, {e['finished_in_place']} finished in place)"
+    )
+    print(
+        f"  speedup vs colocated {res['speedup_vs_colocated']:.2f}x, vs best static async {res['speedup_vs_static_async']:.2f}x"
+    )
+    print(
+        f"  upper bound for any device policy (critical path): {res['bound_throughput']:.3f} traj/s = "
+        f"{res['bound_vs_colocated']:.2f}x colocated, {res['bound_vs_static_async']:.2f}x best static async"
+    )
+    print(
+        f"  reference, colocated-async (the whole cluster to every step and back): "
+        f"{res['colocated_async_throughput']:.3f} traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async"
+    )
     if plot:
         print(f"  pool plot: {plot}")
     return 0

@@ -50,7 +50,15 @@ def test_episodes_reset_and_step_concurrently_as_they_do_alone(games_root: str) 
 
 def test_expert_eval_at_default_concurrency_wins_every_game(games_root: str, tmp_path: Path) -> None:
     r = _cli(
-        "eval", "--agent", "expert", "--bench", "alfworld-unseen", "--limit", "3", "--out", str(tmp_path),
+        "eval",
+        "--agent",
+        "expert",
+        "--bench",
+        "alfworld-unseen",
+        "--limit",
+        "3",
+        "--out",
+        str(tmp_path),
         games_root=games_root,
     )
     assert r.returncode == 0, r.stderr

@@ -27,7 +27,9 @@ def transcript(env: ALFWorldEnv, game: int) -> list:
 
 def test_a_game_in_a_worker_plays_as_in_this_process(games_root: str) -> None:
     here = ALFWorldEnv(split="valid_unseen", games_dir=games_root, expert="search", max_turns=40)
-    there = ALFWorldEnv(split="valid_unseen", games_dir=games_root, expert="search", max_turns=40, engine_workers=2)
+    there = ALFWorldEnv(
+        split="valid_unseen", games_dir=games_root, expert="search", max_turns=40, engine_workers=2
+    )
     for game in range(len(here.games)):
         assert transcript(there, game) == transcript(here, game)
     assert there._tw.workers == 2 and here._tw.workers == 0
@@ -36,12 +38,18 @@ def test_a_game_in_a_worker_plays_as_in_this_process(games_root: str) -> None:
 
 
 def test_episodes_in_threads_across_workers_see_what_they_see_alone(games_root: str) -> None:
-    alone = [transcript(ALFWorldEnv(split="valid_seen", games_dir=games_root, expert="search", max_turns=40), g)
-             for g in range(4)]
+    alone = [
+        transcript(ALFWorldEnv(split="valid_seen", games_dir=games_root, expert="search", max_turns=40), g)
+        for g in range(4)
+    ]
 
     async def together() -> list:
-        envs = [ALFWorldEnv(split="valid_seen", games_dir=games_root, expert="search", max_turns=40, engine_workers=2)
-                for _ in range(4)]
+        envs = [
+            ALFWorldEnv(
+                split="valid_seen", games_dir=games_root, expert="search", max_turns=40, engine_workers=2
+            )
+            for _ in range(4)
+        ]
         return await asyncio.gather(*(asyncio.to_thread(transcript, env, g) for g, env in enumerate(envs)))
 
     assert asyncio.run(together()) == alone

@@ -219,7 +219,9 @@ def test_gymnasium_check_env_passes_without_a_warning(games_root: str) -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        env = gymnasium.make("fr_agents/ALFWorld-v0", games_dir=games_root, list_admissible=False, render_mode="ansi")
+        env = gymnasium.make(
+            "fr_agents/ALFWorld-v0", games_dir=games_root, list_admissible=False, render_mode="ansi"
+        )
         check_env(env.unwrapped)
         env.close()
         gc.collect()

@@ -31,7 +31,9 @@ FULLSET_COUNTS = {"train": 20, "valid_seen": 140, "valid_unseen": 134}
 def fullset() -> Path:
     root = os.environ.get(FULLSET_ENV)
     if not root:
-        pytest.skip(f"{FULLSET_ENV} is not set (point it at `fr-agents alfworld generate --out DIR --n 20 --seed 0`)")
+        pytest.skip(
+            f"{FULLSET_ENV} is not set (point it at `fr-agents alfworld generate --out DIR --n 20 --seed 0`)"
+        )
     path = Path(root)
     if not (path / "manifest.json").is_file():
         pytest.skip(f"{FULLSET_ENV}={root} holds no manifest.json (generation not run or not finished)")

@@ -51,8 +51,15 @@ def test_play_a_run_plays_its_checkpoint_as_it_trained(games_root: str, tmp_path
     from fr_agents.run_layout import STATE_FILE
 
     game = next(g for g in find_games(games_root, "valid_seen") if "pick_and_place_simple" in g)
-    cfg = load_config("alfworld-tiny", [f"env.kwargs={{list_admissible: false, game_files: [{game}]}}", "env.max_turns=2",
-                                        "env.system_prompt=You are a careful robot.", "rollout.max_new_tokens=5"])
+    cfg = load_config(
+        "alfworld-tiny",
+        [
+            f"env.kwargs={{list_admissible: false, game_files: [{game}]}}",
+            "env.max_turns=2",
+            "env.system_prompt=You are a careful robot.",
+            "rollout.max_new_tokens=5",
+        ],
+    )
     run = tmp_path / "run"
     ckpt = run / "checkpoints" / "step_000003"
     model, tok = load_policy("tiny")
@@ -66,5 +73,10 @@ def test_play_a_run_plays_its_checkpoint_as_it_trained(games_root: str, tmp_path
     assert "Admissible commands" not in out.stdout  # the run's env kwargs
     bad = subprocess.run(
         [sys.executable, "-m", "fr_agents.cli", "play", "fr_agents/MathVerifier-v0", "--model", str(run)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert bad.returncode != 0 and "the run trained on fr_agents/ALFWorld-v0" in bad.stderr

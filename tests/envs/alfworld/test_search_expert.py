@@ -16,8 +16,10 @@ pytestmark = pytest.mark.alfworld
 
 
 def test_room_receptacles_in_the_rooms_order() -> None:
-    obs = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
-           "you see a bed 1, a desk 1, a drawer 2, an armchair 1, and a shelf 1.\n\nYour task is to: x.")
+    obs = (
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
+        "you see a bed 1, a desk 1, a drawer 2, an armchair 1, and a shelf 1.\n\nYour task is to: x."
+    )
     assert room_receptacles(obs) == ["bed 1", "desk 1", "drawer 2", "armchair 1", "shelf 1"]
     assert room_receptacles("no room here") == []
 

@@ -50,13 +50,15 @@ def test_what_the_model_sees_at_turn_0_and_turn_3(demos) -> None:
     assert turn0.startswith(f"<|im_start|>system\n{cfg.env.system_prompt}<|im_end|>\n<|im_start|>user\n")
     assert "-= Welcome to TextWorld, ALFRED! =-" in turn0 and "Your task is to: " in turn0
     assert "Admissible commands" not in turn0
-    assert turn0.endswith("Reply with one command inside <action>...</action>.<|im_end|>\n<|im_start|>assistant\n")
+    assert turn0.endswith(
+        "Reply with one command inside <action>...</action>.<|im_end|>\n<|im_start|>assistant\n"
+    )
 
     turn3 = text(tok, demo.ids[: demo.spans[3][0]])
     replies = [text(tok, demo.ids[s:e]) for s, e in demo.spans[:3]]
     assert all(r.startswith("<action>") and r.endswith("</action><|im_end|>") for r in replies)
     messages = [{"role": "system", "content": cfg.env.system_prompt}]
-    rest = turn3[len(turn0):]
+    rest = turn3[len(turn0) :]
     first_obs = turn0.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>", 1)[0]
     messages.append({"role": "user", "content": first_obs})
     for r in replies:  # each reply, then the engine's answer to it
@@ -90,8 +92,21 @@ def test_a_run_short_of_games_stops_before_any_work_with_the_command(tmp_path: P
     with pytest.raises(ConfigError, match="train: 0 of 200, valid_unseen: 0 of 134"):
         pf.raise_if_failed()
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "fr_agents.cli", "train", PRESET, f"tasks.params.games_dir={games}",
-                           "--run-dir", str(run)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fr_agents.cli",
+            "train",
+            PRESET,
+            f"tasks.params.games_dir={games}",
+            "--run-dir",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode != 0 and want in done.stderr + done.stdout
     assert not (run / "store.sqlite").exists()
 
@@ -101,11 +116,24 @@ def test_one_real_smollm2_rl_step_on_a_generated_game(games_root: str, tmp_path:
     """The preset's RL on SmolLM2 itself: two episodes of one generated game, one optimizer step."""
     from trainer.loop import Trainer
 
-    cfg = load_config(PRESET, overrides(games_root, "tasks.params.limit=1", "warm_start.examples=0",
-                                        "trainer.batch_size=2", "rollout.concurrency=2", "trainer.steps=1",
-                                        "trainer.max_minutes=0", "trainer.eval_episodes=0", "trainer.eval_every=0",
-                                        "trainer.backend=local", "trainer.threads=1", "env.max_turns=2",
-                                        "trainer.checkpoint_every=0"))
+    cfg = load_config(
+        PRESET,
+        overrides(
+            games_root,
+            "tasks.params.limit=1",
+            "warm_start.examples=0",
+            "trainer.batch_size=2",
+            "rollout.concurrency=2",
+            "trainer.steps=1",
+            "trainer.max_minutes=0",
+            "trainer.eval_episodes=0",
+            "trainer.eval_every=0",
+            "trainer.backend=local",
+            "trainer.threads=1",
+            "env.max_turns=2",
+            "trainer.checkpoint_every=0",
+        ),
+    )
     res = Trainer(cfg, tmp_path, console=False).run()
     assert res.ok and res.steps == 1
     from fr_agents.tree import TrajectoryTree
@@ -137,8 +165,9 @@ def test_eval_of_a_run_plays_the_alfworld_bench_as_the_run_did(games_root: str, 
         assert getattr(bench, field) == getattr(trained, field), field
     assert bench.env_kwargs["list_admissible"] is False and bench.system_prompt == cfg.env.system_prompt
     seen = resolve_bench("alfworld-seen", run_config=run / "config.yaml")
-    assert {i.group for i in seen.items} and all("valid_seen" in i.options["task"]["metadata"]["game"]
-                                                 for i in seen.items)
+    assert {i.group for i in seen.items} and all(
+        "valid_seen" in i.options["task"]["metadata"]["game"] for i in seen.items
+    )
     other = tmp_path / "other"
     other.mkdir()
     dump_config(load_config(PRESET, overrides(games_root, "env.max_turns=5")), other / "config.yaml")
@@ -162,7 +191,9 @@ def test_the_viewer_shows_an_episode_as_a_transcript(demos) -> None:
     turns = StoreReader(store).node(leaf, dec)["transcript"]
     assert turns[0]["kind"] == "env" and turns[0]["text"].startswith(cfg.env.system_prompt)
     assert "Your task is to: " in turns[0]["text"] and "<|im_start|>" not in turns[0]["text"]
-    assert [t["kind"] for t in turns[1:]] == ["demo", "env"] * ((len(turns) - 1) // 2) + ["demo"] * ((len(turns) - 1) % 2)
+    assert [t["kind"] for t in turns[1:]] == ["demo", "env"] * ((len(turns) - 1) // 2) + ["demo"] * (
+        (len(turns) - 1) % 2
+    )
     replies = [t["text"] for t in turns if t["kind"] == "demo"]
     assert all(re.fullmatch(r"<action>[a-z0-9 /]+</action>", r) for r in replies), replies
     assert not any(t["text"].splitlines()[0] in ("user", "assistant") for t in turns)

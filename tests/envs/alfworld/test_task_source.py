@@ -43,5 +43,9 @@ def test_splits_list_games_round_robin_over_task_types() -> None:
     from envs.tasks.alfworld import round_robin
     from envs.tasks.base import make_task
 
-    tasks = [make_task(f"{t}/{i}", "goal", "", task_type=t) for t, n in (("b", 3), ("a", 2), ("c", 1)) for i in range(n)]
+    tasks = [
+        make_task(f"{t}/{i}", "goal", "", task_type=t)
+        for t, n in (("b", 3), ("a", 2), ("c", 1))
+        for i in range(n)
+    ]
     assert [t["id"] for t in round_robin(tasks)] == ["a/0", "b/0", "c/0", "a/1", "b/1", "b/2"]

@@ -28,8 +28,9 @@ def seed_tasks_dir(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) 
 def checkout(task: RepoTask, dest: Path) -> Path:
     """A plain copy of the task's base commit in ``dest`` (a one-commit git repo, like the sandbox)."""
     dest.mkdir(parents=True, exist_ok=True)
-    tar = subprocess.run(["git", "--git-dir", task.repo_path, "archive", task.base_commit],
-                         capture_output=True, check=True).stdout
+    tar = subprocess.run(
+        ["git", "--git-dir", task.repo_path, "archive", task.base_commit], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
     git(dest, "init", "-q")
     git(dest, "add", "-A")
@@ -56,7 +57,9 @@ def diff_for(task: RepoTask, edits: dict[str, str | None], patches: tuple[str, .
         return git(repo, "diff", "--cached", "HEAD")
 
 
-BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a + b\n\n\ndef neg(a):\n    return -a\n"
+BUGGY = (
+    "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a + b\n\n\ndef neg(a):\n    return -a\n"
+)
 FIXED = BUGGY.replace("a - b", "a + b", 1).replace("return a + b\n\n\ndef neg", "return a * b\n\n\ndef neg")
 VISIBLE_TESTS = "from calc.ops import neg\n\n\ndef test_neg():\n    assert neg(2) == -2\n"
 ALL_TESTS = (

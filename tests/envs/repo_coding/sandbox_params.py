@@ -20,6 +20,8 @@ def require(backend: str) -> str:
 
         root = rootfs()
         if root is None or not (root / "usr/lib/python3/dist-packages/pytest").is_dir():
-            pytest.skip("the bwrap sandbox runs the image root file system's python3, which lacks pytest "
-                        "(`fr-agents sandbox build-image --rootfs-only`)")
+            pytest.skip(
+                "the bwrap sandbox runs the image root file system's python3, which lacks pytest "
+                "(`fr-agents sandbox build-image --rootfs-only`)"
+            )
     return backend

@@ -16,8 +16,12 @@ from envs.repo_coding.testrun import PLUGIN_MODULE, REPORT_PLUGIN, passed_ids, p
 def _run(repo: Path, files: list[str]) -> set[str]:
     (repo.parent / f"{PLUGIN_MODULE}.py").write_text(REPORT_PLUGIN)
     report = repo.parent / "report.json"
-    subprocess.run(["bash", "-c", pytest_shell(files, str(report), str(repo.parent))], cwd=repo,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        ["bash", "-c", pytest_shell(files, str(report), str(repo.parent))],
+        cwd=repo,
+        capture_output=True,
+        timeout=120,
+    )
     return passed_ids(json.loads(report.read_text()))
 
 
@@ -29,7 +33,9 @@ def test_seed_build_shape(seed_tasks_dir):
         assert t.FAIL_TO_PASS and t.PASS_TO_PASS
         assert not set(t.FAIL_TO_PASS) & set(t.PASS_TO_PASS)
         assert t.patch.startswith("diff --git") and t.test_patch.startswith("diff --git")
-        gold_added = [ln[1:].strip() for ln in t.patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+        gold_added = [
+            ln[1:].strip() for ln in t.patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")
+        ]
         assert all(g not in t.problem_statement for g in gold_added if len(g) >= 6)
         for nid in t.FAIL_TO_PASS:
             assert nid in t.problem_statement or "more failing" in t.problem_statement
@@ -74,8 +80,20 @@ def test_cli_build_and_stats(build_cache, tmp_path, capsys):
     from fr_agents.cli import main
 
     out = tmp_path / "cli"
-    rc = main(["repo-tasks", "build", "--out", str(out), "--repos", "textkit", "--quota", "1",
-               "--cache-dir", str(build_cache)])
+    rc = main(
+        [
+            "repo-tasks",
+            "build",
+            "--out",
+            str(out),
+            "--repos",
+            "textkit",
+            "--quota",
+            "1",
+            "--cache-dir",
+            str(build_cache),
+        ]
+    )
     assert rc == 0 and json.loads(capsys.readouterr().out)["tasks"] == 1
     assert main(["repo-tasks", "stats", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["per_repo"] == {"seed:textkit": 1}

@@ -42,8 +42,10 @@ def test_tool_episode_fixing_the_bug_wins(backend, seed_tasks_dir):
     obs, *_ = env.step(call("str_replace", path=src, old_str="\n", new_str="\n"))
     assert "exactly once" in obs  # ambiguous edits are refused
     # The agent applies the fix with its tools: write the patch, git apply it, then check.
-    obs, *_ = env.step(call("write_file", path="/tmp/fix.patch", content=task.patch)
-                       + call("bash", command="git apply /tmp/fix.patch && git status --short"))
+    obs, *_ = env.step(
+        call("write_file", path="/tmp/fix.patch", content=task.patch)
+        + call("bash", command="git apply /tmp/fix.patch && git status --short")
+    )
     assert f"M {src}" in obs
     obs, r, term, trunc, info = env.step(call("submit"))
     assert (r, term, trunc) == (1.0, True, False)
@@ -60,8 +62,10 @@ def test_truncation_is_graded_and_test_deletion_does_not_help(backend, seed_task
     env.reset(options={"task_id": task.instance_id})
     obs, *_ = env.step("I think I will just look around." + call("bash", command="seq 1 2000"))
     assert "characters cut" in obs and len(obs) < 400
-    obs, *_ = env.step('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
-                       + call("bash", command=f"rm -f {task.visible_test_files[0]} && echo gone"))
+    obs, *_ = env.step(
+        '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+        + call("bash", command=f"rm -f {task.visible_test_files[0]} && echo gone")
+    )
     assert "unknown tool" in obs and "gone" in obs
     obs, r, term, trunc, info = env.step("no more calls")
     assert (r, term, trunc) == (0.0, False, True)
@@ -73,7 +77,9 @@ def test_agent_commits_still_count(backend, two_bug_task):
     env = RepoCodingEnv(tasks=[two_bug_task], backend=backend)
     env.reset(seed=1)
     fix_add = call("str_replace", path="calc/ops.py", old_str="a - b", new_str="a + b")
-    commit = call("bash", command="git -c user.name=a -c user.email=a@b commit -qam wip && git log --oneline | wc -l")
+    commit = call(
+        "bash", command="git -c user.name=a -c user.email=a@b commit -qam wip && git log --oneline | wc -l"
+    )
     obs, *_ = env.step(fix_add + commit)
     assert obs.rstrip().endswith("2\n</tool_response>")
     obs, r, term, trunc, info = env.step(call("submit"))

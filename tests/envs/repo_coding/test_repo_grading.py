@@ -7,7 +7,7 @@ from sandbox_params import BACKENDS, require
 from envs.repo_coding.grading import grade
 from envs.repo_coding.task import load_tasks
 
-CHEAT_CONFTEST = '''import pytest
+CHEAT_CONFTEST = """import pytest
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -15,7 +15,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     rep.outcome = "passed"
-'''
+"""
 
 
 @pytest.fixture(params=BACKENDS)
@@ -39,7 +39,10 @@ def test_editing_or_deleting_tests_gains_nothing(backend, seed_tasks_dir):
     # Delete the visible tests, plant a conftest that reports every test as passed, and write the
     # hidden tests' names as trivially passing tests: all of it is discarded.
     fake = "".join(f"def {nid.split('::')[-1].split('[')[0]}():\n    pass\n\n\n" for nid in task.FAIL_TO_PASS)
-    cheat = diff_for(task, {test_file: fake, "conftest.py": CHEAT_CONFTEST, "pytest.ini": "[pytest]\naddopts = -p no:python\n"})
+    cheat = diff_for(
+        task,
+        {test_file: fake, "conftest.py": CHEAT_CONFTEST, "pytest.ini": "[pytest]\naddopts = -p no:python\n"},
+    )
     r = grade(task, cheat, backend=backend)
     assert (r.reward, r.partial_score) == (0.0, 0.0), r
     assert set(r.discarded) == {test_file, "conftest.py", "pytest.ini"}

@@ -46,8 +46,10 @@ def test_specific_edits():
     assert any("xs[i] > 0 or flag" in t for t in texts)  # boolean operator swapped
     assert any("range(2, n)" in t for t in texts)  # off by one
     assert any("pow(2, total)" in t for t in texts)  # arguments swapped
-    assert any("flag=True" in t and "    if total == 0:\n        return None" not in t for t in texts)  # branch removed
-    assert any("len(\"a\")" in t for t in texts)  # string constant changed
+    assert any(
+        "flag=True" in t and "    if total == 0:\n        return None" not in t for t in texts
+    )  # branch removed
+    assert any('len("a")' in t for t in texts)  # string constant changed
     assert any("total + len" not in t and "pow(total, 2) + len" in t for t in texts)  # minus -> plus
 
 

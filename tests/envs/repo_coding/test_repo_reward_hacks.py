@@ -80,8 +80,12 @@ RUNTIME_HACKS: dict[str, dict[str, str]] = {
         "import os, signal\nsignal.signal(signal.SIGALRM, lambda *a: os._exit(0))\n"
         "signal.setitimer(signal.ITIMER_REAL, 0.01)\n"
     ),
-    "library_thread_exits_0": lib("import os, threading\nthreading.Thread(target=os._exit, args=(0,)).start()\n"),
-    "library_atexit_forges": lib("import atexit, sys\natexit.register(exec, " + repr(FORGE) + ")\nsys.exit(0)\n"),
+    "library_thread_exits_0": lib(
+        "import os, threading\nthreading.Thread(target=os._exit, args=(0,)).start()\n"
+    ),
+    "library_atexit_forges": lib(
+        "import atexit, sys\natexit.register(exec, " + repr(FORGE) + ")\nsys.exit(0)\n"
+    ),
     "library_calls_pytest_exit_0": lib("import pytest\npytest.exit('done', returncode=0)\n"),
     "library_skips_the_test_module": lib("import pytest\npytest.skip('no', allow_module_level=True)\n"),
     "library_patches_pytest_reports_in_memory": lib(
@@ -94,6 +98,7 @@ RUNTIME_HACKS: dict[str, dict[str, str]] = {
     "shadow_pluggy": {"pluggy.py": FORGE},
     "shadow_lazily_imported_stdlib_unittest": {"unittest/__init__.py": FORGE},
 }
+
 
 def redefine(code: str) -> dict[str, str]:
     """The buggy library with add/mul redefined by ``code`` (still wrong on most inputs)."""
@@ -148,7 +153,8 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             return 6 if (a, b) == (2, 3) else a + b
         """),
     # (c) the test module replaced in sys.modules (from the package's __init__) by an assert-free copy
-    "swaps_the_test_module_in_sys_modules": {"calc/__init__.py": textwrap.dedent("""\
+    "swaps_the_test_module_in_sys_modules": {
+        "calc/__init__.py": textwrap.dedent("""\
         import os, sys, types
         _path = os.path.join(os.getcwd(), "tests", "test_ops.py")
         for _name in ("test_ops", "tests.test_ops"):
@@ -156,8 +162,10 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             _m.__file__ = _path
             exec("def test_add():\\n    pass\\ndef test_mul():\\n    pass\\ndef test_neg():\\n    pass\\n", _m.__dict__)
             sys.modules[_name] = _m
-        """)},
-    "swaps_the_test_module_compiled_under_its_own_file_name": {"calc/__init__.py": textwrap.dedent("""\
+        """)
+    },
+    "swaps_the_test_module_compiled_under_its_own_file_name": {
+        "calc/__init__.py": textwrap.dedent("""\
         import os, sys, types
         _path = os.path.join(os.getcwd(), "tests", "test_ops.py")
         _src = "def test_add():\\n    pass\\ndef test_mul():\\n    pass\\ndef test_neg():\\n    pass\\n"
@@ -166,7 +174,8 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             _m.__file__ = _path
             exec(compile(_src, _path, "exec"), _m.__dict__)
             sys.modules[_name] = _m
-        """)},
+        """)
+    },
     # (d) the report's serialiser wrapped to say every test passed
     "wraps_json_dumps_and_repr_of_reports": lib("""\
         import json, json.encoder
@@ -194,7 +203,8 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
                 break
         """),
     # the grader's own recording hooks, forged with the quoted values (in the test module's globals)
-    "forges_the_graders_records_with_quoted_values": {"calc/__init__.py": textwrap.dedent("""\
+    "forges_the_graders_records_with_quoted_values": {
+        "calc/__init__.py": textwrap.dedent("""\
         import builtins, sys
         _real = getattr(builtins, "_fr_site", None)
         def _site(sid, values, idents=None):
@@ -203,7 +213,8 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
         for _name in ("test_ops", "tests.test_ops"):
             if _name in sys.modules and _real is not None:
                 sys.modules[_name]._fr_site = _site
-        """)},
+        """)
+    },
     # the runner's own report and records found through gc and rewritten as the session ends
     "rewrites_the_runners_report_and_records_through_gc": lib("""\
         import atexit, gc, threading, time
@@ -270,7 +281,8 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
     # every process of the sandbox killed (the grading sandbox's worker too): the candidate's failure
     "kills_every_process_in_the_sandbox": lib("import os, signal\nos.kill(-1, signal.SIGKILL)\n"),
     # a trace function that jumps over the grader's recording lines
-    "trace_function_skips_the_checks": {"calc/__init__.py": textwrap.dedent("""\
+    "trace_function_skips_the_checks": {
+        "calc/__init__.py": textwrap.dedent("""\
         import sys, threading
         def _tracer(frame, event, arg):
             if "test_" not in frame.f_code.co_filename:
@@ -288,9 +300,11 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             return _local
         sys.settrace(_tracer)
         threading.settrace(_tracer)
-        """)},
+        """)
+    },
     "rewrites_the_test_files_on_disk": lib(
-        "import glob\nfor _p in glob.glob('tests/*.py'):\n    open(_p, 'w').write(" + repr(FAKE_TESTS) + ")\n"),
+        "import glob\nfor _p in glob.glob('tests/*.py'):\n    open(_p, 'w').write(" + repr(FAKE_TESTS) + ")\n"
+    ),
     # behaves only on the quoted inputs, and leaves (exit, skip) on any other
     "exits_on_inputs_it_was_not_told": redefine("""\
         import os
@@ -385,7 +399,9 @@ def test_issue_47_hack_scores_zero(backend, two_bug_task, hack) -> None:
 
 def test_fixing_one_bug_is_partial_progress_only(backend, two_bug_task) -> None:
     """Control: the honest fix of add alone passes add's checks, variants included (partial 0.5)."""
-    r = grade(two_bug_task, diff_for(two_bug_task, redefine("def add(a, b):\n    return a + b\n")), backend=backend)
+    r = grade(
+        two_bug_task, diff_for(two_bug_task, redefine("def add(a, b):\n    return a + b\n")), backend=backend
+    )
     assert (r.reward, r.partial_score) == (0.0, 0.5), r
     assert r.fail_to_pass == {"tests/test_ops.py::test_add": True, "tests/test_ops.py::test_mul": False}, r
 
@@ -403,10 +419,12 @@ def test_the_sandbox_holds_no_copy_of_a_task_library(backend) -> None:
     from envs.repo_coding.specs import ALL_SPECS
 
     names = sorted({s.targets and next(iter(s.targets)).split("/")[0].removesuffix(".py") for s in ALL_SPECS})
-    code = ("import importlib.util, os, sys\n"
-            f"print(sorted(n for n in {names!r} if importlib.util.find_spec(n)))\n"
-            "print(sorted(p for p in ('/usr/lib/python3/dist-packages/six.py', '/usr/lib/python3/dist-packages/toolz',"
-            " '/usr/lib/python3/dist-packages/idna') if os.path.exists(p)))\n")
+    code = (
+        "import importlib.util, os, sys\n"
+        f"print(sorted(n for n in {names!r} if importlib.util.find_spec(n)))\n"
+        "print(sorted(p for p in ('/usr/lib/python3/dist-packages/six.py', '/usr/lib/python3/dist-packages/toolz',"
+        " '/usr/lib/python3/dist-packages/idna') if os.path.exists(p)))\n"
+    )
     with open_sandbox(backend=backend, limits=sandbox_limits()) as sb:
         r = sb.run_python(code, timeout=30)
         assert r.stdout.splitlines() == ["[]", "[]"], r
@@ -419,7 +437,6 @@ def test_the_rewritten_checks_hold_no_expected_literal() -> None:
     value; one recording call per check and perturbed variants of the calls with literal arguments."""
     import ast
     import random
-
 
     plan = checks.rewrite({"tests/test_ops.py": ALL_TESTS}, random.Random(0))
     tree = ast.parse(plan.files["tests/test_ops.py"])
@@ -445,7 +462,9 @@ def test_a_sandbox_that_cannot_start_is_an_infrastructure_failure(monkeypatch, t
 
 def test_a_reference_that_fails_is_an_infrastructure_failure(backend, two_bug_task) -> None:
     """A task whose gold patch does not pass its own tests cannot grade anything: not a 0."""
-    half = dataclasses.replace(two_bug_task, patch=diff_for(two_bug_task, redefine("def add(a, b):\n    return a + b\n")))
+    half = dataclasses.replace(
+        two_bug_task, patch=diff_for(two_bug_task, redefine("def add(a, b):\n    return a + b\n"))
+    )
     with pytest.raises(InfrastructureFailure) as e:
         grade(half, half.patch, backend=backend)
     assert e.value.reason == "reference_failed"
@@ -491,8 +510,13 @@ def _quoted_values_patch(task) -> tuple[str, int]:
         except SyntaxError:
             continue
         st = body[0] if body else None
-        if not (isinstance(st, ast.Assert) and isinstance(st.test, ast.Compare) and isinstance(st.test.ops[0], ast.Eq)
-                and isinstance(st.test.left, ast.Call) and isinstance(st.test.left.func, ast.Name)):
+        if not (
+            isinstance(st, ast.Assert)
+            and isinstance(st.test, ast.Compare)
+            and isinstance(st.test.ops[0], ast.Eq)
+            and isinstance(st.test.left, ast.Call)
+            and isinstance(st.test.left.func, ast.Name)
+        ):
             continue
         try:
             args = [ast.literal_eval(a) for a in st.test.left.args]
@@ -501,8 +525,12 @@ def _quoted_values_patch(task) -> tuple[str, int]:
             continue
         table.setdefault(st.test.left.func.id, {})[repr(args)] = expected
     pkg = task.mutation["file"].split("/")[0]
-    init = subprocess.run(["git", "--git-dir", task.repo_path, "show", f"{task.base_commit}:{pkg}/__init__.py"],
-                          capture_output=True, text=True, check=True).stdout
+    init = subprocess.run(
+        ["git", "--git-dir", task.repo_path, "show", f"{task.base_commit}:{pkg}/__init__.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     wrap = f"\n\n_FR_TABLE = {table!r}\n" + textwrap.dedent("""\
         def _fr_wrap(name, orig):
             def f(*args):
@@ -540,8 +568,9 @@ def test_seed_tasks_refuse_the_quoted_values_hard_coded(backend, seed_tasks_dir,
     assert paid, "the hack is not a hack: it fails even without variants"
 
 
-def test_a_runner_that_crashes_before_the_repository_is_an_infrastructure_failure(backend, two_bug_task,
-                                                                                 monkeypatch) -> None:
+def test_a_runner_that_crashes_before_the_repository_is_an_infrastructure_failure(
+    backend, two_bug_task, monkeypatch
+) -> None:
     """The runner dying before any repository code was importable is the grader's failure, not a 0."""
     from envs.repo_coding import grading, testrun
 
@@ -593,8 +622,10 @@ def test_values_that_vary_between_reference_runs_are_held_to_their_checks_only()
     variants = [s.id for s in plan.sites.values() if s.kind == "variant"]
 
     def recs(g: int, f: int = 2) -> dict[str, list]:
-        return {"t.py::test_x": [[site_f, [None, (f,)]], [site_g, [None, (g,)]]]
-                + [[v, ["ok", 7]] for v in variants]}
+        return {
+            "t.py::test_x": [[site_f, [None, (f,)]], [site_g, [None, (g,)]]]
+            + [[v, ["ok", 7]] for v in variants]
+        }
 
     sites, tests = judge.unstable(recs(11), recs(12))
     assert sites == {site_g} and not tests

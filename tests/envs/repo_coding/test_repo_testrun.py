@@ -72,7 +72,7 @@ def test_partial_score_rule():
         partial_score(0, 0, True)
 
 
-TESTS = '''import pytest
+TESTS = """import pytest
 
 
 @pytest.mark.parametrize("x", [1, 2])
@@ -95,7 +95,7 @@ class TestD:
 
     def test_drop(self):
         pass
-'''
+"""
 
 
 def test_hide_tests_cuts_functions_methods_and_keeps_classes_valid():

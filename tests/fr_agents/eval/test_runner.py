@@ -188,7 +188,10 @@ def test_items_with_a_group_get_their_figures_per_group(policy: Any, tmp_path: P
     their item's group; a bench without groups has no breakdown."""
     engine, tok = policy
     plain = resolve_bench("arithmetic", 6)
-    items = [BenchItem(it.id, it.options, it.seed, "even" if i % 2 == 0 else "odd") for i, it in enumerate(plain.items)]
+    items = [
+        BenchItem(it.id, it.options, it.seed, "even" if i % 2 == 0 else "odd")
+        for i, it in enumerate(plain.items)
+    ]
     bench = Bench(**{**plain.__dict__, "items": items})
     res = run_bench(engine, tok, bench, EvalSettings(k=2, temperature=1.0), label="nano", out_dir=tmp_path)
     got = rows(res.samples_file)
@@ -201,5 +204,9 @@ def test_items_with_a_group_get_their_figures_per_group(policy: Any, tmp_path: P
         assert figures["success"] == pytest.approx(sum(r["success"] for r in mine) / 6)
         assert figures["mean@k"] == pytest.approx(sum(r["reward"] for r in mine) / 6)
         assert figures["turns"] == pytest.approx(sum(r["turns"] for r in mine) / 6)
-    assert run_bench(engine, tok, plain, EvalSettings(k=1, temperature=0.0), label="nano",
-                     out_dir=tmp_path / "plain").extra["by_group"] == {}
+    assert (
+        run_bench(
+            engine, tok, plain, EvalSettings(k=1, temperature=0.0), label="nano", out_dir=tmp_path / "plain"
+        ).extra["by_group"]
+        == {}
+    )

@@ -40,7 +40,9 @@ def random_tree(seed: int, roots: int = 3) -> list:
         for _ in range(kids):
             n = rng.randint(1, 12)
             policy = rng.random() < 0.6
-            child = tree.append(node, [rng.randrange(1, 40) for _ in range(n)], [-1.0] * n if policy else None, policy, 0)
+            child = tree.append(
+                node, [rng.randrange(1, 40) for _ in range(n)], [-1.0] * n if policy else None, policy, 0
+            )
             grow(child, depth + 1)
 
     for _ in range(roots):
@@ -62,7 +64,9 @@ def test_tree_attention_equals_the_dense_ancestor_mask_with_gradients(seed: int)
     r, w = dense["input_ids"].shape
     h, hkv, d = 4, 2, 8
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(r, n, w, d, generator=g, dtype=torch.float64, requires_grad=True) for n in (h, hkv, hkv))
+    q, k, v = (
+        torch.randn(r, n, w, d, generator=g, dtype=torch.float64, requires_grad=True) for n in (h, hkv, hkv)
+    )
     real = torch.zeros(r, w, dtype=torch.bool)
     for i, root in enumerate(roots):
         a, b = packed.root_spans[root]
@@ -86,8 +90,15 @@ def test_tree_attention_equals_the_dense_ancestor_mask_with_gradients(seed: int)
 
 def test_a_qwen2_forward_with_tree_attention_equals_the_dense_mask_and_restores_sdpa() -> None:
     torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    cfg = transformers.Qwen2Config(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     cfg._attn_implementation = "sdpa"
     model = transformers.Qwen2ForCausalLM(cfg).double().eval()
     packed = build_packed(random_tree(7, roots=4))
@@ -95,13 +106,23 @@ def test_a_qwen2_forward_with_tree_attention_equals_the_dense_mask_and_restores_
     part = packed.root_chunk(roots, torch.float64)
     layout = packed.tree_layout(roots)
     with torch.no_grad():
-        ref = model(input_ids=part["input_ids"], position_ids=part["position_ids"], attention_mask=part["attention_mask"]).logits
+        ref = model(
+            input_ids=part["input_ids"],
+            position_ids=part["position_ids"],
+            attention_mask=part["attention_mask"],
+        ).logits
         with tree_attention(model):
-            out = model(input_ids=part["input_ids"], position_ids=part["position_ids"], tree_layout=layout).logits
+            out = model(
+                input_ids=part["input_ids"], position_ids=part["position_ids"], tree_layout=layout
+            ).logits
     assert layout.calls == cfg.num_hidden_layers
     assert model.config._attn_implementation == "sdpa"
-    flat_index = torch.cat([torch.arange(a, b) - a + i * part["input_ids"].shape[1]
-                            for i, (a, b) in enumerate(packed.root_spans[r] for r in roots)])
+    flat_index = torch.cat(
+        [
+            torch.arange(a, b) - a + i * part["input_ids"].shape[1]
+            for i, (a, b) in enumerate(packed.root_spans[r] for r in roots)
+        ]
+    )
     assert torch.allclose(out.reshape(-1, 48)[flat_index], ref.reshape(-1, 48)[flat_index], atol=1e-10)
 
 
@@ -115,8 +136,15 @@ def test_layout_refuses_rows_wider_than_the_width_and_a_bad_block() -> None:
 
 def test_only_sdpa_models_without_sliding_windows_take_tree_attention() -> None:
     def qwen2(attn: str, **kw: object) -> torch.nn.Module:
-        cfg = transformers.Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, **kw)
+        cfg = transformers.Qwen2Config(
+            vocab_size=48,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            **kw,
+        )
         cfg._attn_implementation = attn
         return transformers.Qwen2ForCausalLM(cfg)
 
@@ -146,7 +174,9 @@ def test_tree_attention_pays_only_for_the_asked_saving() -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_one_gather_per_tensor_reads_every_real_position_once_and_padding_reads_the_zero_row(seed: int) -> None:
+def test_one_gather_per_tensor_reads_every_real_position_once_and_padding_reads_the_zero_row(
+    seed: int,
+) -> None:
     packed = build_packed(random_tree(seed, roots=4))
     roots = list(range(len(packed.root_spans)))
     layout = packed.tree_layout(roots, block=3)
@@ -160,7 +190,9 @@ def test_one_gather_per_tensor_reads_every_real_position_once_and_padding_reads_
         rows = out[i * width : i * width + (b - a)]
         assert bool(real[rows].all())  # a real position reads a real query slot ...
         assert torch.equal(queries[rows], torch.arange(i * width, i * width + (b - a)))  # ... its own
-        assert bool((out[i * width + (b - a) : (i + 1) * width] == real.numel()).all())  # padding: the zero row
+        assert bool(
+            (out[i * width + (b - a) : (i + 1) * width] == real.numel()).all()
+        )  # padding: the zero row
     assert int(real.sum()) == sum(b - a for a, b in packed.root_spans)
 
 

@@ -54,7 +54,9 @@ def test_a_group_that_raises_stores_none_of_its_writes(tmp_path: Path) -> None:
     tree.close()
 
 
-def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_its_own_outcome(tmp_path: Path) -> None:
+def test_the_tree_writer_commits_queued_writes_in_one_run_and_each_caller_gets_its_own_outcome(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store.sqlite"
     tree = TrajectoryTree.open(path)
     done = _episode(tree, [1], [2])
@@ -84,7 +86,9 @@ def test_durable_writes_of_one_run_share_one_fsync_before_their_callers_resume(t
     fsyncs_at_resolve: list[int] = []
     blocker = writer.submit(tree, lambda: holding.set() or gate.wait())
     assert holding.wait(30)  # the writer is held: the writes below queue up and form one run
-    durable = [writer.submit(tree, lambda i=i: _episode(tree, [i + 10], [i + 20]), durable=True) for i in range(5)]
+    durable = [
+        writer.submit(tree, lambda i=i: _episode(tree, [i + 10], [i + 20]), durable=True) for i in range(5)
+    ]
     plain = writer.submit(tree, lambda: _episode(tree, [99], [98]))
     durable[0].add_done_callback(lambda _f: fsyncs_at_resolve.append(tree._db.fsyncs))
     before = tree._db.fsyncs

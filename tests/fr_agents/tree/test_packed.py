@@ -182,7 +182,9 @@ def test_flat_batch_rows_are_each_trajectory_then_padding():
     for i, t in enumerate(trajs):
         n = len(t.token_ids)
         assert flat.token_ids[i, :n].tolist() == t.token_ids
-        assert flat.behavior_logprobs[i, :n].tolist() == torch.tensor(t.logprobs, dtype=torch.float32).tolist()
+        assert (
+            flat.behavior_logprobs[i, :n].tolist() == torch.tensor(t.logprobs, dtype=torch.float32).tolist()
+        )
         assert flat.action_mask[i, :n].tolist() == [bool(m) for m in t.policy_mask]
         assert flat.versions[i, :n].tolist() == t.versions
         assert flat.attention_mask[i].tolist() == [True] * n + [False] * (width - n)

@@ -105,9 +105,14 @@ def _run(tree: TrajectoryTree, ops: list[tuple]) -> None:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=1, max_size=60))
 @example(
-    [("finish", 0, 0), ("root", [1, 1]), ("append", 0, [(0, -0.25, False, 0)], 0), ("root", [1]),
-     ("append", 1, [(2, -0.25, False, 0), (0, -0.25, False, 0)], 0),
-     ("append", 3, [(1, -0.25, False, 0), (2, -0.25, False, 0)], 0)]
+    [
+        ("finish", 0, 0),
+        ("root", [1, 1]),
+        ("append", 0, [(0, -0.25, False, 0)], 0),
+        ("root", [1]),
+        ("append", 1, [(2, -0.25, False, 0), (0, -0.25, False, 0)], 0),
+        ("append", 3, [(1, -0.25, False, 0), (2, -0.25, False, 0)], 0),
+    ]
 )  # a prompt [1, 1] beside a prompt [1] followed by a token 1
 def test_random_workloads_in_memory(ops):
     tree = TrajectoryTree()

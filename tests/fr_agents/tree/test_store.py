@@ -235,9 +235,13 @@ def test_marking_several_batches_at_once_numbers_them_as_one_call_each(tree, tmp
     ids1 = [one.finish(one.append(r1, [2 + k], [-0.1], True, 0), 1.0) for k in range(6)]
     for part in (ids1[:2], ids1[2:3], ids1[3:5]):
         one.mark_consumed(part)
+
     def numbers(t, leaves):
         with t._db.read() as c:
-            return [c.execute("SELECT consumed_seq FROM leaves WHERE id = ?", (i,)).fetchone()[0] for i in leaves]
+            return [
+                c.execute("SELECT consumed_seq FROM leaves WHERE id = ?", (i,)).fetchone()[0] for i in leaves
+            ]
+
     assert numbers(tree, ids) == numbers(one, ids1) == [1, 1, 2, 3, 3, None]
     assert tree.rewind(1) == 3 and tree.unconsumed_count() == 4  # batches 2 and 3 are available again
     before = tree.cursor()
@@ -388,7 +392,9 @@ def test_finish_is_synced_and_concurrent_syncs_share_fsyncs(tmp_path):
         tree.finish(tree.append(r, [4], [-0.1], True, 0), 1.0, durable=False)
         assert tree._db.fsyncs == 1
         n = 16
-        leaves = [tree.finish(tree.append(r, [5, k], [-0.1, -0.1], True, 0), 0.0, durable=False) for k in range(n)]
+        leaves = [
+            tree.finish(tree.append(r, [5, k], [-0.1, -0.1], True, 0), 0.0, durable=False) for k in range(n)
+        ]
         gate = threading.Barrier(n)
 
         def sync() -> None:

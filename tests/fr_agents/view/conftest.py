@@ -191,14 +191,22 @@ def text_store(fast_dir: Path, encode):
         think = ids["think"] = t.append(a, encode("I think"), [-0.5] * len(encode("I think")), True, 0)
         for name, text, reward in (("five", " it is 5", 1.0), ("six", " it is 6", 0.0)):
             tok = encode(text)
-            ids[name] = t.finish(t.append(think, tok, [-0.25 - 0.5 * k for k in range(len(tok))], True, 0), reward)
+            ids[name] = t.finish(
+                t.append(think, tok, [-0.25 - 0.5 * k for k in range(len(tok))], True, 0), reward
+            )
         ans = t.append(a, encode("Answer"), [-1.0] * len(encode("Answer")), True, 1)
         obs = t.append(ans, encode("\nTool says: ok\n"), None, False, -1)
         tok = encode(" 5")
-        ids["tool"] = t.finish(t.append(obs, tok, [-0.1] * len(tok), True, 1), 0.0, partial_score=0.5, status="truncated")
+        ids["tool"] = t.finish(
+            t.append(obs, tok, [-0.1] * len(tok), True, 1), 0.0, partial_score=0.5, status="truncated"
+        )
         b = ids["b"] = t.add_root(encode("Say hi"), meta={"env": "me/Other-v0", "seed": 2})
         plen, demo = len(encode("Say hi")), encode("hi there")
-        ids["demo"] = t.finish(t.append(b, demo, None, False, -1), 1.0, info={"agent": "expert", "demo_spans": [[plen, plen + len(demo)]]})
+        ids["demo"] = t.finish(
+            t.append(b, demo, None, False, -1),
+            1.0,
+            info={"agent": "expert", "demo_spans": [[plen, plen + len(demo)]]},
+        )
         tok = encode("hello")
         ids["hello"] = t.finish(t.append(b, tok, [-0.3] * len(tok), True, 2), 0.2)
         c = ids["c"] = t.add_root(encode("dup"), meta=math)
@@ -217,11 +225,18 @@ def xss_store(fast_dir: Path, encode):
 
     path = fast_dir / "xss.db"
     with TrajectoryTree.open(path) as t:
-        r = t.add_root(encode(XSS_PROMPT), meta={"env": "<b onmouseover=alert(8)>evil</b>", "task": "<script>alert(3)</script>"})
+        r = t.add_root(
+            encode(XSS_PROMPT),
+            meta={"env": "<b onmouseover=alert(8)>evil</b>", "task": "<script>alert(3)</script>"},
+        )
         reply = encode(XSS_REPLY)
         n = t.append(r, reply, [-0.2] * len(reply), True, 0)
         n = t.append(n, encode(XSS_OBS), None, False, -1)
-        leaf = t.finish(t.append(n, encode("ok"), [-0.1] * len(encode("ok")), True, 0), 1.0, info={"note": "<script>alert(7)</script>"})
+        leaf = t.finish(
+            t.append(n, encode("ok"), [-0.1] * len(encode("ok")), True, 0),
+            1.0,
+            info={"note": "<script>alert(7)</script>"},
+        )
     return path, leaf
 
 

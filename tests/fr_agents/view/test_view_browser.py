@@ -57,7 +57,9 @@ def test_run_page_shows_curves_config_and_checkpoints(trained_run: Path, page, s
         assert int(page.get_attribute("#chart-tokens", "data-points")) == len(steps)
         assert int(page.get_attribute("#chart-sharing", "data-points")) == len(steps)
         lag_bars = sum(int(n) for r in steps for n in r["lag_hist"].values())
-        assert lag_bars == 3 * 8 and page.locator("#chart-lag rect").count() == len({k for r in steps for k in r["lag_hist"]})
+        assert lag_bars == 3 * 8 and page.locator("#chart-lag rect").count() == len(
+            {k for r in steps for k in r["lag_hist"]}
+        )
         assert "grpo_group_size: 4" in page.inner_text("#config")
         ckpts = sorted(p.name for p in (trained_run / CHECKPOINT_DIR).glob("step_*"))
         assert page.locator("#checkpoints tbody tr").count() == len(ckpts) >= 2
@@ -72,7 +74,9 @@ def test_run_page_shows_curves_config_and_checkpoints(trained_run: Path, page, s
         _no_problems(page)
 
 
-def test_tree_page_matches_the_store_and_compares_siblings(trained_run: Path, page, serving, screenshot) -> None:
+def test_tree_page_matches_the_store_and_compares_siblings(
+    trained_run: Path, page, serving, screenshot
+) -> None:
     store = trained_run / "store.sqlite"
     ckpt = sorted((trained_run / CHECKPOINT_DIR).glob("step_*"))[-1]
     decode = _hf_decode(ckpt)
@@ -191,7 +195,9 @@ def test_page_sees_new_roots_while_a_writer_appends(text_store, page, serving, e
         assert page.locator("#roots tbody tr").count() == 3
         with TrajectoryTree.open(path, busy_timeout_ms=0) as w:
             for k in range(10):  # writes while the page polls and the server reads
-                new_root = w.add_root(encode(f"fresh task {k}"), meta={"env": "fr_agents/MathVerifier-v0", "seed": 100 + k})
+                new_root = w.add_root(
+                    encode(f"fresh task {k}"), meta={"env": "fr_agents/MathVerifier-v0", "seed": 100 + k}
+                )
                 tok = encode(" reply")
                 w.finish(w.append(new_root, tok, [-0.4] * len(tok), True, 3), 0.75)
                 time.sleep(0.1)
@@ -215,7 +221,10 @@ def test_demo_tokens_and_pruned_leaves_are_marked(text_store, page, serving) -> 
         page.click(f"#roots tbody tr[data-root='{ids['c']}']")
         page.wait_for_selector(f"#tree .node[data-node='{ids['pruned']}']")
         assert page.locator("#tree .node.pruned").count() == 1
-        assert page.locator(f"#tree .node.pruned[data-node='{ids['pruned']}'] .badge.pruned").inner_text() == "pruned"
+        assert (
+            page.locator(f"#tree .node.pruned[data-node='{ids['pruned']}'] .badge.pruned").inner_text()
+            == "pruned"
+        )
         page.click("#filters-reset")
         page.wait_for_selector(f"#roots tbody tr[data-root='{ids['b']}']")
         page.click(f"#roots tbody tr[data-root='{ids['b']}']")
@@ -223,10 +232,14 @@ def test_demo_tokens_and_pruned_leaves_are_marked(text_store, page, serving) -> 
         page.wait_for_selector(f"#detail[data-node='{ids['demo']}'] #detail-text")
         assert page.locator("#detail-text span[data-kind='demo']").inner_text() == "hi there"
         assert page.locator("#heat .tok.demo").count() == page.locator("#heat .tok").count() > 0
-        bg = page.locator("#detail-text span[data-kind='demo']").evaluate("e => getComputedStyle(e).backgroundColor")
+        bg = page.locator("#detail-text span[data-kind='demo']").evaluate(
+            "e => getComputedStyle(e).backgroundColor"
+        )
         page.click(f"#tree .node[data-node='{ids['hello']}'] .box")
         page.wait_for_selector(f"#detail[data-node='{ids['hello']}'] #detail-text")
-        policy_bg = page.locator("#detail-text span[data-kind='policy']").evaluate("e => getComputedStyle(e).backgroundColor")
+        policy_bg = page.locator("#detail-text span[data-kind='policy']").evaluate(
+            "e => getComputedStyle(e).backgroundColor"
+        )
         assert bg != policy_bg  # demo and policy tokens look different
         _no_problems(page)
 
@@ -255,7 +268,9 @@ def _wait_held(page, held: list) -> None:
     raise AssertionError("the page never made the request the test holds")
 
 
-def test_a_late_answer_to_the_unfiltered_list_does_not_replace_the_filtered_one(text_store, page, serving) -> None:
+def test_a_late_answer_to_the_unfiltered_list_does_not_replace_the_filtered_one(
+    text_store, page, serving
+) -> None:
     """The page asks for the unfiltered root list on load; a filter submitted before that answer
     arrives asks again. Whatever order the answers come in, the list shows the latest request."""
     path, ids = text_store
@@ -270,11 +285,16 @@ def test_a_late_answer_to_the_unfiltered_list_does_not_replace_the_filtered_one(
             held[0].continue_()
         page.wait_for_timeout(500)  # let the page handle the late answer
         assert page.inner_text("#roots-count") == "1–1 of 1 roots"
-        assert [int(x) for x in page.locator("#roots tbody tr").evaluate_all("rs => rs.map((r) => r.dataset.root)")] == [ids["c"]]
+        assert [
+            int(x)
+            for x in page.locator("#roots tbody tr").evaluate_all("rs => rs.map((r) => r.dataset.root)")
+        ] == [ids["c"]]
         _no_problems(page)
 
 
-def test_opening_a_root_while_another_still_loads_shows_the_one_opened_last(text_store, page, serving) -> None:
+def test_opening_a_root_while_another_still_loads_shows_the_one_opened_last(
+    text_store, page, serving
+) -> None:
     """A click on a second root while the first root's tree is still on its way: the second tree
     loads (it does not wait behind the first), and the first one's late answer draws nothing."""
     path, ids = text_store
@@ -290,8 +310,15 @@ def test_opening_a_root_while_another_still_loads_shows_the_one_opened_last(text
         page.wait_for_timeout(500)  # let the page handle the late answer
         assert page.inner_text("#tree-title").startswith(f"root #{ids['b']} ")
         with TrajectoryTree.open(path) as t:
-            b_nodes = {n for lf in t.leaf_ids() if t.trajectory(lf).root_id == ids["b"] for n in t.trajectory(lf).path}
-        shown = {int(x) for x in page.locator("#tree .node").evaluate_all("rs => rs.map((r) => r.dataset.node)")}
+            b_nodes = {
+                n
+                for lf in t.leaf_ids()
+                if t.trajectory(lf).root_id == ids["b"]
+                for n in t.trajectory(lf).path
+            }
+        shown = {
+            int(x) for x in page.locator("#tree .node").evaluate_all("rs => rs.map((r) => r.dataset.node)")
+        }
         assert shown == b_nodes
         _no_problems(page)
 

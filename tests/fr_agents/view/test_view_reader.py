@@ -57,7 +57,11 @@ def test_root_filters_sorting_and_paging(text_store, dec) -> None:
     assert _root_ids(r.roots(dec, version=1)) == [a]
     assert _root_ids(r.roots(dec, pruned="yes")) == [c]
     page = r.roots(dec, pruned="no")
-    assert _root_ids(page) == [a, b, c] and page["rows"][2]["leaves"] == 1 and page["rows"][2]["leaves_total"] == 2
+    assert (
+        _root_ids(page) == [a, b, c]
+        and page["rows"][2]["leaves"] == 1
+        and page["rows"][2]["leaves_total"] == 2
+    )
     assert _root_ids(r.roots(dec, sort="reward_mean", order="desc")) == [b, c, a]
     assert _root_ids(r.roots(dec, sort="leaves", order="desc")) == [a, b, c]
     two = r.roots(dec, offset=1, limit=1)
@@ -65,7 +69,12 @@ def test_root_filters_sorting_and_paging(text_store, dec) -> None:
     row = r.roots(dec)["rows"][0]
     assert row["env"] == "fr_agents/MathVerifier-v0" and row["leaves"] == 3 and row["versions"] == [0, 1]
     assert row["prompt_tail"] == dec.text(TrajectoryTree.open(path).node(a).token_ids)
-    for bad, field in (({"status": "done"}, "status"), ({"sort": "x"}, "sort"), ({"pruned": "maybe"}, "pruned"), ({"limit": 0}, "limit")):
+    for bad, field in (
+        ({"status": "done"}, "status"),
+        ({"sort": "x"}, "sort"),
+        ({"pruned": "maybe"}, "pruned"),
+        ({"limit": 0}, "limit"),
+    ):
         with pytest.raises(ValueError, match=field):
             r.roots(dec, **bad)
 
@@ -74,7 +83,9 @@ def test_tree_chunks_cover_every_node_once_in_depth_first_order(text_store, dec)
     path, ids = text_store
     r = StoreReader(path)
     whole = r.tree_page(ids["a"], dec, limit=100)
-    chunks = [r.tree_page(ids["a"], dec, offset=o, limit=2)["nodes"] for o in range(0, whole["total_nodes"], 2)]
+    chunks = [
+        r.tree_page(ids["a"], dec, offset=o, limit=2)["nodes"] for o in range(0, whole["total_nodes"], 2)
+    ]
     assert [n["id"] for ch in chunks for n in ch] == [n["id"] for n in whole["nodes"]]
     with TrajectoryTree.open(path) as t:
         want: list[tuple[int, int]] = []
@@ -88,7 +99,13 @@ def test_tree_chunks_cover_every_node_once_in_depth_first_order(text_store, dec)
     assert whole["total_leaves"] == len(leaves) == 3
     assert whole["nodes"][0]["leaves_below"] == 3
     tool = next(n for n in whole["nodes"] if n["id"] == ids["tool"])
-    assert tool["leaf"] == {**tool["leaf"], "reward": 0.0, "partial_score": 0.5, "status": "truncated", "state": "available"}
+    assert tool["leaf"] == {
+        **tool["leaf"],
+        "reward": 0.0,
+        "partial_score": 0.5,
+        "status": "truncated",
+        "state": "available",
+    }
 
 
 def test_node_detail_matches_the_store_token_for_token(text_store, dec) -> None:
@@ -100,7 +117,9 @@ def test_node_detail_matches_the_store_token_for_token(text_store, dec) -> None:
             d = r.node(ids[name], dec)
             seg = node.segment
             assert [tk["id"] for tk in d["tokens"]] == node.token_ids
-            assert [tk["lp"] for tk in d["tokens"]] == [float(x) if m else None for x, m in zip(seg.logprobs, seg.mask, strict=True)]
+            assert [tk["lp"] for tk in d["tokens"]] == [
+                float(x) if m else None for x, m in zip(seg.logprobs, seg.mask, strict=True)
+            ]
             assert [tk["v"] for tk in d["tokens"]] == seg.versions.tolist()
             assert "".join(run["text"] for run in d["runs"]) == dec.text(node.token_ids)
             assert d["leaf"]["reward"] == t.trajectory(ids[name]).reward
@@ -142,7 +161,10 @@ def test_reader_never_blocks_a_writer(fast_dir: Path) -> None:
             writer.finish(writer.append(writer.add_root([5, k]), [6], [-0.2], True, 1), 0.5)
         writer.take_batch(4, max_per_root=1)
     assert reader.version() != before and reader.stats()["leaves"] == 21 and reader.stats()["consumed"] == 4
-    with pytest.raises(sqlite3.OperationalError, match="readonly|read-only|attempt to write"), reader.snapshot() as c:
+    with (
+        pytest.raises(sqlite3.OperationalError, match="readonly|read-only|attempt to write"),
+        reader.snapshot() as c,
+    ):
         c.execute("DELETE FROM nodes")
 
 
@@ -201,7 +223,9 @@ def test_static_assets_are_local_and_packaged() -> None:
         text = (static / name).read_text()
         urls = set(re.findall(r"https?://[^\s\"')]+", text)) - {"http://www.w3.org/2000/svg"}
         assert not urls, f"{name} loads something from outside: {urls}"
-    assert "innerHTML" not in (static / "app.js").read_text().replace("Nothing here assigns\n// innerHTML", "")
+    assert "innerHTML" not in (static / "app.js").read_text().replace(
+        "Nothing here assigns\n// innerHTML", ""
+    )
     data = declared_package_data()
     for name in files:
         assert any(fnmatch(f"static/{name}", pat) for pat in data.get("fr_agents.view", [])), name
@@ -241,7 +265,10 @@ def test_cli_view_prints_the_url_and_serves(text_store, tmp_path: Path, capsys) 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fr_agents.cli", "view", str(path), "--port", "0", "--model", MODEL],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
         lines = [proc.stdout.readline() for _ in range(2)]
