@@ -134,7 +134,8 @@ def main() -> int:
         )
     load1 = os.getloadavg()
     print(
-        "\n| lag | delta | acceptance per window | mean | batch reward per window | held-out success (step: %) |"
+        "\n| lag | delta | acceptance per window | mean | batch reward per "
+        "window | held-out success (step: %) |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
     for r in results:
@@ -143,7 +144,8 @@ def main() -> int:
         ev = " ".join(f"{s}: {100 * v:.1f}" for s, v in r["evals"])
         print(f"| {r['lag']} | {r['delta']} | {acc} | {r['mean_acceptance']:.2f} | {rew} | {ev} |")
     print(
-        f"\nload average at start {load0[0]:.1f}, at end {load1[0]:.1f} (figures are per step, not per second)"
+        f"\nload average at start {load0[0]:.1f}, at end {load1[0]:.1f} "
+        "(figures are per step, not per second)"
     )
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": results, "load": [load0, load1]}, indent=1))

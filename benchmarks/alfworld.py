@@ -15,7 +15,8 @@ schedule (``--batch`` episodes a step, ``--episodes`` in all), each episode a re
 its engine returned to the pool at the end, once for each ``--capacity``. Prints pool hits, reset
 seconds per episode, and the ratio against the first capacity given::
 
-    python benchmarks/alfworld.py --schedule --games-dir DIR --demos 48 --batch 8 --episodes 160 --capacity 32 128
+    python benchmarks/alfworld.py --schedule --games-dir DIR --demos 48 --batch 8 --episodes 160 \
+--capacity 32 128
 
 ``--split`` measures where an RL step's rollout goes on ``--preset`` (default alfworld-smollm2, its
 real model and prompt): one step's episodes (``--batch``, all live at once, the preset's first RL
@@ -91,8 +92,9 @@ def schedule(a: argparse.Namespace) -> None:
             if took[hit]
         )
         print(
-            f"capacity {capacity:>4}: hits {ENGINE_POOL.hits}/{len(order)}, reset {per:.2f} s/episode "
-            f"({per / base:.2f}x capacity {a.capacity[0]}; median {medians}), load average {os.getloadavg()[0]:.1f}",
+            f"capacity {capacity:>4}: hits {ENGINE_POOL.hits}/{len(order)}, reset "
+            f"{per:.2f} s/episode ({per / base:.2f}x capacity {a.capacity[0]}; "
+            f"median {medians}), load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
     ENGINE_POOL.clear()
@@ -148,10 +150,11 @@ def split(a: argparse.Namespace) -> None:
             f"{k} {v:.1f} s/{ENGINE_CLOCK.calls[k]}" for k, v in sorted(ENGINE_CLOCK.seconds.items())
         )
         print(
-            f"{mode:>18}: wall {wall:.1f} s | ALFWorld engine {inside:.1f} s ({inside / wall:.0%}; {calls}) | "
-            f"rest {wall - inside:.1f} s | {turns} turns, {sampled} sampled tokens, {st['prefill_tokens']} prefilled "
-            f"({st['prefill_tokens'] / max(1, sampled):.1f} per sampled token; {st['continued_tokens']} continued) | "
-            f"mean reward {sum(o.reward for o in outcomes) / len(outcomes):.3f}",
+            f"{mode:>18}: wall {wall:.1f} s | ALFWorld engine {inside:.1f} s ({inside / wall:.0%}; {calls}) "
+            f"| rest {wall - inside:.1f} s | {turns} turns, {sampled} sampled tokens, "
+            f"{st['prefill_tokens']} prefilled ({st['prefill_tokens'] / max(1, sampled):.1f} per sampled "
+            f"token; {st['continued_tokens']} continued) | mean reward "
+            f"{sum(o.reward for o in outcomes) / len(outcomes):.3f}",
             flush=True,
         )
     if a.run:
@@ -207,7 +210,8 @@ def paid(a: argparse.Namespace) -> None:
         goal = re.search(r"Your task is to: (.*)", turns[0]["text"])
         cmds = [re.sub(r"</?action>", "", x["text"]) for x in turns if x["kind"] == "policy"]
         print(
-            f"\n[{kind[t.leaf_id]}] partial {t.partial_score:.2f}, {t.status}: {goal.group(1) if goal else '?'}"
+            f"\n[{kind[t.leaf_id]}] partial {t.partial_score:.2f}, {t.status}: "
+            f"{goal.group(1) if goal else '?'}"
         )
         print("  " + " | ".join(cmds))
 

@@ -118,7 +118,8 @@ def main() -> None:
                 assert res["compact"] == (name == "on"), "the setting did not reach the learner"
                 steps[name].append(res["step_ms"])
                 print(
-                    f"learner round {r} {name:<3}: step CPU {res['step_ms']:6.1f} ms (median of {res['steps']})"
+                    f"learner round {r} {name:<3}: step CPU "
+                    f"{res['step_ms']:6.1f} ms (median of {res['steps']})"
                 )
         for name in SETTINGS:
             medians["learner", name] = statistics.median(steps[name])
@@ -139,8 +140,8 @@ def main() -> None:
             )
             engine[name].append(res)
             print(
-                f"rollout round {r} {name:<3}: engine thread {res['threads_ms'].get('HFEngine', 0.0):6.1f} ms, "
-                f"process {res['cpu_ms']:6.1f} ms, wall {res['wall_ms']:6.1f} ms per batch"
+                f"rollout round {r} {name:<3}: engine thread {res['threads_ms'].get('HFEngine', 0.0):6.1f} "
+                f"ms, process {res['cpu_ms']:6.1f} ms, wall {res['wall_ms']:6.1f} ms per batch"
             )
     for name in SETTINGS:
         medians["engine", name] = statistics.median(

@@ -12,8 +12,8 @@ The workload and hardware constants are documented in trainer/elastic/simulator.
 weight), how far the colocated-async reference and the bound get above the best static split
 there: whether any reallocation could reach the goals on a nearby workload (about five minutes).
 
-Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png] [--also-batch 256] [--sensitivity]``
-(about two minutes on one core).
+Usage: ``python benchmarks/elastic_sim.py [--gpus 16] [--workload xlong] [--plot elastic_pools.png]
+[--also-batch 256] [--sensitivity]`` (about two minutes on one core).
 """
 
 from __future__ import annotations
@@ -66,36 +66,43 @@ def main() -> None:
     plot_pools(res, a.plot)
     tp = res["throughput"]
     print(
-        f"{w.name} on {a.gpus} GPUs, {w.steps} steps x {w.batch_size} trajectories (simulated in {time.perf_counter() - t:.0f}s)"
+        f"{w.name} on {a.gpus} GPUs, {w.steps} steps x {w.batch_size} "
+        f"trajectories (simulated in {time.perf_counter() - t:.0f}s)"
     )
     print(f"  colocated-sync     {tp['colocated']:.3f} traj/s")
     print(
-        f"  best static async  {tp['static_async']:.3f} traj/s  (rollout {res['best_static_rollout_devices']} / train {a.gpus - res['best_static_rollout_devices']}; grid {res['static_grid']})"
+        f"  best static async  {tp['static_async']:.3f} traj/s  (rollout "
+        f"{res['best_static_rollout_devices']} / train "
+        f"{a.gpus - res['best_static_rollout_devices']}; grid {res['static_grid']})"
     )
     e = res["elastic"]
     print(
-        f"  elastic            {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} re-prefills, {e['finished_in_place']} finished in place)"
+        f"  elastic            {tp['elastic']:.3f} traj/s  ({e['moves']} moves, "
+        f"{e['migrations']} re-prefills, {e['finished_in_place']} finished in place)"
     )
     for key, need, goal in (("speedup_vs_colocated", 1.85, 2.0), ("speedup_vs_static_async", 1.78, 1.9)):
         v = res[key]
         verdict = "GOAL" if v >= goal else "PASS" if v >= need else "MISS"
         print(f"  {key:<24} {v:.2f}x  (need >= {need}, goal {goal}): {verdict}")
     print(
-        f"  upper bound for any device policy (critical path, trainer.elastic.simulator.critical_path_bound): "
-        f"{res['bound_throughput']:.3f} traj/s = {res['bound_vs_colocated']:.2f}x colocated, "
-        f"{res['bound_vs_static_async']:.2f}x best static async"
+        "  upper bound for any device policy (critical path, "
+        f"trainer.elastic.simulator.critical_path_bound): {res['bound_throughput']:.3f} traj/s = "
+        f"{res['bound_vs_colocated']:.2f}x colocated, {res['bound_vs_static_async']:.2f}x best static async"
     )
     print(
-        f"  reference, colocated-async (every device to every step and back at the colocated switch cost): "
-        f"{res['colocated_async_throughput']:.3f} traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async"
+        "  reference, colocated-async (every device to every step and back at "
+        f"the colocated switch cost): {res['colocated_async_throughput']:.3f} "
+        f"traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async"
     )
     print(f"  pool sizes over time: {a.plot}")
     for b in a.also_batch:
         r = compare(w.with_overrides(batch_size=b), a.gpus, seed=a.seed)
         print(
-            f"  at B={b}: elastic {r['speedup_vs_colocated']:.2f}x colocated, {r['speedup_vs_static_async']:.2f}x best static "
-            f"(rollout {r['best_static_rollout_devices']}, learner busy {r['static_async']['learner_busy_frac']:.0%}); "
-            f"bound {r['bound_vs_static_async']:.2f}x best static, colocated-async {r['colocated_async_vs_static_async']:.2f}x"
+            f"  at B={b}: elastic {r['speedup_vs_colocated']:.2f}x colocated, "
+            f"{r['speedup_vs_static_async']:.2f}x best static (rollout "
+            f"{r['best_static_rollout_devices']}, learner busy "
+            f"{r['static_async']['learner_busy_frac']:.0%}); bound {r['bound_vs_static_async']:.2f}x best "
+            f"static, colocated-async {r['colocated_async_vs_static_async']:.2f}x"
         )
 
     if a.sensitivity:

@@ -225,17 +225,20 @@ def main() -> None:
     model, tok = load_policy(str(tiny_dir("micro", 0)), "float32", "cpu")
     base, per_seq, speedup, load = calibrate_decode(model.eval(), tok, a.batch)
     print(
-        f"calibration: decode step {1e3 * base:.2f} ms + {1e3 * per_seq:.3f} ms/seq, prefill speedup {speedup:.1f}, weight load {1e3 * load:.1f} ms"
+        f"calibration: decode step {1e3 * base:.2f} ms + {1e3 * per_seq:.3f} "
+        f"ms/seq, prefill speedup {speedup:.1f}, weight load {1e3 * load:.1f} ms"
     )
 
     r_static = max(1, a.slots - 1)
     par = calibrate_parallelism(model, tok, max(1, a.batch // r_static), r_static)
     print(
-        f"calibration: {r_static} slot engines decoding at once do the work of {par:.2f} (one process, {os.cpu_count()} cores)"
+        f"calibration: {r_static} slot engines decoding at once do the work of "
+        f"{par:.2f} (one process, {os.cpu_count()} cores)"
     )
     rollout_wall = measure_rollout_alone(cfg, a.slots, r_static)
     print(f"calibration: rollout alone on {r_static} slots: {rollout_wall:.2f}s per batch of {a.batch}")
-    # warm-up run (discarded): first-use costs (thread pools, allocator, SQLite) would land on the first measured run
+    # warm-up run (discarded): first-use costs (thread pools, allocator, SQLite) would land on the
+    # first measured run
     run(
         load_config(
             "math-tiny", [*(o for o in overrides if not o.startswith("trainer.steps=")), "trainer.steps=2"]
@@ -260,13 +263,15 @@ def main() -> None:
             t.episode_tokens = [r[3] for k in range(res.steps) for r in led.batch_rows(k)]
             led.close()
             print(
-                f"measured {name:<8} {thr:.2f} traj/s  ({res.steps} steps in {res.rl_s:.1f}s; moves {t.pool.stats.moves_to_train}->train "
-                f"{t.pool.stats.moves_to_rollout}->rollout, {t.grown_steps} steps grew; step seconds by train slots {_by_n(t.step_seconds)})"
+                f"measured {name:<8} {thr:.2f} traj/s  ({res.steps} steps in {res.rl_s:.1f}s; moves "
+                f"{t.pool.stats.moves_to_train}->train {t.pool.stats.moves_to_rollout}->rollout, "
+                f"{t.grown_steps} steps grew; step seconds by train slots {_by_n(t.step_seconds)})"
             )
     for name, values in measured.items():
         print(
-            f"measured {name:<8} median {statistics.median(values):.2f} traj/s over {len(values)} runs "
-            f"(min {min(values):.2f}, max {max(values):.2f}: run-to-run spread {100 * (max(values) / min(values) - 1):.1f}%)"
+            f"measured {name:<8} median {statistics.median(values):.2f} traj/s over "
+            f"{len(values)} runs (min {min(values):.2f}, max {max(values):.2f}: "
+            f"run-to-run spread {100 * (max(values) / min(values) - 1):.1f}%)"
         )
     all_runs = runs["static"] + runs["elastic"]
 
@@ -286,14 +291,17 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     ecpu = _pool_cpu([t.cpu_seconds for t in runs["elastic"]])
     print(
-        f"static run CPU: process {cpu['process']:.1f}s = engines {cpu['engines']:.1f}s + learner {cpu['learner']:.1f}s "
-        f"+ learner-thread overhead {cpu['main'] - cpu['learner']:.1f}s + host {cpu['process'] - cpu['engines'] - cpu['main']:.1f}s "
-        f"for {cpu['episodes']:.0f} episodes -> host {1e3 * host_s:.1f} ms/episode, {step_overhead:.2f}s/step outside the step; "
-        f"learner step {t1_cpu:.2f}s CPU vs {t1:.2f}s wall; {cores} cores"
+        f"static run CPU: process {cpu['process']:.1f}s = engines {cpu['engines']:.1f}s + learner "
+        f"{cpu['learner']:.1f}s + learner-thread overhead {cpu['main'] - cpu['learner']:.1f}s + "
+        f"host {cpu['process'] - cpu['engines'] - cpu['main']:.1f}s for {cpu['episodes']:.0f} "
+        f"episodes -> host {1e3 * host_s:.1f} ms/episode, {step_overhead:.2f}s/step outside the "
+        f"step; learner step {t1_cpu:.2f}s CPU vs {t1:.2f}s wall; {cores} cores"
     )
     if ecpu:
         print(
-            f"elastic run CPU (for comparison): host {1e3 * max(0.0, ecpu['process'] - ecpu['engines'] - ecpu['main']) / max(1.0, ecpu['episodes']):.1f} ms/episode"
+            "elastic run CPU (for comparison): host "
+            f"{1e3 * max(0.0, ecpu['process'] - ecpu['engines'] - ecpu['main']) / max(1.0, ecpu['episodes']):.1f}"  # noqa: E501
+            " ms/episode"
         )
     if 2 in steps_by_n:
         alpha = math.log(t1 / steps_by_n[2]) / math.log(2)
@@ -331,7 +339,8 @@ def main() -> None:
         tick_s=a.tick,
     )
     print(
-        f"workload fed to the simulator: mean {mean_tok:.1f} policy tokens/episode, train step {t1:.2f}s on 1 slot, alpha {alpha:.2f}"
+        f"workload fed to the simulator: mean {mean_tok:.1f} policy "
+        f"tokens/episode, train step {t1:.2f}s on 1 slot, alpha {alpha:.2f}"
     )
     # the runtime gives the learner at most (cores - serving slots) threads (ElasticHooks.learner_threads):
     # with one serving slot at least, a second train slot adds a thread only with >= 3 cores
@@ -348,8 +357,9 @@ def main() -> None:
     )
     host_fit = fit_host_episode_s(host, a.slots, r_static, rollout_wall)
     print(
-        f"host work per episode: {1e3 * host_s:.1f} ms CPU (static run) vs {1e3 * host_fit:.1f} ms to match the rollout-alone "
-        f"wall time (the rest: GIL hand-offs, polling, batching waits -- serial time that is not CPU)"
+        f"host work per episode: {1e3 * host_s:.1f} ms CPU (static run) vs "
+        f"{1e3 * host_fit:.1f} ms to match the rollout-alone wall time (the rest: GIL "
+        "hand-offs, polling, batching waits -- serial time that is not CPU)"
     )
     host = dataclasses.replace(host, host_episode_s=max(host_s, host_fit))
     med = {name: statistics.median(v) for name, v in measured.items()}
@@ -368,18 +378,19 @@ def main() -> None:
             worst = max(worst, abs(err))
             worst_any = max(worst_any, *(abs(e) for e in errs))
             print(
-                f"[{label}] {name:<8} measured {med[name]:.2f} traj/s (median), predicted {pred[name]:.2f} traj/s "
-                f"({sims[name].moves} moves), error {100 * err:+.1f}% (per run {', '.join(f'{100 * e:+.1f}%' for e in errs)})"
+                f"[{label}] {name:<8} measured {med[name]:.2f} traj/s (median), predicted "
+                f"{pred[name]:.2f} traj/s ({sims[name].moves} moves), error "
+                f"{100 * err:+.1f}% (per run {', '.join(f'{100 * e:+.1f}%' for e in errs)})"
             )
         ratio_m = med["elastic"] / med["static"]
         ratio_p = pred["elastic"] / pred["static"]
         print(
-            f"[{label}] elastic/static: measured {ratio_m:.2f}x, predicted {ratio_p:.2f}x; worst error {100 * worst:.1f}% "
-            f"(of the medians), {100 * worst_any:.1f}% (of any single run)"
+            f"[{label}] elastic/static: measured {ratio_m:.2f}x, predicted {ratio_p:.2f}x; worst "
+            f"error {100 * worst:.1f}% (of the medians), {100 * worst_any:.1f}% (of any single run)"
         )
     print(
-        f"worst prediction error of the host model {100 * worst:.1f}% against the median runs, {100 * worst_any:.1f}% "
-        f"against any single run (goal <= 20%): {'PASS' if worst <= 0.2 else 'MISS'}"
+        f"worst prediction error of the host model {100 * worst:.1f}% against the median runs, "
+        f"{100 * worst_any:.1f}% against any single run (goal <= 20%): {'PASS' if worst <= 0.2 else 'MISS'}"
     )
 
 

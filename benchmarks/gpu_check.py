@@ -27,11 +27,11 @@ the torch and CUDA versions, the steps done, the median step time (wall seconds 
 consecutive learner steps, the first step left out once there are more: it also waits for the first
 batch), the policy tokens trained per second (the ``tokens`` of the run's metrics.jsonl step rows
 over those steps' time, and the median of their ``tokens_per_s``) and sampled per second (their
-``sampled_tokens`` over the same time), the held-out success before and after, and the peak memory: on CUDA the learner process's ``torch.cuda.max_memory_allocated``
-and the most memory in use on the whole device (every process, the rollout process and vLLM's
-reservation included; sampled every 0.2 s), on the CPU the peak resident memory of this process and
-of its finished children (the rollout process). Exit code 0 when the run ended well with every step
-done.
+``sampled_tokens`` over the same time), the held-out success before and after, and the peak memory:
+on CUDA the learner process's ``torch.cuda.max_memory_allocated`` and the most memory in use on the
+whole device (every process, the rollout process and vLLM's reservation included; sampled every 0.2
+s), on the CPU the peak resident memory of this process and of its finished children (the rollout
+process). Exit code 0 when the run ended well with every step done.
 
 On the device machine (nothing outside it is reachable; the in-code tiny model is built there from
 the tokenizer corpus the working tree carries, so no weights travel), from the repository root::
@@ -274,22 +274,22 @@ def report(out: dict[str, Any]) -> None:
             f"step time: median {out['step_time_median_s']:.3f} s (first step {out['first_step_s']:.3f} s, "
             "with the wait for the first batch)",
             f"policy tokens/s: {out['policy_tokens_per_s']:.0f} trained (median step "
-            f"{out['policy_tokens_per_s_median']:.0f}; {out['policy_tokens_per_step']:.0f} policy tokens a step), "
-            f"{out['sampled_tokens_per_s']:.0f} sampled",
+            f"{out['policy_tokens_per_s_median']:.0f}; {out['policy_tokens_per_step']:.0f} "
+            f"policy tokens a step), {out['sampled_tokens_per_s']:.0f} sampled",
         ]
     for key in (k for k in out if k.startswith("held_out_")):  # in the run's order
         lines.append(f"held-out success {key.removeprefix('held_out_')}: {100 * out[key]:.1f}%")
     if "peak_gpu_allocated_mib" in out:
         lines.append(
-            f"peak GPU memory: {out['peak_gpu_allocated_mib']:.0f} MiB allocated by the learner's process "
-            f"({out['peak_gpu_reserved_mib']:.0f} MiB reserved), {out['peak_device_in_use_mib']:.0f} MiB in use "
-            "on the device (every process)"
+            f"peak GPU memory: {out['peak_gpu_allocated_mib']:.0f} MiB allocated by the "
+            f"learner's process ({out['peak_gpu_reserved_mib']:.0f} MiB reserved), "
+            f"{out['peak_device_in_use_mib']:.0f} MiB in use on the device (every process)"
         )
     else:
         lines.append(
-            f"peak memory (CPU run): {out['peak_rss_mib']:.0f} MiB resident in this process, "
-            f"{out['peak_rss_children_mib']:.0f} MiB in its largest finished child process (the rollout process, "
-            "once the run got that far)"
+            f"peak memory (CPU run): {out['peak_rss_mib']:.0f} MiB resident in this "
+            f"process, {out['peak_rss_children_mib']:.0f} MiB in its largest "
+            "finished child process (the rollout process, once the run got that far)"
         )
     print("\n".join(lines))
     print(json.dumps(out))

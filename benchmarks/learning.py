@@ -1,4 +1,5 @@
-"""Does `fr-agents train math-tiny` (or `math-smollm2`) learn on a laptop-class CPU? And FlashREINFORCE vs GRPO.
+"""Does `fr-agents train math-tiny` (or `math-smollm2`) learn on a laptop-class CPU? \
+And FlashREINFORCE vs GRPO.
 
 Part 1 runs a preset exactly as a user would (``fr-agents train math-tiny`` by default, ``--preset
 math-smollm2`` for the real model; a fresh process, the preset's own time budget and plateau stop),
@@ -33,7 +34,8 @@ Usage::
     python benchmarks/learning.py --skip-compare     # part 1 only
     python benchmarks/learning.py --preset math-smollm2 --seeds 3 --skip-compare   # the real model
     python benchmarks/learning.py --compare-steps 60 --skip-main
-    python benchmarks/learning.py --skip-main --seeds 3 --compare-preset math-tiny --compare-preset python-tool-tiny
+    python benchmarks/learning.py --skip-main --seeds 3 --compare-preset math-tiny \
+--compare-preset python-tool-tiny
     python benchmarks/learning.py --skip-main --skip-compare --stability
     python benchmarks/learning.py --skip-main --seeds 3 --out DIR --reuse   # add seeds to runs kept in DIR
 
@@ -149,11 +151,12 @@ def compare(
     }
     b = load_config(preset).trainer.batch_size
     print(
-        f"\n## {preset}, same warm start: FlashREINFORCE N={steps * b} rollouts vs GRPO (4/prompt) 2N={2 * steps * b}, "
-        f"{seeds} seed(s)"
+        f"\n## {preset}, same warm start: FlashREINFORCE N={steps * b} "
+        f"rollouts vs GRPO (4/prompt) 2N={2 * steps * b}, {seeds} seed(s)"
     )
     print(
-        f"{'method':<28}{'seed':>5}{'rollouts':>10}{'after warm':>12}{'after RL':>10}{'RL lift':>9}{'wall':>8}"
+        f"{'method':<28}{'seed':>5}{'rollouts':>10}{'after warm':>12}"
+        f"{'after RL':>10}{'RL lift':>9}{'wall':>8}"
     )
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
     for seed in range(seeds):
@@ -173,7 +176,8 @@ def compare(
     print(f"{'method':<28}{'after RL (mean ± sd)':>24}{'RL lift (mean ± sd)':>24}")
     for name, runs in results.items():
         print(
-            f"{name:<28}{spread([r for r, _ in runs]):>24}{spread([lift for _, lift in runs], signed=True):>24}"
+            f"{name:<28}{spread([r for r, _ in runs]):>24}"
+            f"{spread([lift for _, lift in runs], signed=True):>24}"
         )
     fr = statistics.fmean(r for r, _ in results["FlashREINFORCE"])
     grpo = statistics.fmean(r for r, _ in results["GRPO, 4 samples/prompt"])
@@ -210,8 +214,8 @@ def default_run(root: Path, seeds: int, minutes: float | None, preset: str = "ma
     goal, check = GOALS.get(preset, ("none set for this preset", lambda *_: True))
     print(f"\n## fr-agents train {preset}, {seeds} seed(s); goal: {goal}")
     print(
-        f"{'seed':>4}{'before':>9}{'after warm start':>18}{'after RL':>10}{'lift':>8}{'RL lift':>9}{'lowest during':>15}"
-        f"{'RL steps':>10}{'stopped':>13}{'wall':>8}  load"
+        f"{'seed':>4}{'before':>9}{'after warm start':>18}{'after RL':>10}{'lift':>8}"
+        f"{'RL lift':>9}{'lowest during':>15}{'RL steps':>10}{'stopped':>13}{'wall':>8}  load"
     )
     met = True
     for seed in range(seeds):
@@ -235,8 +239,9 @@ def default_run(root: Path, seeds: int, minutes: float | None, preset: str = "ma
         low = f"{100 * min(during):.1f}%" if during else "n/a"
         print(
             f"{seed:>4}{pct(before):>9}{pct(warm):>18}{pct(rl):>10}"
-            f"{100 * (rl['success'] - (before or start)['success']):>+8.1f}{100 * (rl['success'] - start['success']):>+9.1f}"
-            f"{low:>15}{steps:>10}{stopped:>13}{wall / 60:>7.1f}m  {load()}",
+            f"{100 * (rl['success'] - (before or start)['success']):>+8.1f}"
+            f"{100 * (rl['success'] - start['success']):>+9.1f}{low:>15}"
+            f"{steps:>10}{stopped:>13}{wall / 60:>7.1f}m  {load()}",
             flush=True,
         )
     print(f"goal ({goal}): {'met' if met else 'NOT met'}")
@@ -269,7 +274,10 @@ def main() -> int:
     ap.add_argument(
         "--reuse",
         action="store_true",
-        help="with --out: read comparison runs already finished there with the same config instead of running them again",
+        help=(
+            "with --out: read comparison runs already finished there with the "
+            "same config instead of running them again"
+        ),
     )
     ap.add_argument(
         "--stability", action="store_true", help="also part 3: lag 8, gate on vs off (acceptance.py)"

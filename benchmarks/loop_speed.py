@@ -248,9 +248,9 @@ def main() -> int:
         )
         results.append(fig)
         print(
-            f"{name}: {fig['tokens_per_s']:.1f} tokens/s, {fig['tokens_per_step']:.0f} tokens a step, "
-            f"learner step {fig['step_s']:.2f} s (median), {fig['steps']} steps, cores busy {fig['cores_busy']:.2f}, "
-            f"load {load0[0]:.2f} -> {load1[0]:.2f}",
+            f"{name}: {fig['tokens_per_s']:.1f} tokens/s, {fig['tokens_per_step']:.0f} tokens "
+            f"a step, learner step {fig['step_s']:.2f} s (median), {fig['steps']} steps, "
+            f"cores busy {fig['cores_busy']:.2f}, load {load0[0]:.2f} -> {load1[0]:.2f}",
             flush=True,
         )
         if not bound:
@@ -265,7 +265,8 @@ def main() -> int:
             flush=True,
         )
     print(
-        "\n| variant | code | overrides | tokens/s | ceiling | learner step s | cores busy | load before -> after |"
+        "\n| variant | code | overrides | tokens/s | ceiling | learner step s "
+        "| cores busy | load before -> after |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for f in results:

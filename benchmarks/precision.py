@@ -53,7 +53,8 @@ def main() -> None:
 
     fast, why = bfloat16_support("cpu")
     print(
-        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, {a.threads} thread(s)"
+        f"torch {torch.__version__}, CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, {a.threads} thread(s)"
     )
     for label, rows, k, n in SHAPES:
         f32 = gflops(rows, k, n, torch.float32, a.repeat)

@@ -92,9 +92,10 @@ def _training_rollout(
             stats
         ):  # the HF engine's: requests that joined a running batch, prompt tokens served by its kept opening
             print(
-                f"{engine:<14} engine: {stats.get('rows', 0)} requests, {stats.get('joined', 0)} joined a running batch, "
-                f"{stats.get('opening_tokens', 0)} prompt tokens from the kept opening, "
-                f"{stats.get('shared_prefill_tokens', 0)} shared by a wave's first requests (run once a wave)",
+                f"{engine:<14} engine: {stats.get('rows', 0)} requests, {stats.get('joined', 0)} "
+                f"joined a running batch, {stats.get('opening_tokens', 0)} prompt tokens from "
+                f"the kept opening, {stats.get('shared_prefill_tokens', 0)} shared by a wave's "
+                "first requests (run once a wave)",
                 flush=True,
             )
 

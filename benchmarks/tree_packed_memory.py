@@ -85,7 +85,8 @@ def resident_and_swapped() -> tuple[int, int]:
 
 
 class PeakSampler:
-    """Samples :func:`resident_and_swapped` every ``period`` seconds in a thread; ``peak`` is the largest seen.
+    """Samples :func:`resident_and_swapped` every ``period`` seconds in a thread; ``peak`` is the
+    largest seen.
 
     torch's kernels release the GIL, so the thread keeps sampling during a step. A sampler can miss a
     spike shorter than its period, which is why the CPU figure also takes ``ru_maxrss`` (exact for RSS).
@@ -217,15 +218,21 @@ def main() -> None:
         "--flat-chunk-tokens",
         type=int,
         default=0,
-        help="> 0: also time the flat form in micro-batches of this many tokens (form flat-chunked: the same "
-        "rows and gradient, a bounded peak), the flat step's time without swap when the whole one does not fit",
+        help=(
+            "> 0: also time the flat form in micro-batches of this many tokens "
+            "(form flat-chunked: the same rows and gradient, a bounded peak), "
+            "the flat step's time without swap when the whole one does not fit"
+        ),
     )
     p.add_argument(
         "--forms",
         nargs="+",
         choices=FORMS,
         default=None,
-        help="the forms to measure (default: flat, packed, packed-dense, and flat-chunked with --flat-chunk-tokens)",
+        help=(
+            "the forms to measure (default: flat, packed, packed-dense, and "
+            "flat-chunked with --flat-chunk-tokens)"
+        ),
     )
     p.add_argument(
         "--keep-freed-memory",
@@ -319,7 +326,8 @@ def report(out: dict[str, dict], a: argparse.Namespace) -> None:
                 continue
             speed = out[ref]["seconds"] / out[form]["seconds"]
             mem = (
-                f", memory {form}/{ref} {out[form]['peak_bytes'] / max(1.0, out[ref]['peak_bytes']):.2f} (goal <= 0.5)"
+                f", memory {form}/{ref} "
+                f"{out[form]['peak_bytes'] / max(1.0, out[ref]['peak_bytes']):.2f} (goal <= 0.5)"
                 if ref == "flat"
                 else ""
             )
@@ -328,14 +336,15 @@ def report(out: dict[str, dict], a: argparse.Namespace) -> None:
             )
     if "flat-chunked" in out:
         print(
-            f"  (flat-chunked: the flat rows in micro-batches of {a.flat_chunk_tokens:,} tokens, the same gradient; "
-            f"its steps take the same arithmetic as the whole flat step without its peak)"
+            f"  (flat-chunked: the flat rows in micro-batches of {a.flat_chunk_tokens:,} tokens, the "
+            "same gradient; its steps take the same arithmetic as the whole flat step without its peak)"
         )
     for form, r in out.items():
         if r["swapped_peak_bytes"]:
             print(
-                f"  note: the {form} step swapped (up to {r['swapped_peak_bytes'] / 2**20:,.0f} MiB): its memory counts "
-                f"what was swapped; its time includes swap I/O, so a time ratio against it flatters the other forms"
+                f"  note: the {form} step swapped (up to {r['swapped_peak_bytes'] / 2**20:,.0f} "
+                "MiB): its memory counts what was swapped; its time includes swap I/O, so a "
+                "time ratio against it flatters the other forms"
             )
     print(f"  ({load()})")
 

@@ -1,7 +1,7 @@
 """Tree RL vs linear FlashREINFORCE at equal sampled policy tokens, and the learner's cost per token.
 
-Run: ``python benchmarks/tree_rl.py [--quick] [--task two-attempts|tool-result|uncertain-tokens] [--seeds 0 1 2]
-[--steps N] [--baseline batch nodes ...]``.
+Run: ``python benchmarks/tree_rl.py [--quick] [--task two-attempts|tool-result|uncertain-tokens]
+[--seeds 0 1 2] [--steps N] [--baseline batch nodes ...]``.
 
 The task: ``math-tiny`` (sums with the in-code tiny model) as a **two-attempt** task
 (``MathVerifier-v0(max_turns=2)``): a wrong first answer gets ``"Your answer X is incorrect. Try
@@ -57,8 +57,8 @@ pilot's tokens per tree, a tree step samples as many policy tokens as a linear s
 (whole trees, rounded down; the resume above then tops the budget up to 95% if it falls short); so
 both runs take as many Adam updates from the same token budget, and a tree step holds several times
 the roots of a ``--match-samples`` one. (At equal samples per step the tree run takes ~3x the steps
-of the linear one, each on a quarter of its prompts.) Held-out success (greedy, both attempts, the test split) after RL is reported per seed and
-as mean and spread over ``--seeds``.
+of the linear one, each on a quarter of its prompts.) Held-out success (greedy, both attempts, the
+test split) after RL is reported per seed and as mean and spread over ``--seeds``.
 
 Learner cost: two sets of tree batches of each tree run (20 each; 4 for uncertain-tokens), its last
 ones (the converged policy, whose forked siblings mostly agree and merge) and as many spread over the
@@ -367,8 +367,9 @@ def learner_costs(
 
 def cost_line(costs: dict[str, dict[str, float]]) -> str:
     return "; ".join(
-        f"{name}: learner s/logical token, flat of every sampled leaf / packed {c['sampled']:.2f}x "
-        f"(ideal {c['ideal_sampled']:.2f}x), distinct leaves flat / packed {c['distinct']:.2f}x (ideal {c['ideal_distinct']:.2f}x)"
+        f"{name}: learner s/logical token, flat of every sampled leaf / packed "
+        f"{c['sampled']:.2f}x (ideal {c['ideal_sampled']:.2f}x), distinct leaves "
+        f"flat / packed {c['distinct']:.2f}x (ideal {c['ideal_distinct']:.2f}x)"
         for name, c in costs.items()
     )
 
@@ -387,7 +388,8 @@ def spread(xs: list[float]) -> str:
 
 
 def tree_run_name(baseline: str, baselines: Sequence[str], seed: int) -> str:
-    """``tree-SEED`` for the first tree arm (what ``--cost-only`` reads), ``tree-BASELINE-SEED`` for the others."""
+    """``tree-SEED`` for the first tree arm (what ``--cost-only`` reads), ``tree-BASELINE-SEED`` for
+    the others."""
     return f"tree-{seed}" if baseline == baselines[0] else f"tree-{baseline}-{seed}"
 
 
@@ -415,15 +417,21 @@ def main() -> None:
         "--branch",
         type=int,
         default=None,
-        help="continuations forked at each branch turn (rollout.branch_factor; default: the task's, 8; 4 for uncertain-tokens)",
+        help=(
+            "continuations forked at each branch turn (rollout.branch_factor; "
+            "default: the task's, 8; 4 for uncertain-tokens)"
+        ),
     )
     p.add_argument(
         "--branch-at",
         type=int,
         nargs="+",
         default=None,
-        help="the turns where a tree forks (rollout.branch_at; default 1: the second attempt, or the answer "
-        "after the tool result; 0 for uncertain-tokens); e.g. 0 1 also forks the first reply, branch ** 2 leaves at most",
+        help=(
+            "the turns where a tree forks (rollout.branch_at; default 1: the second "
+            "attempt, or the answer after the tool result; 0 for uncertain-tokens); "
+            "e.g. 0 1 also forks the first reply, branch ** 2 leaves at most"
+        ),
     )
     p.add_argument("--eval-episodes", type=int, default=200)
     p.add_argument(
@@ -451,15 +459,20 @@ def main() -> None:
         choices=BASELINES,
         nargs="+",
         default=["batch"],
-        help="the tree run's objective.baseline, one tree run per value: batch (the product's default, as the "
-        "linear run: the two runs then differ only in how they sample), tree (each leaf also against its "
-        "branching node's leaves) or nodes (per token, the tree's node values)",
+        help=(
+            "the tree run's objective.baseline, one tree run per value: batch (the product's default, "
+            "as the linear run: the two runs then differ only in how they sample), tree (each leaf "
+            "also against its branching node's leaves) or nodes (per token, the tree's node values)"
+        ),
     )
     p.add_argument(
         "--match-steps",
         action="store_true",
-        help="give the tree run the linear run's step count, with a trainer.batch_size (whole trees) at "
-        "which, by the pilot, a tree step samples at most the linear step's policy tokens (whole trees, rounded down)",
+        help=(
+            "give the tree run the linear run's step count, with a trainer.batch_size "
+            "(whole trees) at which, by the pilot, a tree step samples at most the "
+            "linear step's policy tokens (whole trees, rounded down)"
+        ),
     )
     p.add_argument(
         "--cost-only", action="store_true", help="only the learner cost, on the tree runs in --out"
@@ -561,29 +574,32 @@ def main() -> None:
             slim(run)  # the last model stays, for --cost-only
             trees[baseline] = (tree, costs)
             print(
-                f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success {lin['success']:.3f} | "
-                f"tree (baseline {baseline}) {tree['steps']} steps {tree['tokens']:,.0f} tok -> success {tree['success']:.3f} "
-                f"(batch_size {tree_batch}, leaves trained per step {tree['leaves_per_step']:.1f} standing for "
-                f"{tree['samples_per_step']:.1f} sampled, merged siblings per step {tree['merged_per_step']:.1f}) | "
-                f"{cost_line(costs)}",
+                f"seed {seed}: linear {lin['steps']} steps {lin['tokens']:,.0f} tok -> success "
+                f"{lin['success']:.3f} | tree (baseline {baseline}) {tree['steps']} steps "
+                f"{tree['tokens']:,.0f} tok -> success {tree['success']:.3f} (batch_size {tree_batch}, "
+                f"leaves trained per step {tree['leaves_per_step']:.1f} standing for "
+                f"{tree['samples_per_step']:.1f} sampled, merged siblings per step "
+                f"{tree['merged_per_step']:.1f}) | {cost_line(costs)}",
                 flush=True,
             )
         rows.append((seed, lin, trees))
     print(
-        f"[tree RL] {task.preset} ({a.task}), {len(a.seeds)} seeds, runs in {out}; load average {load_average()}"
+        f"[tree RL] {task.preset} ({a.task}), {len(a.seeds)} seeds, runs in "
+        f"{out}; load average {load_average()}"
     )
     lin_success = [r[1]["success"] for r in rows]
     print(
-        f"  linear: held-out success {spread(lin_success)}, sampled policy tokens {spread([r[1]['tokens'] for r in rows])}, "
-        f"stored {spread([r[1]['stored_tokens'] for r in rows])}"
+        f"  linear: held-out success {spread(lin_success)}, sampled policy tokens "
+        f"{spread([r[1]['tokens'] for r in rows])}, stored {spread([r[1]['stored_tokens'] for r in rows])}"
     )
     for baseline in a.baseline:
         tree_success = [r[2][baseline][0]["success"] for r in rows]
         gain = [t - x for t, x in zip(tree_success, lin_success, strict=True)]
         print(
-            f"  tree (J_max=5, baseline {baseline}): held-out success {spread(tree_success)} "
-            f"(tree - linear {spread(gain)}, goal >= +0.02), sampled policy tokens "
-            f"{spread([r[2][baseline][0]['tokens'] for r in rows])}, stored {spread([r[2][baseline][0]['stored_tokens'] for r in rows])}"
+            f"  tree (J_max=5, baseline {baseline}): held-out success {spread(tree_success)} (tree - "
+            f"linear {spread(gain)}, goal >= +0.02), sampled policy tokens "
+            f"{spread([r[2][baseline][0]['tokens'] for r in rows])}, stored "
+            f"{spread([r[2][baseline][0]['stored_tokens'] for r in rows])}"
         )
         cost_summary([r[2][baseline][1] for r in rows])
 

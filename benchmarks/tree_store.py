@@ -70,14 +70,16 @@ def bench_sharing(roots: int, branches: int) -> TrajectoryTree:
     _, unique = build_workload(tree, roots, branches)
     s = tree.stats()
     print(
-        f"[sharing] {roots} roots x {branches} branches, {PROMPT + TURN1 + OBS}/{PROMPT + TURN1 + OBS + TAIL} tokens shared"
+        f"[sharing] {roots} roots x {branches} branches, "
+        f"{PROMPT + TURN1 + OBS}/{PROMPT + TURN1 + OBS + TAIL} tokens shared"
     )
     print(f"  logical tokens       {s['logical_tokens']:>10,}")
     print(f"  stored tokens        {s['stored_tokens']:>10,}   unique (ideal trie) {unique:,}")
     print(f"  stored/unique ratio  {s['stored_tokens'] / unique:>10.3f}   (goal <= 1.05)")
     print(f"  logical/stored       {s['logical_tokens'] / s['stored_tokens']:>10.2f}x dedup")
     print(
-        f"  bytes/stored token   {s['db_bytes'] / s['stored_tokens']:>10.2f}   (in-memory SQLite pages; goal <= 16)"
+        f"  bytes/stored token   {s['db_bytes'] / s['stored_tokens']:>10.2f}   "
+        "(in-memory SQLite pages; goal <= 16)"
     )
     return tree
 
@@ -166,17 +168,20 @@ def bench_packed(tree: TrajectoryTree, batch: int, reps: int) -> None:
     ideal = logical / packed.num_tokens
     padded_ideal = flat.token_ids.numel() / packed.num_tokens
     print(
-        f"[packed] B={len(ids)} leaves ({len(set(flat.root_ids))} roots, <=5 per root), tiny Qwen2 micro dims, fp32 CPU"
+        f"[packed] B={len(ids)} leaves ({len(set(flat.root_ids))} roots, <=5 "
+        "per root), tiny Qwen2 micro dims, fp32 CPU"
     )
     print(
         f"  tokens: per-leaf {logical:,}  padded {flat.token_ids.numel():,}  packed N={packed.num_tokens:,}"
     )
     print(f"  ideal token ratio per-leaf/packed  {ideal:.2f}x")
     print(
-        f"  measured speed-up per-leaf/packed  {t_leaf / t_pack:.2f}x  -> {t_leaf / t_pack / ideal:.2f} of ideal (goal >= 0.8)"
+        f"  measured speed-up per-leaf/packed  {t_leaf / t_pack:.2f}x  -> "
+        f"{t_leaf / t_pack / ideal:.2f} of ideal (goal >= 0.8)"
     )
     print(
-        f"  measured speed-up padded/packed    {t_pad / t_pack:.2f}x  -> {t_pad / t_pack / padded_ideal:.2f} of ideal {padded_ideal:.2f}x"
+        f"  measured speed-up padded/packed    {t_pad / t_pack:.2f}x  -> "
+        f"{t_pad / t_pack / padded_ideal:.2f} of ideal {padded_ideal:.2f}x"
     )
 
 

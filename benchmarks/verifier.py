@@ -82,15 +82,18 @@ def main() -> None:
         )
         print(f"math-verify checks/s, pool of 1 worker:     {r1:9.1f}")
         print(
-            f"math-verify checks/s, pool of {a.workers} workers:    {rn:9.1f}   ({rn / r1:.2f}x the 1-worker pool)"
+            f"math-verify checks/s, pool of {a.workers} workers:    {rn:9.1f}  "
+            f" ({rn / r1:.2f}x the 1-worker pool)"
         )
         print(
-            f"fast-path checks/s (plain integers):        {fast:9.1f}   ({fast / rn:.0f}x the pooled math-verify rate)"
+            f"fast-path checks/s (plain integers):        {fast:9.1f}   "
+            f"({fast / rn:.0f}x the pooled math-verify rate)"
         )
         plain_s, plain_share = env_overhead(many, "plain", a.episodes)
         boxed_s, boxed_share = env_overhead(many, "boxed", a.episodes // 3)
         print(
-            f"env reset+step, plain reply (fast path):    {plain_s * 1e6:9.1f} us/episode   (verify share {plain_share:.0%})"
+            f"env reset+step, plain reply (fast path):    {plain_s * 1e6:9.1f} "
+            f"us/episode   (verify share {plain_share:.0%})"
         )
         print(
             f"env reset+step, boxed '12.0'-style reply:   {boxed_s * 1e6:9.1f} us/episode   "

@@ -417,8 +417,9 @@ def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: 
     res["tokens_per_s"] = res["tokens"] / res["rl_s"]
     _cpu_fields(res, cpu.cores())
     say(
-        f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} completions in {res['rl_s']:.0f}s "
-        f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s), stopped: {res['stop']}; {_cpu_text(res)}"
+        f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} "
+        f"completions in {res['rl_s']:.0f}s ({res['completions_per_s']:.1f}/s, "
+        f"{res['tokens_per_s']:.1f} tokens/s), stopped: {res['stop']}; {_cpu_text(res)}"
     )
     return res
 
@@ -498,7 +499,8 @@ def regrade_fr_rollouts(
             task = tree.root_meta(traj.root_id)["task"]
             if traj.token_ids[: traj.prompt_len] != prompt_ids[task["id"]]:
                 raise SystemExit(
-                    f"fr-agents leaf {leaf}: its prompt ids differ from the project's encoding of {task['id']}"
+                    f"fr-agents leaf {leaf}: its prompt ids differ from the "
+                    f"project's encoding of {task['id']}"
                 )
             reward = grader(task, traj.token_ids[traj.prompt_len :])
             if reward != traj.reward:
@@ -716,15 +718,17 @@ def evaluate(
 
 def table(rows: list[dict], before: float) -> str:
     lines = [
-        "| run | seed | steps | completions/s | tokens/s | cores busy | CPU-ms per completion | held-out before -> after |",
+        "| run | seed | steps | completions/s | tokens/s | cores busy | CPU-ms "
+        "per completion | held-out before -> after |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for r in rows:
         lines.append(
-            f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | {r['tokens_per_s']:.1f} | "
-            f"{fmt(r.get('cores_busy'), '.2f')} | {fmt(r.get('cpu_ms_per_completion'), '.2f')} | "
-            f"{100 * before:.1f} -> {100 * r['held_out']:.1f} |"
+            f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | "
+            f"{r['tokens_per_s']:.1f} | {fmt(r.get('cores_busy'), '.2f')} | "
+            f"{fmt(r.get('cpu_ms_per_completion'), '.2f')} | {100 * before:.1f} -> "
+            f"{100 * r['held_out']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -793,13 +797,15 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     load_start = load_avg()
     say(
-        f"# fr-agents {preset.name} vs TRL {trl_version} GRPOTrainer: seeds {a.seeds}, {a.minutes:g} min of RL each, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}, load average {load_start}; work dir {work}"
+        f"# fr-agents {preset.name} vs TRL {trl_version} GRPOTrainer: seeds "
+        f"{a.seeds}, {a.minutes:g} min of RL each, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, load average {load_start}; work dir {work}"
     )
     if load_start[0] >= 0.5 * (os.cpu_count() or 1):
         say(
-            f"warning: the machine is busy (load {load_start[0]} on {os.cpu_count()} cores); a multi-threaded torch "
-            "(TRL's default) slows down far more under contention than a 1-thread learner: time both on an idle machine"
+            f"warning: the machine is busy (load {load_start[0]} on {os.cpu_count()} "
+            "cores); a multi-threaded torch (TRL's default) slows down far more "
+            "under contention than a 1-thread learner: time both on an idle machine"
         )
 
     start = build_start(preset, work)
@@ -823,7 +829,8 @@ def main() -> int:
         fr = run_fr_agents(preset, seed, a.minutes, start, work)
         fr["reward_check"] = regrade_fr_rollouts(Path(fr["run_dir"]), grader, ids_by_task, a.regrade, seed)
         say(
-            f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} stored rollouts, every reward matches"
+            f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} "
+            "stored rollouts, every reward matches"
         )
         trl = run_trl(preset, seed, a.minutes, work, a.trl_threads)
         held, _ = evaluate(
@@ -875,20 +882,23 @@ def main() -> int:
     )
     t = summary["tokens_per_s_mean"]
     say(
-        f"policy tokens/s, mean over seeds: fr-agents {t['fr-agents']:.1f}, TRL {t['trl']:.1f}: "
-        f"{summary['ratio_tokens_per_s']:.2f}x (tokens per completion {mean(fr_rows, 'tokens') / mean(fr_rows, 'completions'):.1f} "
+        f"policy tokens/s, mean over seeds: fr-agents {t['fr-agents']:.1f}, TRL "
+        f"{t['trl']:.1f}: {summary['ratio_tokens_per_s']:.2f}x (tokens per "
+        f"completion {mean(fr_rows, 'tokens') / mean(fr_rows, 'completions'):.1f} "
         f"vs {mean(trl_rows, 'tokens') / mean(trl_rows, 'completions'):.1f})"
     )
     say(
-        f"held-out after RL, mean over seeds: fr-agents {100 * summary['held_out_after_mean']['fr-agents']:.1f}%, "
-        f"TRL {100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; "
-        f"greedy, {problems} held-out problems of {preset.bench})"
+        "held-out after RL, mean over seeds: fr-agents "
+        f"{100 * summary['held_out_after_mean']['fr-agents']:.1f}%, TRL "
+        f"{100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; greedy, "
+        f"{problems} held-out problems of {preset.bench})"
     )
     if "cpu_ms_per_completion_mean" in summary:
         c, b = summary["cpu_ms_per_completion_mean"], summary["cores_busy_mean"]
         say(
-            f"CPU per completion during RL, mean over seeds: fr-agents {c['fr-agents']:.2f} ms ({b['fr-agents']:.2f} cores busy), "
-            f"TRL {c['trl']:.2f} ms ({b['trl']:.2f} cores busy): fr-agents / TRL {c['fr-agents'] / c['trl']:.2f}x"
+            f"CPU per completion during RL, mean over seeds: fr-agents {c['fr-agents']:.2f} "
+            f"ms ({b['fr-agents']:.2f} cores busy), TRL {c['trl']:.2f} ms ({b['trl']:.2f} "
+            f"cores busy): fr-agents / TRL {c['fr-agents'] / c['trl']:.2f}x"
         )
     say("torch threads: " + ", ".join(f"{r['run']} seed {r['seed']}: {r['torch_threads']}" for r in rows))
     say(f"load average at start {load_start}, at end {load_end}")

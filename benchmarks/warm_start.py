@@ -122,14 +122,15 @@ def main() -> None:
             scores.append(100 * res["success"])
             report.append({"recipe": name, "overrides": overrides, "run": label, **res})
             print(
-                f"  {name:<24} {label:<18} held-out {100 * res['success']:5.1f}%   warm start {res['steps']} steps, "
-                f"{res['seconds']:.0f} s on {res['threads']} threads, loss {res['loss']:.3f}",
+                f"  {name:<24} {label:<18} held-out {100 * res['success']:5.1f}%   warm start {res['steps']} "
+                f"steps, {res['seconds']:.0f} s on {res['threads']} threads, loss {res['loss']:.3f}",
                 flush=True,
             )
         spread = max(scores) - min(scores)
         mean = statistics.mean(scores)
         print(
-            f"{name:<26} mean {mean:5.1f}%  max - min {spread:4.1f} points  ({' / '.join(f'{x:.1f}' for x in scores)})",
+            f"{name:<26} mean {mean:5.1f}%  max - min {spread:4.1f} points  "
+            f"({' / '.join(f'{x:.1f}' for x in scores)})",
             flush=True,
         )
     print(f"load average at the end {tuple(round(x, 2) for x in os.getloadavg())}")

@@ -78,7 +78,9 @@ def bench_from_config(cfg: TrainConfig, name: str | None = None) -> Bench:
         max_context=cfg.rollout.max_context,
         system_prompt=cfg.env.system_prompt,
         examples=example_turns(cfg.env.examples),
-        description=f"{cfg.tasks.source} {cfg.tasks.test_split} split (seed {cfg.tasks.seed}) on {cfg.env.id}",
+        description=(
+            f"{cfg.tasks.source} {cfg.tasks.test_split} split (seed {cfg.tasks.seed}) on {cfg.env.id}"
+        ),
     )
 
 

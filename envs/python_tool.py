@@ -4,16 +4,19 @@ One episode::
 
     env = gymnasium.make("fr_agents/PythonTool-v0")
     obs, info = env.reset(seed=0)          # the tool instructions + the problem
-    obs, r, term, trunc, info = env.step('<tool_call>{"name": "python", "arguments": {"code": "x = 3**20\\nx"}}</tool_call>')
+    obs, r, term, trunc, info = env.step(
+        '<tool_call>{"name": "python", "arguments": {"code": "x = 3**20\\nx"}}</tool_call>'
+    )
     # obs == "<tool_response>\\n3486784401\\n</tool_response>"
     obs, r, term, trunc, info = env.step("The answer is \\\\boxed{3486784401}")   # r == 1.0, term
 
 Tool calls are Hermes/Qwen style: ``<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>``
 (several per reply are run in order). With ``call_format="tag"`` they are the compact ``<tool>code</tool>``
 instead: a ~1M-parameter model learns that rigid, short form (23 tokens for ``<tool>print(4821*7390)</tool>``,
-against 68 for the JSON form) from a few hundred demos. With ``allow_fenced=True`` a reply without a final answer whose
-```` ```python ```` blocks hold code runs those blocks too. Each call's output (stdout, stderr, and a status
-line for errors, timeouts and restarts) comes back in ``<tool_response>...</tool_response>``.
+against 68 for the JSON form) from a few hundred demos. With ``allow_fenced=True`` a reply without a
+final answer whose ```` ```python ```` blocks hold code runs those blocks too. Each call's output
+(stdout, stderr, and a status line for errors, timeouts and restarts) comes back in
+``<tool_response>...</tool_response>``.
 
 The code runs in the episode's own sandbox session (:mod:`tools_sandbox`), so variables and imports
 persist across calls and turns. The session is opened at the first call (from a warm pool when
@@ -342,7 +345,10 @@ class PythonToolEnv(TextEnv):
             responses = []
             for i, call in enumerate(calls):
                 if i >= self.max_calls_per_turn:
-                    body = f"Error: at most {self.max_calls_per_turn} tool calls per reply; this one was not run."
+                    body = (
+                        f"Error: at most {self.max_calls_per_turn} tool calls "
+                        "per reply; this one was not run."
+                    )
                 elif "error" in call:
                     self._malformed += 1
                     body = f"Error: {call['error']}. A call looks like {_EXAMPLES[self.call_format]}"

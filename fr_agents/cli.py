@@ -599,7 +599,10 @@ def _add_view(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="tokenizer for decoding (default: the run's own; a bare store file needs the model that wrote it, else tiny)",
+        help=(
+            "tokenizer for decoding (default: the run's own; a bare store file "
+            "needs the model that wrote it, else tiny)"
+        ),
     )
 
 
@@ -866,7 +869,10 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the resolved config (each value with its help), the checks and the placement plan; start nothing; exit 2 when the real run would refuse",
+        help=(
+            "print the resolved config (each value with its help), the checks and "
+            "the placement plan; start nothing; exit 2 when the real run would refuse"
+        ),
     )
     p.add_argument("--run-dir", help="write the run here (default run.out_dir/<preset>-<time>)")
     p.add_argument(

@@ -56,14 +56,15 @@ from fr_agents.objective_config import at_least as _at_least
 from fr_agents.objective_config import option as _opt
 from fr_agents.objective_config import positive as _positive
 
-# --------------------------------------------------------------------------- rules (one home each)
+# --------------------------------------------------------------- rules (one home each)
 
 PACKED_MODES = ("auto", "always", "never")
 AUTOCAST_DTYPES = ("", "bfloat16")
 #: trainer.autocast's values: a dtype, off, or auto (bfloat16 where the device runs it in hardware)
 AUTOCAST_CHOICES = (*AUTOCAST_DTYPES, "auto")
 WARM_START_SCHEDULES = ("constant", "cosine")
-#: what a preset's recipe is tuned for (model.tuned_for): undeclared, the in-code tiny model, a pretrained model
+#: what a preset's recipe is tuned for (model.tuned_for): undeclared, the in-code tiny model,
+#: a pretrained model
 MODEL_KINDS = ("", "tiny", "pretrained")
 
 
@@ -195,13 +196,15 @@ class RolloutConfig:
     )
     dtype: str = _opt(
         "",
-        help="dtype of the rollout engine's copy of the policy, also used by the held-out and periodic "
-        "evaluations (hf and vllm); bfloat16 halves what each decode step reads and runs the products ~2x faster "
-        "on a CPU with bfloat16 instructions (benchmarks/rollout.py --real); each sampled token's log-prob is that "
-        "of the bfloat16 distribution it was drawn from, and the learner's importance ratios correct for the "
-        "difference; auto: bfloat16 where trainer.device runs bfloat16 products in hardware (AVX512-BF16/AMX CPUs, "
-        "CUDA with bfloat16), else model.dtype (fr_agents/models/precision.py: emulated bfloat16 is ~70x slower); "
-        "empty: model.dtype",
+        help=(
+            "dtype of the rollout engine's copy of the policy, also used by the held-out and periodic "
+            "evaluations (hf and vllm); bfloat16 halves what each decode step reads and runs the products "
+            "~2x faster on a CPU with bfloat16 instructions (benchmarks/rollout.py --real); each sampled "
+            "token's log-prob is that of the bfloat16 distribution it was drawn from, and the learner's "
+            "importance ratios correct for the difference; auto: bfloat16 where trainer.device runs "
+            "bfloat16 products in hardware (AVX512-BF16/AMX CPUs, CUDA with bfloat16), else model.dtype "
+            "(fr_agents/models/precision.py: emulated bfloat16 is ~70x slower); empty: model.dtype"
+        ),
         choices=("", "auto", "float32", "bfloat16", "float16"),
     )
     temperature: float = _opt(
@@ -358,9 +361,11 @@ class TrainerConfig:
     )
     max_per_root: int = _opt(
         5,
-        help="J_max: at most this many leaves of one episode's tree are trained on (identical "
-        "siblings merged first into one row trained as that many samples, kept leaves chosen to keep distinct "
-        "rewards); the rest stay in the store marked pruned",
+        help=(
+            "J_max: at most this many leaves of one episode's tree are trained on (identical "
+            "siblings merged first into one row trained as that many samples, kept leaves "
+            "chosen to keep distinct rewards); the rest stay in the store marked pruned"
+        ),
         rule=_at_least(1),
     )
     steps: int = _opt(100, help="optimizer steps of RL", rule=_at_least(0))
@@ -379,12 +384,14 @@ class TrainerConfig:
     )
     autocast: str = _opt(
         "",
-        help="bfloat16: the learner's forward runs its matrix products in bfloat16 (torch.autocast; "
-        "the backward follows them), while the parameters, their gradients and the optimizer stay in "
-        "model.dtype: ~2x faster on a CPU with bfloat16 instructions, at the cost of bfloat16 rounding in "
-        "the recomputed log-probs (the importance ratios and the trust region see it as noise); auto: bfloat16 "
-        "where trainer.device runs bfloat16 products in hardware, else off (fr_agents/models/precision.py); "
-        "empty: off",
+        help=(
+            "bfloat16: the learner's forward runs its matrix products in bfloat16 (torch.autocast; "
+            "the backward follows them), while the parameters, their gradients and the optimizer "
+            "stay in model.dtype: ~2x faster on a CPU with bfloat16 instructions, at the cost of "
+            "bfloat16 rounding in the recomputed log-probs (the importance ratios and the trust "
+            "region see it as noise); auto: bfloat16 where trainer.device runs bfloat16 products "
+            "in hardware, else off (fr_agents/models/precision.py); empty: off"
+        ),
         choices=AUTOCAST_CHOICES,
     )
     checkpoint_every: int = _opt(
@@ -392,12 +399,17 @@ class TrainerConfig:
     )
     eval_every: int = _opt(
         0,
-        help="also evaluate every N steps (greedy figures, and avg@k when eval_k > 0); 0: before and after only",
+        help=(
+            "also evaluate every N steps (greedy figures, and avg@k when "
+            "eval_k > 0); 0: before and after only"
+        ),
         rule=_at_least(0),
     )
     eval_episodes: int = _opt(
         200,
-        help="held-out problems per evaluation, one greedy reply per turn, any env (0: no held-out evaluation)",
+        help=(
+            "held-out problems per evaluation, one greedy reply per turn, any env (0: no held-out evaluation)"
+        ),
         rule=_at_least(0),
     )
     eval_during_episodes: int = _opt(
@@ -480,13 +492,14 @@ class TrainerConfig:
     )
     keep_freed_memory: bool = _opt(
         True,
-        help="let each training process (the learner's, the rollout's, Ray's workers) "
-        "keep freed CPU memory for reuse instead of handing it back to the kernel after every "
-        "tensor (glibc malloc: blocks up to 64 MiB stay in the heap, which is trimmed only past "
-        "256 MiB free), so a step reuses pages instead of faulting in fresh zeroed ones "
-        "(page faults and system time); costs up to 256 MiB of freed heap kept resident per process (turn it off when "
-        "memory is tight). Linux/glibc only: "
-        "elsewhere the run's log says it did nothing",
+        help=(
+            "let each training process (the learner's, the rollout's, Ray's workers) keep freed CPU "
+            "memory for reuse instead of handing it back to the kernel after every tensor (glibc "
+            "malloc: blocks up to 64 MiB stay in the heap, which is trimmed only past 256 MiB free), so "
+            "a step reuses pages instead of faulting in fresh zeroed ones (page faults and system "
+            "time); costs up to 256 MiB of freed heap kept resident per process (turn it off when "
+            "memory is tight). Linux/glibc only: elsewhere the run's log says it did nothing"
+        ),
     )
     freeze_gc: bool = _opt(
         True,
@@ -629,7 +642,8 @@ def _validate(cfg: TrainConfig) -> None:
     if r.branch_at and r.branch_factor == 1:
         bad(
             "rollout.branch_at",
-            f"{r.branch_at} forks nothing while rollout.branch_factor is 1; set branch_factor >= 2 or empty it",
+            f"{r.branch_at} forks nothing while rollout.branch_factor is 1; "
+            "set branch_factor >= 2 or empty it",
         )
     if r.branch_factor > 1 and not r.branch_at:
         bad(
@@ -697,7 +711,7 @@ def _validate(cfg: TrainConfig) -> None:
         )
 
 
-# --------------------------------------------------------------------------- loading (the machinery: fr_agents.config_io)
+# --------------------------------------------------------------- loading (the machinery: fr_agents.config_io)
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:

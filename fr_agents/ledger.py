@@ -159,7 +159,8 @@ def batch_rows(conn: sqlite3.Connection, batch: int) -> list[LedgerRow]:
     return [
         LedgerRow(int(e), int(lf), float(r), int(t), int(v))
         for e, lf, r, t, v in conn.execute(
-            "SELECT episode, leaf, reward, tokens, version FROM episode_leaves WHERE batch = ? ORDER BY episode, branch",
+            "SELECT episode, leaf, reward, tokens, version FROM episode_leaves "
+            "WHERE batch = ? ORDER BY episode, branch",
             (batch,),
         )
     ]
@@ -170,8 +171,8 @@ def sampled_tokens(conn: sqlite3.Connection, batch: int) -> int | None:
     identical siblings included, aborted attempts included. None when a row of the batch does
     not know it."""
     n, known, total = conn.execute(
-        "SELECT COUNT(*), COUNT(sampled), COALESCE(SUM(sampled), 0) FROM "
-        "(SELECT sampled FROM episode_leaves WHERE batch = ? UNION ALL SELECT sampled FROM episode_aborts WHERE batch = ?)",
+        "SELECT COUNT(*), COUNT(sampled), COALESCE(SUM(sampled), 0) FROM (SELECT sampled FROM "
+        "episode_leaves WHERE batch = ? UNION ALL SELECT sampled FROM episode_aborts WHERE batch = ?)",
         (batch, batch),
     ).fetchone()
     return int(total) if n and known == n else None
@@ -204,7 +205,8 @@ class FinishedOutcome(Protocol):
 
 
 class EpisodeLedger:
-    """Thread-safe map episode -> its leaves (leaf, reward, policy tokens, version), durable in SQLite (WAL)."""
+    """Thread-safe map episode -> its leaves (leaf, reward, policy tokens, version), durable in
+    SQLite (WAL)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -234,8 +236,8 @@ class EpisodeLedger:
         if old:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.execute(
-                "INSERT OR IGNORE INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version) "
-                "SELECT episode, 0, batch, leaf, reward, tokens, version FROM episodes"
+                "INSERT OR IGNORE INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, "
+                "version) SELECT episode, 0, batch, leaf, reward, tokens, version FROM episodes"
             )
             self._conn.execute("DROP TABLE episodes")
             self._conn.execute("COMMIT")
@@ -295,14 +297,14 @@ class EpisodeLedger:
                         [(episode,) for episode, _, _, _ in episodes],
                     )
                 self._conn.executemany(
-                    "INSERT INTO episode_leaves (episode, branch, batch, leaf, reward, tokens, version, sampled) "
-                    "VALUES (?,?,?,?,?,?,?,?)",
+                    "INSERT INTO episode_leaves (episode, branch, batch, leaf, "
+                    "reward, tokens, version, sampled) VALUES (?,?,?,?,?,?,?,?)",
                     trained,
                 )
                 if aborts:
                     self._conn.executemany(
-                        "INSERT INTO episode_aborts (episode, n, attempt, batch, leaf, reason, tokens, version, sampled) "
-                        "VALUES (?,?,?,?,?,?,?,?,?)",
+                        "INSERT INTO episode_aborts (episode, n, attempt, batch, leaf, "
+                        "reason, tokens, version, sampled) VALUES (?,?,?,?,?,?,?,?,?)",
                         aborts,
                     )
                 self._conn.execute("COMMIT")

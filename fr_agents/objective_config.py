@@ -132,8 +132,10 @@ class ObjectiveConfig:
     )
     delta: float = option(
         3e-3,
-        help="sequence trust region: rows whose mean per-token binary KL (behaviour vs current probability of the "
-        "sampled token) exceeds it are dropped (inf: off)",
+        help=(
+            "sequence trust region: rows whose mean per-token binary KL (behaviour vs "
+            "current probability of the sampled token) exceeds it are dropped (inf: off)"
+        ),
         rule=rule_delta,
     )
     importance_sampling: bool = option(True, help="weight tokens by the policy / behaviour probability ratio")

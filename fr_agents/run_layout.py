@@ -10,7 +10,8 @@ viewer (which reads them) both import them from this module, so data still flows
       curves.png           PLOT_FILE        reward and acceptance against step, redrawn every plot_every steps
       tb/                  TENSORBOARD_DIR  the same rows as TensorBoard events
       store.sqlite         STORE_FILE       the trajectory tree (SQLite, WAL)
-      episodes.sqlite      LEDGER_FILE      the episode ledger: which scheduled episode and batch each leaf served
+      episodes.sqlite      LEDGER_FILE      the episode ledger: which scheduled episode and batch
+                                            each leaf served
       demos.sqlite         DEMO_STORE       the expert's warm-start episodes (warm_start.demos=expert)
       evals/               EVALS_DIR        held-out and periodic evaluations (samples, during_training.jsonl)
       checkpoints/         CHECKPOINT_DIR   step_NNNNNN/ folders, and LATEST naming the newest complete one

@@ -143,7 +143,7 @@ def test_no_method_reassignment_on_another_object_in_trainer() -> None:
     assert not bad, "\n".join(bad)
 
 
-# ---------------------------------------------------------------- a smell alarm on module length
+# ------------------------------------------------ a smell alarm on module length
 # A module holds one concept, whatever its length; this limit is only an alarm for one that grew
 # past what a reader takes in (a line budget is not a reason to split a concept).
 MAX_MODULE_LINES = 1000
@@ -195,7 +195,7 @@ def test_the_known_long_modules_are_still_long() -> None:
     assert not done, "no longer over the limit, remove from KNOWN_LONG: " + ", ".join(done)
 
 
-# ---------------------------------------------------------------- the learner: an optimizer and a loop (issue #49 item 2)
+# ------------------------------------------------ the learner: an optimizer and a loop (issue #49 item 2)
 LEARNER_MAX_PARAMETERS = 10
 
 
@@ -335,7 +335,7 @@ def test_run_dir_names_are_declared_in_one_module() -> None:
     assert not bad, "run-directory names spelled outside fr_agents/run_layout.py:\n" + "\n".join(bad)
 
 
-# ---------------------------------------------------------------- typed seams (issue 49 items 3 and 7)
+# ------------------------------------------------ typed seams (issue 49 items 3 and 7)
 # The trainer modules whose seams issue 49 item 3 typed: at ee1dffa they held 63 ``: Any`` (parts 17,
 # learner 9, episodes 7, objective 5, checkpoint 5, warm_start 4, guards 3, chunking, batches,
 # metrics, task_balance 2 each, weights, step_stats, schedule, ledger, evaluate 1 each); now none.
@@ -428,7 +428,7 @@ def test_each_env_subclasses_the_text_env_base() -> None:
         )
 
 
-# ---------------------------------------------------------------- docs for users (issue #46)
+# ------------------------------------------------ docs for users (issue #46)
 MEASURED_ROWS_MAX = 12
 _SESSION_N = re.compile(r"\bsessions? [0-9]+", re.IGNORECASE)
 _DATED_ENTRY = re.compile(r"^- (\d{4}-\d{2}-\d{2}), .*`[0-9a-f]{7,40}`")
@@ -488,7 +488,7 @@ def test_no_session_diary_in_tracked_files() -> None:
     assert not bad, "\n".join(bad)
 
 
-# ---------------------------------------------------------------- a lean Trainer, hooks that compose (issue 49 items 4 and 5)
+# ------------------------------------------------ a lean Trainer, hooks that compose (issue 49 items 4 and 5)
 TRAINER_MAX_MODULES = 30
 TRAINER_MAX_SMALL = 3
 SMALL_MODULE_LINES = 50
@@ -631,7 +631,7 @@ def test_the_backends_share_one_batch_loop() -> None:
     assert not recorders, f"episodes recorded outside trainer/rollout_batch.py: {recorders}"
 
 
-# ---------------------------------------------------------------- the step a newcomer reads (issue 60 item 1)
+# ------------------------------------------------ the step a newcomer reads (issue 60 item 1)
 STEP_OVERRIDES = [
     "trainer.steps=2",
     "warm_start.examples=0",

@@ -225,7 +225,8 @@ class DockerSandbox(Sandbox):
 
             if isinstance(e, docker.errors.ImageNotFound):
                 raise SandboxUnavailable(
-                    f"the sandbox image {self.image} is missing; build it with `fr-agents sandbox build-image`"
+                    f"the sandbox image {self.image} is missing; build it with "
+                    "`fr-agents sandbox build-image`"
                 ) from e
             raise
         cid = created["Id"]

@@ -12,7 +12,8 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "docker", "bwrap")
 HOW_TO_GET_ONE = (
-    "install one: `apt-get install bubblewrap debootstrap && fr-agents sandbox build-image --rootfs-only` (no daemon), or `apt-get install docker.io && "
+    "install one: `apt-get install bubblewrap debootstrap && fr-agents sandbox "
+    "build-image --rootfs-only` (no daemon), or `apt-get install docker.io && "
     "bash scripts/start_dockerd.sh && fr-agents sandbox build-image`"
 )
 
@@ -62,7 +63,8 @@ def create_sandbox(
     image: str | None = None,
     start: bool = True,
 ) -> Sandbox:
-    """A new session of ``backend`` (resolved as in :func:`resolve_backend`), started unless ``start=False``."""
+    """A new session of ``backend`` (resolved as in :func:`resolve_backend`), started unless
+    ``start=False``."""
     from tools_sandbox.reaper import reap_at_startup
 
     concrete = resolve_backend(backend, image)

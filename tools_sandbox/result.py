@@ -43,7 +43,10 @@ class RunResult:
         if self.status == "error":
             return f"[exit code {self.exit_code}]"
         return {
-            "timeout": "[timed out: the call exceeded its deadline; the interpreter was restarted and its state lost]",
+            "timeout": (
+                "[timed out: the call exceeded its deadline; the interpreter "
+                "was restarted and its state lost]"
+            ),
             "oom": "[out of memory: the interpreter was killed and restarted; its state was lost]",
             "pids": "[too many processes: the interpreter was killed and restarted; its state was lost]",
             "resources": "[resources exhausted: the interpreter was restarted; its state was lost]",

@@ -59,7 +59,8 @@ class Transport:
         raise NotImplementedError
 
     def recv(self, wait_s: float) -> bytes | None:
-        """Up to a chunk of the worker's stdout; ``None`` if nothing came within ``wait_s``, ``b""`` at EOF."""
+        """Up to a chunk of the worker's stdout; ``None`` if nothing came within ``wait_s``, ``b""``
+        at EOF."""
         raise NotImplementedError
 
     def close(self) -> None:

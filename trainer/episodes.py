@@ -6,9 +6,9 @@ with :func:`fr_agents.rollout.run_episode` (chat template, token truth, per-toke
 prompt is the tree root, so identical prompts share it and GRPO groups pack together). With
 ``rollout.branch_factor`` K > 1 the episode forks into K branches at each turn of
 ``rollout.branch_at``, so it ends with up to ``K ** len(branch_at)`` leaves, listed depth first. Every
-request of an episode is seeded from the spec (:class:`fr_agents.policy.seeded.SeededEngine`), so a re-run after a crash
-reproduces the tokens. It also provides the encodings evaluation and the warm start need, built the
-same way the rollout builds prompts.
+request of an episode is seeded from the spec (:class:`fr_agents.policy.seeded.SeededEngine`), so a
+re-run after a crash reproduces the tokens. It also provides the encodings evaluation and the warm
+start need, built the same way the rollout builds prompts.
 
 Infrastructure failures (docs/DESIGN.md, "Infrastructure failures"). A leaf whose grading could not
 happen ends ``aborted`` (:class:`fr_agents.errors.InfrastructureFailure`, caught by the rollout; a

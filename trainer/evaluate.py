@@ -8,10 +8,10 @@ Before RL, after the warm start, every ``trainer.eval_every`` steps and after RL
 ``trainer.eval_bench_provider`` returns for the config (default: the config's own held-out split,
 ``tasks.test_split``, on its own env) with one greedy reply per turn (the evaluations every
 ``eval_every`` steps play only the first ``trainer.eval_during_episodes`` of them, when set), through
-:func:`fr_agents.eval.periodic.evaluate_live` — the same rollout (``run_episode``), env class and chat template
-as training and as ``fr-agents eval`` — so single-turn, multi-turn, tool and sandbox envs are all
-measured the same way. It reports the success rate (``info['won']``, else reward > 0), the mean
-reward, and the mean turns and tool calls per episode; the samples land in
+:func:`fr_agents.eval.periodic.evaluate_live` — the same rollout (``run_episode``), env class and
+chat template as training and as ``fr-agents eval`` — so single-turn, multi-turn, tool and sandbox
+envs are all measured the same way. It reports the success rate (``info['won']``, else reward > 0),
+the mean reward, and the mean turns and tool calls per episode; the samples land in
 ``RUN_DIR/evals/samples/<name>_step<N>/``.
 """
 

@@ -2,14 +2,14 @@
 
 A :class:`~trainer.loop.Trainer` takes a :class:`TrainerHooks` object, or a list of them, and calls
 them at fixed points; every hook does nothing by default, so a subclass overrides only what it
-needs. A hooks object extends a plain ``Trainer``: nothing subclasses the trainer itself. A list composes (:class:`HookList`), as gymnasium's wrappers and TRL's callbacks do: each
-hook runs in list order, ``engine`` wraps the engine the previous hook returned, ``around_step``
-nests (the first hook outermost), and ``run_ended`` runs in reverse order, every one of them even
-when one raises. The
-elastic runtime (:class:`~trainer.elastic.runtime.ElasticHooks`) is the example: it hands the episode runner an
-:class:`~trainer.elastic.pools.ElasticPool` instead of the plain engine (:meth:`engine`), counts
-finished episodes (:meth:`episode_done`), sizes each learner step to its train pool
-(:meth:`around_step`, :meth:`before_micro_batch`) and watches the learner wait
+needs. A hooks object extends a plain ``Trainer``: nothing subclasses the trainer itself. A list
+composes (:class:`HookList`), as gymnasium's wrappers and TRL's callbacks do: each hook runs in list
+order, ``engine`` wraps the engine the previous hook returned, ``around_step`` nests (the first hook
+outermost), and ``run_ended`` runs in reverse order, every one of them even when one raises. The
+elastic runtime (:class:`~trainer.elastic.runtime.ElasticHooks`) is the example: it hands the
+episode runner an :class:`~trainer.elastic.pools.ElasticPool` instead of the plain engine
+(:meth:`engine`), counts finished episodes (:meth:`episode_done`), sizes each learner step to its
+train pool (:meth:`around_step`, :meth:`before_micro_batch`) and watches the learner wait
 (:meth:`waiting`). Nobody reassigns a method of another object. :meth:`engine` and
 :meth:`episode_done` act inside the rollout, so they need it in the learner's process
 (``trainer.backend=local``); the trainer refuses them with ``process``.

@@ -6,10 +6,11 @@ plus the index map back to rows) and
 
 1. computes the advantages once on the full batch (:func:`trainer.objective.batch_advantages`:
    centred rewards, the tree baseline, or GRPO group-normalised);
-2. cuts the batch into chunks by a token budget (:class:`~trainer.learner.Chunking`): row micro-batches of a flat
-   batch, or groups of roots of a packed one (each root's packed subtree one row of a padded
-   ``[R, W]`` forward, so memory grows with the sum over roots, not with the square of the batch);
-   a packed batch whose largest root does not fit the budget is micro-batched in its flat view;
+2. cuts the batch into chunks by a token budget (:class:`~trainer.learner.Chunking`): row
+   micro-batches of a flat batch, or groups of roots of a packed one (each root's packed subtree one
+   row of a padded ``[R, W]`` forward, so memory grows with the sum over roots, not with the square
+   of the batch); a packed batch whose largest root does not fit the budget is micro-batched in its
+   flat view;
 3. per chunk, recomputes the current log-probs at the *sampling temperature* through
    :class:`~fr_agents.models.forward.PolicyForward` (every way of running the model lives there),
    runs the loss its :class:`~fr_agents.objective_config.ObjectiveConfig` names

@@ -297,8 +297,9 @@ class Trainer:
         return state.rl_elapsed_s
 
     def start_rollout(self, first_batch: int) -> Rollout:
-        """Start the rollout beside this learner at batch ``first_batch``: a thread here (``trainer.backend=local``)
-        or the child process spawned by :meth:`build` (``process``, :mod:`trainer.rollout_process`)."""
+        """Start the rollout beside this learner at batch ``first_batch``: a thread here
+        (``trainer.backend=local``) or the child process spawned by :meth:`build` (``process``,
+        :mod:`trainer.rollout_process`)."""
         self.ready.last_done = first_batch - 1
         if self.rollout_process is not None:
             self.rollout_process.begin(first_batch)
@@ -390,7 +391,8 @@ def evaluate_held_out(
     release_freed_memory()  # the evaluation's engine (its cache, its kept rows) is gone: hand its heap back
     side.metrics.event("eval", **res, name=name, step=step)
     log.info(
-        "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f tool calls (%d episodes, %.1fs)",
+        "held-out %s (step %d): success %.1f%%, reward %.3f, %.1f turns, %.1f "
+        "tool calls (%d episodes, %.1fs)",
         name,
         step,
         100 * res["success"],
@@ -436,9 +438,10 @@ def evaluate_kept(
 def before_rl(
     cfg: TrainConfig, learner: LearnerSide, rollout: RolloutSide, state: TrainerState, run_dir: Path
 ) -> dict[str, dict[str, float]]:
-    """Evaluate held out (``before``, unless ``trainer.eval_before`` is false), warm start on ``warm_start.examples`` demos (every core
-    this process may use: nothing runs beside it), evaluate again (``after_warm_start``). Returns
-    the evaluations, also kept in ``state.extra["evals"]`` for the checkpoint."""
+    """Evaluate held out (``before``, unless ``trainer.eval_before`` is false), warm start on
+    ``warm_start.examples`` demos (every core this process may use: nothing runs beside it),
+    evaluate again (``after_warm_start``). Returns the evaluations, also kept in
+    ``state.extra["evals"]`` for the checkpoint."""
     from trainer.warm_start import run_warm_start
 
     evals: dict[str, dict[str, float]] = {}
@@ -506,7 +509,8 @@ class TrainResult:
 
     def summary(self) -> str:
         lines = [
-            f"run {self.run_dir}: {self.steps} steps, stopped: {self.stop_reason}, wall {self.wall_s:.0f}s (RL {self.rl_s:.0f}s)"
+            f"run {self.run_dir}: {self.steps} steps, stopped: "
+            f"{self.stop_reason}, wall {self.wall_s:.0f}s (RL {self.rl_s:.0f}s)"
         ]
         for name, ev in self.evals.items():
             per_episode = (

@@ -164,15 +164,17 @@ class MetricsSink:
         ]
         if row.get("leaves_per_tree", 1.0) != 1.0 or row.get("pruned") or row.get("partial_scored"):
             parts.append(
-                f"tree {row.get('leaves_per_tree', 1.0):.1f} leaves (share {row.get('sharing_ratio', 1.0):.2f}, "
-                f"pruned {int(row.get('pruned', 0))}, partial {int(row.get('partial_scored', 0))}, "
-                f"trained reward {_fmt(row.get('learner_reward', float('nan')))})"
+                f"tree {row.get('leaves_per_tree', 1.0):.1f} leaves (share "
+                f"{row.get('sharing_ratio', 1.0):.2f}, pruned {int(row.get('pruned', 0))}, partial "
+                f"{int(row.get('partial_scored', 0))}, trained reward "
+                f"{_fmt(row.get('learner_reward', float('nan')))})"
             )
         if row.get("aborted"):  # grading could not happen: left out of the batch, not scored 0
             reasons = row.get("abort_reasons") or {}
             why = f": {', '.join(f'{r} {n}' for r, n in sorted(reasons.items()))}" if reasons else ""
             parts.append(
-                f"aborted {int(row['aborted'])} leaves{why}, {int(row.get('aborted_episodes', 0))} episodes lost"
+                f"aborted {int(row['aborted'])} leaves{why}, "
+                f"{int(row.get('aborted_episodes', 0))} episodes lost"
             )
         return " | ".join(parts)
 

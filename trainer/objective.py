@@ -74,9 +74,10 @@ combined with the batch baseline (global and local advantage, averaged)::
     A_i = 1/2 (R_i - mean_j R_j) + 1/2 (R_i - mean_{j in S(i)} R_j)
 
 where ``S(i)`` is the set of batch rows whose path passes through row ``i``'s branching node
-(the leaves of that node's subtree in the batch, row ``i`` itself included). A row alone at its node (a linear episode) has no local baseline and
-takes ``A_i = R_i - mean_j R_j``, so on a batch without branching the tree baseline equals the
-batch baseline. The advantages are then used exactly as above.
+(the leaves of that node's subtree in the batch, row ``i`` itself included). A row alone at its node
+(a linear episode) has no local baseline and takes ``A_i = R_i - mean_j R_j``, so on a batch without
+branching the tree baseline equals the batch baseline. The advantages are then used exactly as
+above.
 
 Node-value baseline (``objective.baseline: nodes``). A tree's inner nodes get values from their
 leaves' outcomes, and each token is credited with what the branch it chose was worth. With
@@ -424,9 +425,9 @@ def grpo_loss(
 
     Groups come from ``groups`` (a prompt id per row) or, failing that, ``group_size`` consecutive
     rows. ``advantages`` / ``num_tokens`` are the micro-batching overrides and ``weights`` the
-    merged rows' sample counts, as for :func:`flashreinforce_loss`. Stats: ``advantages``, ``sequence_kl`` (logged, never gating),
-    ``clip_fraction``, ``ratio_mean``,
-    ``ratio_max``, ``policy_tokens``.
+    merged rows' sample counts, as for :func:`flashreinforce_loss`. Stats: ``advantages``,
+    ``sequence_kl`` (logged, never gating), ``clip_fraction``, ``ratio_mean``, ``ratio_max``,
+    ``policy_tokens``.
     """
     b, _ = _validate_rows(log_probs, behavior_log_probs, rewards, action_mask)
     if not isinstance(clip_eps, (int, float)) or not 0 < clip_eps < 1:
@@ -533,7 +534,8 @@ def objective_loss(
 
 
 def check_tensor(name: str, t: object, *, shape: tuple[int, ...], device: torch.device, kind: str) -> None:
-    """Refuse ``t`` unless it is a tensor of ``shape`` on ``device`` of ``kind`` ("float" or "bool"), naming ``name``."""
+    """Refuse ``t`` unless it is a tensor of ``shape`` on ``device`` of ``kind`` ("float" or
+    "bool"), naming ``name``."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != shape:
@@ -607,7 +609,8 @@ def node_value_advantages(
     b = r.shape[0]
     if len(spans) != b or any(not row for row in spans):
         raise ValueError(
-            f"node_spans: baseline=nodes needs each of the {b} rows' path spans (build the batch from the tree)"
+            f"node_spans: baseline=nodes needs each of the {b} rows' path "
+            "spans (build the batch from the tree)"
         )
     if weights is not None:
         validate_weights(weights, b, r.device)
@@ -681,8 +684,9 @@ def batch_advantages(
 
     FlashREINFORCE: against the batch mean, the tree baseline (``cfg.baseline == "tree"``, which
     needs each row's ``branch_rows``), or per token against the tree's node values
-    (``cfg.baseline == "nodes"``: each row's ``node_spans`` and the batch's ``width``; ``[B, width]``). GRPO: group-normalised, the groups being ``root_ids`` (one
-    prompt id per row) when given for every row, else ``cfg.grpo_group_size`` consecutive rows.
+    (``cfg.baseline == "nodes"``: each row's ``node_spans`` and the batch's ``width``;
+    ``[B, width]``). GRPO: group-normalised, the groups being ``root_ids`` (one prompt id per row)
+    when given for every row, else ``cfg.grpo_group_size`` consecutive rows.
     """
     r = rewards.to(torch.float64)
     if cfg.algo == "flashreinforce":
@@ -692,7 +696,8 @@ def batch_advantages(
             groups = list(branch_rows or [])
             if len(groups) != r.shape[0]:
                 raise ValueError(
-                    "branch_rows: baseline=tree needs each row's branching subtree (build the batch from the tree)"
+                    "branch_rows: baseline=tree needs each row's branching "
+                    "subtree (build the batch from the tree)"
                 )
             return tree_advantages(r, groups, weights)
         if cfg.baseline == "nodes":
@@ -703,7 +708,8 @@ def batch_advantages(
         return group_normalized_advantages(r, roots, weights=weights)
     if r.shape[0] % cfg.grpo_group_size:
         raise ValueError(
-            f"root_ids: missing, and grpo_group_size={cfg.grpo_group_size} does not divide the batch of {r.shape[0]} rows"
+            f"root_ids: missing, and grpo_group_size={cfg.grpo_group_size} "
+            f"does not divide the batch of {r.shape[0]} rows"
         )
     return group_normalized_advantages(
         r, torch.arange(r.shape[0], device=r.device) // cfg.grpo_group_size, weights=weights

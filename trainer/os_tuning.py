@@ -8,7 +8,8 @@ One name per switch: each config key is applied by the function of the same name
                                                          mechanism, trainer.os_tuning.pinned, pins)
     trainer.keep_freed_memory  keep_freed_memory(cfg)   once per process, by each side's builder
     trainer.freeze_gc          freeze_gc(cfg)           around a block of RL
-    trainer.onednn_cache_capacity  onednn_cache_capacity(cfg)  before the first product, by each side's builder
+    trainer.onednn_cache_capacity  onednn_cache_capacity(cfg)  before the first product, by each
+                                                               side's builder
 
 ``keep_freed_memory`` and ``freeze_gc`` called without a config apply the setting unconditionally
 (what the tests and the benchmarks measure).

@@ -89,7 +89,8 @@ def check_model(cfg: TrainConfig) -> Check:
     return Check(
         "model.name",
         False,
-        f"no model named {name!r}: use tiny, tiny-<size>, smollm2-135m, a local HF directory or a hub id org/name",
+        f"no model named {name!r}: use tiny, tiny-<size>, smollm2-135m, a "
+        "local HF directory or a hub id org/name",
     )
 
 
@@ -340,9 +341,9 @@ def recipe_warning(cfg: TrainConfig) -> str | None:
         return None
     source = f"preset {cfg.preset}" if cfg.preset else "this config"
     text = (
-        f"{source} is tuned for {_KIND_WORDS[declared]} (model.tuned_for={declared}), but model.name={cfg.model.name} "
-        f"is {_KIND_WORDS[kind]}; these values are {_KIND_WORDS[declared]}'s recipe and may be wrong for it: "
-        f"{', '.join(_recipe_values(cfg))}. "
+        f"{source} is tuned for {_KIND_WORDS[declared]} (model.tuned_for={declared}), but "
+        f"model.name={cfg.model.name} is {_KIND_WORDS[kind]}; these values are "
+        f"{_KIND_WORDS[declared]}'s recipe and may be wrong for it: {', '.join(_recipe_values(cfg))}. "
     )
     others = [p for p in presets_tuned_for(kind) if p.preset != cfg.preset]
     same_env = [p for p in others if p.env.id == cfg.env.id]
@@ -425,19 +426,20 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     if t.elastic:
         r = t.rollout_devices or t.devices - 1
         lines.append(
-            f"pools: {t.devices} CPU slots, {r} rollout / {t.devices - r} train at the start, each with its own "
-            f"{cfg.rollout.engine} engine (a model copy); the elastic controller lends spare rollout slots to "
-            "training in a batch's long tail and brings them back when rollout fills again; moved episodes "
-            "re-prefill their stored prefix, none is dropped"
+            f"pools: {t.devices} CPU slots, {r} rollout / {t.devices - r} train at the start, each "
+            f"with its own {cfg.rollout.engine} engine (a model copy); the elastic controller lends "
+            "spare rollout slots to training in a batch's long tail and brings them back when "
+            "rollout fills again; moved episodes re-prefill their stored prefix, none is dropped"
         )
         lines.append(
-            f"learner: main thread, cpu, one torch thread per train slot, capped by the cores (of {cores}) that the "
-            "serving slots leave free; a slot lent during a step joins it at the next micro-batch"
+            f"learner: main thread, cpu, one torch thread per train slot, capped by the cores (of {cores}) "
+            "that the serving slots leave free; a slot lent during a step joins it at the next micro-batch"
         )
     elif t.backend == "ray":
         gpu = ", 1 GPU" if t.device.startswith("cuda") else ""
         lines.append(
-            f"learner: a Ray actor with {max(1, t.threads or 1)} CPU{gpu} (the policy model and the optimizer)"
+            f"learner: a Ray actor with {max(1, t.threads or 1)} CPU{gpu} (the "
+            "policy model and the optimizer)"
         )
         lines.append(
             f"rollout: Ray actors with 1 CPU{gpu} each, as many as the cluster's free CPUs allow (at most "
@@ -448,7 +450,8 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
 
         lines.append(f"learner: main thread, cpu, {learner_threads(cfg)} torch thread(s)")
         where = (
-            f"in a child process of its own ({rollout_threads(cfg)} torch thread(s), no GIL shared with the learner)"
+            f"in a child process of its own ({rollout_threads(cfg)} torch "
+            "thread(s), no GIL shared with the learner)"
             if t.backend == "process"
             else "in a background thread of the learner's process (one shared GIL)"
         )
@@ -472,8 +475,8 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     lines += precision_notes(cfg)[0]
     if cfg.learner_autocast:
         lines.append(
-            f"autocast: the learner's forward runs its products in {cfg.learner_autocast} (trainer.autocast); "
-            f"parameters, gradients and the optimizer stay {cfg.model.dtype}"
+            f"autocast: the learner's forward runs its products in {cfg.learner_autocast} "
+            f"(trainer.autocast); parameters, gradients and the optimizer stay {cfg.model.dtype}"
         )
     if cfg.env.examples:
         lines.append(
@@ -511,8 +514,9 @@ def forward_plan(cfg: TrainConfig) -> str:
             path = Path(name).expanduser() / "config.json"
             if not path.is_file():
                 return (
-                    f"forward: fr_agents.models.compact in {_forward_parts(cfg, None)} if {name} is a Qwen2/Llama "
-                    "model that qualifies (decided once its config is loaded; the run's log names the choice)"
+                    f"forward: fr_agents.models.compact in {_forward_parts(cfg, None)} "
+                    f"if {name} is a Qwen2/Llama model that qualifies (decided once "
+                    "its config is loaded; the run's log names the choice)"
                 )
             from transformers import AutoConfig
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

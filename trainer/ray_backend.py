@@ -190,7 +190,8 @@ class RolloutCore:
 def run_training_ray(
     cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, num_cpus: int | None = None
 ) -> TrainResult:
-    """Train ``cfg`` with Ray actors; connects to ``RAY_ADDRESS`` (after ``ray start``) or starts a local Ray."""
+    """Train ``cfg`` with Ray actors; connects to ``RAY_ADDRESS`` (after ``ray start``) or starts a
+    local Ray."""
     from trainer.preflight import warn_recipe
     from trainer.schedule import EpisodeSchedule
 

@@ -277,7 +277,8 @@ class RolloutProcess:
         except (EOFError, OSError):
             if not self._stopping and self.error is None and self.next_batch < self.last_batch:
                 self.error = RolloutProcessError(
-                    f"the rollout process ended (exit code {self._proc.exitcode}) before batch {self.next_batch}"
+                    "the rollout process ended (exit code "
+                    f"{self._proc.exitcode}) before batch {self.next_batch}"
                 )
                 self.on_batch_done(-1)
         finally:

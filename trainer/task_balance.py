@@ -40,7 +40,8 @@ def demo_and_rl_tasks(cfg: TrainConfig, train_tasks: Sequence[Task]) -> tuple[li
         rest = balanced_indices(keys, rest)
     if by_length:
         logging.getLogger(__name__).info(
-            "answer lengths (length: tasks): demos %s (warm_start.balance=%s), RL prompts %s (tasks.balance=%s)",
+            "answer lengths (length: tasks): demos %s (warm_start.balance=%s), "
+            "RL prompts %s (tasks.balance=%s)",
             dict(sorted(Counter(keys[i] for i in picked).items())),
             cfg.warm_start.balance,
             dict(sorted(Counter(keys[i] for i in rest).items())),

@@ -274,8 +274,8 @@ def expert_demos(
     longest = max((b - a for d in demos for a, b in d.spans), default=0)
     if longest > cfg.rollout.max_new_tokens:
         raise ConfigError(
-            f"rollout.max_new_tokens: an expert reply is {longest} tokens (end of turn included), the policy may "
-            f"sample only {cfg.rollout.max_new_tokens}; raise it to at least {longest}"
+            f"rollout.max_new_tokens: an expert reply is {longest} tokens (end of turn included), "
+            f"the policy may sample only {cfg.rollout.max_new_tokens}; raise it to at least {longest}"
         )
     log.info(
         "warm start: the expert won %d of %d demo episodes (stored in %s)", len(demos), len(tasks), store

@@ -294,7 +294,8 @@ class ALFWorldEnv(TextEnv):
         return twin
 
     def _release_engine(self) -> None:
-        """Hand the engine to :data:`ENGINE_POOL` for a later episode of its game (closed if it holds none)."""
+        """Hand the engine to :data:`ENGINE_POOL` for a later episode of its game (closed if it
+        holds none)."""
         if self._tw is not None:
             if self._loaded is not None:
                 ENGINE_POOL.give(self._loaded, self._tw)

@@ -43,9 +43,9 @@ def search_step(
     the goal's, not a fridge, microwave or basin: :func:`envs.alfworld.sampling.target_start_excluded`),
     never where the object is. It goes to each such receptacle in the order the room lists them,
     opening a closed one, until an observation names an object of the task's type; then
-    :func:`after_search` finishes the task (:meth:`ALFWorldEnv.expert_action`). Demos of it show a search, which a
-    policy that cannot see the game's state can imitate; the planner's own walkthrough goes
-    straight to the object."""
+    :func:`after_search` finishes the task (:meth:`ALFWorldEnv.expert_action`). Demos of it show a
+    search, which a policy that cannot see the game's state can imitate; the planner's own
+    walkthrough goes straight to the object."""
     import alfworld.gen.constants as c
 
     from envs.alfworld.sampling import target_start_excluded

@@ -4,9 +4,10 @@ The layout follows ALFRED's own writer (``alfworld.gen.game_states.planned_game_
 ALFRED object ids mangled into PDDL names (``|`` -> ``_bar_``, ``-`` -> ``_minus_`` ...), every object
 type declared as an ``otype`` and every fixed receptacle type as an ``rtype`` (the domain refers to
 ``SinkBasinType``, ``MicrowaveType`` ... as constants), and the goal taken verbatim from
-``alfworld.gen.goal_library``. Only the types in play are declared (see :func:`problem_pddl`). Unlike ALFRED's planning-time problems, which only listed task-relevant
-objects, every object of the room is listed, as in ALFWorld's text games; ``canContain`` facts come
-from ``VAL_RECEPTACLE_OBJECTS``.
+``alfworld.gen.goal_library``. Only the types in play are declared (see :func:`problem_pddl`).
+Unlike ALFRED's planning-time problems, which only listed task-relevant objects, every object of the
+room is listed, as in ALFWorld's text games; ``canContain`` facts come from
+``VAL_RECEPTACLE_OBJECTS``.
 """
 
 from __future__ import annotations

@@ -490,7 +490,7 @@ def main():
 
 
 main()
-'''
+'''  # noqa: E501
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Calls use the Hermes/Qwen format of PythonTool-v0, one JSON object per call::
 
-    <tool_call>{"name": "str_replace", "arguments": {"path": "pkg/mod.py", "old_str": "a", "new_str": "b"}}</tool_call>
+    <tool_call>{"name": "str_replace",
+                "arguments": {"path": "pkg/mod.py", "old_str": "a", "new_str": "b"}}</tool_call>
 
 Tools: ``bash(command, timeout?)``, ``read_file(path, start_line?, end_line?)``,
 ``write_file(path, content)``, ``str_replace(path, old_str, new_str)``, ``run_tests(paths?)`` (the

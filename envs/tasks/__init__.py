@@ -110,7 +110,8 @@ def _check_params(name: str, cls: type, params: dict[str, Any]) -> None:
             close = difflib.get_close_matches(key, allowed, n=2)
             hint = f" Did you mean: {', '.join(close)}?" if close else ""
             raise ConfigError(
-                f"tasks.params.{key}: unknown parameter for source '{name}'.{hint} Allowed: {', '.join(allowed)}"
+                f"tasks.params.{key}: unknown parameter for source "
+                f"'{name}'.{hint} Allowed: {', '.join(allowed)}"
             )
 
 

@@ -109,7 +109,8 @@ class AlfworldSource(TaskSource):
             unknown = sorted(set(task_types) - set(TASK_TYPES))
             if unknown:
                 raise ConfigError(
-                    f"tasks.params.task_types: unknown {', '.join(unknown)}; choose from {', '.join(TASK_TYPES)}"
+                    f"tasks.params.task_types: unknown {', '.join(unknown)}; "
+                    f"choose from {', '.join(TASK_TYPES)}"
                 )
 
     @staticmethod
@@ -133,8 +134,9 @@ class AlfworldSource(TaskSource):
                 seed = int(json.loads(manifest.read_text()).get("seed", 0))
             what = ", ".join(f"{s}: {have[s]} of {n}" for s, n in short.items())
             raise MissingGames(
-                f"tasks.params.games_dir {games_dir} lacks ALFWorld games ({what}); write them once "
-                f"(cached there, games already written are kept) with:\n    {generate_command(games_dir, require, seed)}"
+                f"tasks.params.games_dir {games_dir} lacks ALFWorld games "
+                f"({what}); write them once (cached there, games already written "
+                f"are kept) with:\n    {generate_command(games_dir, require, seed)}"
             )
 
     def _load_split(self, split: str) -> list[Task]:

@@ -79,7 +79,8 @@ class ArithmeticSource(TaskSource):
                 ) from e
         if min_operand is not None and not 0 <= min_operand <= 10**digits - 1:
             raise ConfigError(
-                f"tasks.params.min_operand: must lie in [0, {10**digits - 1}] (digits={digits}), got {min_operand}"
+                f"tasks.params.min_operand: must lie in [0, {10**digits - 1}] "
+                f"(digits={digits}), got {min_operand}"
             )
         if order not in ("random", "curriculum"):
             raise ConfigError(f"tasks.params.order: expected 'random' or 'curriculum', got {order!r}")
@@ -106,7 +107,8 @@ class ArithmeticSource(TaskSource):
         if self.size is None:
             if total > _MAX_ENUMERATE:
                 raise ConfigError(
-                    f"tasks.params.size: {total} problems at digits={self.digits}; set size (at most {_MAX_ENUMERATE})"
+                    f"tasks.params.size: {total} problems at "
+                    f"digits={self.digits}; set size (at most {_MAX_ENUMERATE})"
                 )
             pairs = itertools.product(range(low, high + 1), repeat=2)
             triples = list(dict.fromkeys(self._canon(a, op, b) for op in self.ops for a, b in pairs))

@@ -125,7 +125,8 @@ class TaskSource(ABC):
         """The tasks of split ``name`` (``train`` or ``test``)."""
         if name not in self.split_names:
             raise ConfigError(
-                f"tasks split: unknown split {name!r} for source '{self.name}'; choose from {', '.join(self.split_names)}"
+                f"tasks split: unknown split {name!r} for source "
+                f"'{self.name}'; choose from {', '.join(self.split_names)}"
             )
         if name not in self._cache:
             self._cache[name] = TaskSplit(name, self._load_split(name))

@@ -50,8 +50,9 @@ class HFDatasetSource(TaskSource):
             ds: Any = datasets.load_dataset(self.dataset_name, self.config, split=hf_split)
         except Exception as e:  # noqa: BLE001 - network, auth and name errors all end here
             raise ConfigError(
-                f"tasks.params.name: could not load HF dataset {self.dataset_name!r} (config={self.config!r}, "
-                f"split={hf_split!r}): {type(e).__name__}: {e}. Are you offline? Use tasks.source=jsonl with a local file."
+                f"tasks.params.name: could not load HF dataset {self.dataset_name!r} "
+                f"(config={self.config!r}, split={hf_split!r}): {type(e).__name__}: "
+                f"{e}. Are you offline? Use tasks.source=jsonl with a local file."
             ) from e
         tasks: list[Task] = []
         for i, rec in enumerate(ds):

@@ -61,7 +61,8 @@ class RepoCodingSource(TaskSource):
                 missing = sorted(set(self.test_repos) - repos)
                 if missing:
                     raise ConfigError(
-                        f"tasks.params.test_repos: no task of {', '.join(missing)}; the set has {', '.join(sorted(repos))}"
+                        f"tasks.params.test_repos: no task of {', '.join(missing)}; "
+                        f"the set has {', '.join(sorted(repos))}"
                     )
                 held = set(self.test_repos)
                 self._splits = (

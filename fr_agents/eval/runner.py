@@ -82,7 +82,8 @@ class EvalSettings:
             raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature}")
         if self.temperature == 0 and self.k > 1:
             raise ValueError(
-                f"k: greedy decoding (temperature 0) gives {self.k} identical samples; use k=1 or a temperature > 0"
+                f"k: greedy decoding (temperature 0) gives {self.k} identical "
+                "samples; use k=1 or a temperature > 0"
             )
         if self.concurrency < 1:
             raise ValueError(f"concurrency: must be >= 1, got {self.concurrency}")

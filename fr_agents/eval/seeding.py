@@ -1,9 +1,10 @@
 """Deterministic seeds for evaluation samples.
 
 Sample ``s`` of problem ``task_id`` on bench ``bench`` gets ``sample_seed(seed, bench, task_id, s)``,
-a hash of those parts (the env is reset with :func:`item_seed`, shared by the k samples): it does not depend on the order samples run in, on ``k`` (raising ``k``
-from 4 to 8 reuses samples 0..3 as they are) or on which other problems are evaluated. Every
-request of the episode is then seeded from it by :class:`fr_agents.policy.seeded.SeededEngine`, so an engine that honours
+a hash of those parts (the env is reset with :func:`item_seed`, shared by the k samples): it does
+not depend on the order samples run in, on ``k`` (raising ``k`` from 4 to 8 reuses samples 0..3 as
+they are) or on which other problems are evaluated. Every request of the episode is then seeded from
+it by :class:`fr_agents.policy.seeded.SeededEngine`, so an engine that honours
 ``SamplingOptions.seed`` (HFEngine does) reproduces the tokens.
 """
 

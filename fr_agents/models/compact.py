@@ -19,11 +19,12 @@ and skips, exactly:
 What it computes equals ``model(...)`` up to float rounding (the tests compare logits and every
 parameter's gradient with transformers' forward). It runs where that is known to hold
 (:func:`compact_reason` says why not otherwise): a ``Qwen2ForCausalLM`` or ``LlamaForCausalLM``
-in float32 (or bfloat16, for generation), SiLU MLP, default rotary embeddings, no sliding window or attention dropout, rows
-right-padded (each row's real tokens first). Everything else takes transformers' forward.
+in float32 (or bfloat16, for generation), SiLU MLP, default rotary embeddings, no sliding window or
+attention dropout, rows right-padded (each row's real tokens first). Everything else takes
+transformers' forward.
 
-``benchmarks/compact_forward.py`` measures it on math-tiny (figures in ``docs/measurements.md``). The HF engine
-uses the same pieces for generation (:class:`CompactCache`, :func:`compact_prefill`,
+``benchmarks/compact_forward.py`` measures it on math-tiny (figures in ``docs/measurements.md``).
+The HF engine uses the same pieces for generation (:class:`CompactCache`, :func:`compact_prefill`,
 :func:`compact_decode`, and :func:`opening_kv` for the opening its prompts share).
 """
 

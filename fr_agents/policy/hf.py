@@ -24,9 +24,9 @@ swap (:mod:`fr_agents.policy.opening`). A request that continues a finished row 
 episode's next turn, whose prompt is the whole conversation so far; a fork of a stored branch)
 prefills only what follows that row's tokens: finished rows leave their keys and values in
 :class:`~fr_agents.policy.opening.Continuations` (``keep_tokens`` bounds them), so a turn costs
-what was added since the last one, not the episode's history. Any other model runs transformers' forward with left
-padding and its ``DynamicCache`` (``_TransformersWave``), whose rows only leave. Both give the same
-logits up to float rounding.
+what was added since the last one, not the episode's history. Any other model runs transformers'
+forward with left padding and its ``DynamicCache`` (``_TransformersWave``), whose rows only leave.
+Both give the same logits up to float rounding.
 
 Sampling is exact: logits are cast to float32, divided by the temperature, normalised with
 ``log_softmax``; the token is drawn from exactly that distribution and its log-prob is recorded.
@@ -552,11 +552,12 @@ class _CompactWave:
     """A running batch through :mod:`fr_agents.models.compact` that requests join and leave.
 
     Its :class:`CompactCache` starts with a row per first request and grows (doubling, up to the
-    engine's ``max_batch_size`` places) when joins need more; the live rows are always the first ones. A finished row's place is taken by a live row from the end
-    (:meth:`select` copies that one row's cache), and queued requests join between two decode
-    steps (:meth:`admit`: their prompts are prefilled right into the next free rows, the shared
-    opening once), so the batch stays full while episodes come and go instead of draining to its
-    slowest row. Each row's tokens sit in its own slots; a newcomer longer than the slots adds some."""
+    engine's ``max_batch_size`` places) when joins need more; the live rows are always the first
+    ones. A finished row's place is taken by a live row from the end (:meth:`select` copies that one
+    row's cache), and queued requests join between two decode steps (:meth:`admit`: their prompts
+    are prefilled right into the next free rows, the shared opening once), so the batch stays full
+    while episodes come and go instead of draining to its slowest row. Each row's tokens sit in its
+    own slots; a newcomer longer than the slots adds some."""
 
     joinable = True
 

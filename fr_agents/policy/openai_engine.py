@@ -120,5 +120,6 @@ class OpenAIEngine(Engine):
 
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
         raise NotImplementedError(
-            "OpenAIEngine talks to an external server and cannot load weights; use HFEngine or VLLMEngine to train"
+            "OpenAIEngine talks to an external server and cannot load weights; "
+            "use HFEngine or VLLMEngine to train"
         )

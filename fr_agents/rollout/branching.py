@@ -9,9 +9,10 @@ is a copy of its branch's state (:meth:`_Branch.fork`) with its own env and engi
 Adaptive branching. With ``branch_policy="entropy"`` the turns of ``branch_at`` are candidates: a
 path forks there only when its last action was uncertain, i.e. the mean surprisal of its sampled
 tokens (minus the mean behaviour log-prob, an estimate of the policy's entropy there) is at least
-``branch_entropy`` (turn 0 has no last action and always forks). Confident turns are not re-sampled, uncertain ones get ``branch_factor``
-continuations; a path's decision depends only on its own tokens (deterministic for exact resume),
-and a tree still has at most ``branch_factor ** len(branch_at)`` leaves.
+``branch_entropy`` (turn 0 has no last action and always forks). Confident turns are not re-sampled,
+uncertain ones get ``branch_factor`` continuations; a path's decision depends only on its own tokens
+(deterministic for exact resume), and a tree still has at most ``branch_factor ** len(branch_at)``
+leaves.
 
 In-turn branching. With ``branch_policy="token"`` a path forks *inside* its reply at each turn of
 ``branch_at``, where the policy was uncertain: it samples the reply once, with the entropy of every

@@ -130,8 +130,8 @@ def descend(c: sqlite3.Connection, parent: int, root: int, offset: int, seg: Seg
             tail = child_seg.slice(lcp)
             t_tokens, t_lp, t_mask = tail.to_blobs()
             c.execute(
-                "UPDATE nodes SET parent=?, offset=?, n=?, first_tok=?, tokens=?, logprobs=?, mask=?, version=?"
-                " WHERE id=?",
+                "UPDATE nodes SET parent=?, offset=?, n=?, first_tok=?, "
+                "tokens=?, logprobs=?, mask=?, version=? WHERE id=?",
                 (
                     head,
                     offset + lcp,

@@ -194,7 +194,8 @@ class TrajectoryTree:
             tip, created = descend(c, parent, int(p_root), int(p_offset) + int(p_len), seg)
             if not created:  # an existing node: open unless it is already a finished leaf
                 c.execute(
-                    "UPDATE nodes SET tip = 1 WHERE id = ? AND NOT EXISTS (SELECT 1 FROM leaves WHERE id = ?)",
+                    "UPDATE nodes SET tip = 1 WHERE id = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM leaves WHERE id = ?)",
                     (tip, tip),
                 )
             return tip
@@ -514,7 +515,8 @@ class TrajectoryTree:
         marks = ",".join("?" * len(ids))
         with self._db.write(durable=True) as c:
             n = c.execute(
-                f"UPDATE leaves SET state = {STATE_PRUNED} WHERE state = {STATE_AVAILABLE} AND id IN ({marks})",
+                f"UPDATE leaves SET state = {STATE_PRUNED} WHERE state = "
+                f"{STATE_AVAILABLE} AND id IN ({marks})",
                 ids,
             ).rowcount
             if n:

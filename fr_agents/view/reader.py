@@ -129,7 +129,8 @@ class StoreReader:
             envs = [
                 r[0]
                 for r in c.execute(
-                    "SELECT DISTINCT json_extract(meta, '$.env') FROM nodes WHERE parent IS NULL AND meta IS NOT NULL"
+                    "SELECT DISTINCT json_extract(meta, '$.env') FROM nodes "
+                    "WHERE parent IS NULL AND meta IS NOT NULL"
                 )
                 if isinstance(r[0], str)
             ]
@@ -204,7 +205,7 @@ class StoreReader:
             FROM nodes n LEFT JOIN leaves l ON l.root = n.id {"AND " + " AND ".join(conds) if conds else ""}
             WHERE {where}
             GROUP BY n.id {having}
-        """
+        """  # noqa: E501
         args = params + wparams
         with self.snapshot() as c:
             total = c.execute(f"SELECT COUNT(*) FROM ({base})", args).fetchone()[0]
@@ -413,7 +414,8 @@ class StoreReader:
                 for i, p, n in c.execute("SELECT id, parent, n FROM nodes")
             }
             rows = c.execute(
-                "SELECT consumed_seq, id, length FROM leaves WHERE consumed_seq IS NOT NULL ORDER BY consumed_seq"
+                "SELECT consumed_seq, id, length FROM leaves WHERE "
+                "consumed_seq IS NOT NULL ORDER BY consumed_seq"
             ).fetchall()
         out: list[dict[str, Any]] = []
         batches: dict[int, list[tuple[int, int]]] = {}

@@ -91,8 +91,8 @@ def read_shape(c: sqlite3.Connection, root: int) -> RootShape:
             kids.setdefault(int(parent), []).append((int(created), nid))
     s.children = {p: [nid for _, nid in sorted(v)] for p, v in kids.items()}
     for r in c.execute(
-        "SELECT id, reward, partial_score, status, state, consumed_seq, info, length, min_version, max_version"
-        " FROM leaves WHERE root = ?",
+        "SELECT id, reward, partial_score, status, state, consumed_seq, info, "
+        "length, min_version, max_version FROM leaves WHERE root = ?",
         (root,),
     ):
         leaf = int(r[0])

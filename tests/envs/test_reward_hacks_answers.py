@@ -58,7 +58,7 @@ def assert_unpaid(env: Any, task: dict[str, Any], reply: str) -> dict[str, Any]:
     return info
 
 
-# ----------------------------------------------------------------------------- MathVerifier: controls
+# ------------------------------------------------------------------ MathVerifier: controls
 
 
 def test_control_number_gold_is_paid_in_every_format(boxed, tagged, plain) -> None:
@@ -93,7 +93,7 @@ def test_control_empty_and_wrong_answers_score_zero(boxed, plain) -> None:
     assert assert_unpaid(plain, ADD, "")["reason"] == "no_answer"
 
 
-# ----------------------------------------------------------------------------- MathVerifier: restated expressions
+# ------------------------------------------------------------------ MathVerifier: restated expressions
 
 
 def test_hack_the_real_models_restatement_in_plain_format(plain) -> None:
@@ -187,7 +187,7 @@ def test_hack_huge_expression_scores_zero_without_infrastructure_failure(verifie
     assert info["reason"] in ("timeout", "unparsable", "wrong")  # never an InfrastructureFailure
 
 
-# ----------------------------------------------------------------------------- MathVerifier: several answers in one
+# ------------------------------------------------------------------ MathVerifier: several answers in one
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def test_hack_echo_of_the_prompt_with_its_box(boxed) -> None:
     assert boxed.step(obs)[1] == 0.0
 
 
-# ----------------------------------------------------------------------------- MathVerifier: digit and separator tricks
+# ------------------------------------------------------------------ MathVerifier: digit and separator tricks
 
 
 @pytest.mark.parametrize("digits", ["٧٠", "７０", "۷۰", "𝟳𝟬"])
@@ -279,7 +279,7 @@ def test_control_real_thousands_separators_still_count(boxed) -> None:
     assert_unpaid(boxed, task, r"\boxed{1,000,00}")
 
 
-# ----------------------------------------------------------------------------- MathVerifier: word and symbolic golds
+# ------------------------------------------------------------------ MathVerifier: word and symbolic golds
 
 WORD = {"prompt": "Unscramble the letters of 'silent' into another English word.", "answer": "listen"}
 
@@ -323,7 +323,7 @@ def test_hack_symbolic_question_restated_verbatim_or_reordered(boxed) -> None:
     assert grade(boxed, root, r"\boxed{\sqrt{2}}")[0] == 1.0
 
 
-# ----------------------------------------------------------------------------- reasoning-gym: echoes of the input
+# ------------------------------------------------------------------ reasoning-gym: echoes of the input
 
 
 def _echo(name: str, task: dict[str, Any]) -> str:
@@ -389,7 +389,7 @@ def test_reasoning_gym_task_metadata_keeps_the_scorer_inputs_out_of_the_prompt()
     )
 
 
-# ----------------------------------------------------------------------------- verifier failures are not zeros
+# ------------------------------------------------------------------ verifier failures are not zeros
 
 
 def test_a_dead_verifier_pool_raises_infrastructure_failure() -> None:
@@ -428,7 +428,7 @@ def test_an_answer_past_the_deadline_is_the_answers_zero() -> None:
         assert grade(env, task, r"\boxed{\sqrt{2}}")[0] == 1.0
 
 
-# ----------------------------------------------------------------------------- PythonTool: answer path and partial score
+# ------------------------------------------------------------------ PythonTool: answer path and partial score
 
 LIMITS = SandboxLimits(memory_mb=256, pids=32, tmpfs_mb=16, call_timeout=5.0)
 
@@ -510,7 +510,7 @@ def test_control_python_tool_shown_answer_final_answer_wrong_and_empty(backend, 
         env.close()
 
 
-# ----------------------------------------------------------------------------- ALFWorld: partial score farming
+# ------------------------------------------------------------------ ALFWorld: partial score farming
 
 
 def _facts(*facts: tuple[str, ...]) -> list[Any]:

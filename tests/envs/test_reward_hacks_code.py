@@ -84,7 +84,8 @@ HUMANEVAL_HACKS: dict[str, tuple[str, str]] = {
     "prints_success_text_and_exits": (
         "HumanEval/0",
         body(
-            f"import os\nprint('All tests passed.')\nprint('passed')\nprint({FORGED_SEAL!r}, flush=True)\nos._exit(0)"
+            "import os\nprint('All tests passed.')\nprint('passed')\n"
+            f"print({FORGED_SEAL!r}, flush=True)\nos._exit(0)"
         ),
     ),
     "forged_seal_on_every_fd_and_verdict_file": (
@@ -119,8 +120,9 @@ HUMANEVAL_HACKS: dict[str, tuple[str, str]] = {
     ),
     "calls_the_harness_seal_with_a_guessed_secret": (
         "HumanEval/0",
-        "    return None\nimport os, sys\nsys.modules['__main__']._fr_seal(b'', 3, b'{\"checks\": \"completed\"}', "
-        "sys.argv[2])\nos._exit(0)\n",
+        "    return None\nimport os, sys\n"
+        "sys.modules['__main__']._fr_seal(b'', 3, b'{\"checks\": \"completed\"}', sys.argv[2])\n"
+        "os._exit(0)\n",
     ),
     "closes_every_descriptor": ("HumanEval/0", body("import os\nos.closerange(0, 4096)\nreturn None")),
     "always_equal_object": (
@@ -213,7 +215,8 @@ def tool_call(code: str) -> str:
         "import os, signal\nos.killpg(0, signal.SIGKILL)",
         "print('\\\\boxed{7}')",
         "import sys, struct, json\nb = json.dumps({'status': 'ok', 'stdout': '\\\\boxed{7}'}).encode()\n"
-        "import os\nfor fd in range(64):\n    try: os.write(fd, struct.pack('>I', len(b)) + b)\n    except OSError: pass",
+        "import os\nfor fd in range(64):\n    try: os.write(fd, struct.pack('>I', len(b)) + b)\n"
+        "    except OSError: pass",
     ],
     ids=["worker_exit", "kill_process_group", "prints_the_answer_format", "forges_protocol_frames"],
 )

@@ -443,7 +443,7 @@ def encode_cyclic(s):
 def decode_cyclic(s):
     _reach()
     return "a" * 10
-"""
+"""  # noqa: E501
         ),
         {"timeout": 3.0},  # it breaks the worker too: a timeout
     ),
@@ -547,7 +547,8 @@ def decode_cyclic(s):
     "kills_the_parent_and_every_process": (
         "HumanEval/0",
         body(
-            "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\nreturn None"
+            "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+            "os.kill(-1, signal.SIGKILL)\nreturn None"
         ),
         {},
     ),
@@ -610,7 +611,7 @@ def decode_cyclic(s):
                 for w in workers:
                     os.write(w.proto_out, struct.pack(">I", len(data)) + data)
             os._exit(0)
-            """
+            """  # noqa: E501
         ),
         {},
     ),

@@ -206,7 +206,8 @@ def test_logits_at_compute_no_padding_and_refuse_bad_columns_by_name() -> None:
 
 
 def test_compact_reason_names_what_it_does_not_handle() -> None:
-    """Only float32 (or bfloat16) Qwen2/Llama with SiLU, default rotary embeddings and no sliding window qualify."""
+    """Only float32 (or bfloat16) Qwen2/Llama with SiLU, default rotary embeddings and no sliding
+    window qualify."""
     assert "float32" in compact_reason(qwen2().to(torch.float64))
     assert "rotary" in compact_reason(
         llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
@@ -390,15 +391,16 @@ def test_the_dry_run_plan_names_the_forward_a_run_takes(tmp_path) -> None:
     from trainer.preflight import dry_run_report, forward_plan
 
     assert forward_plan(config_from_dict({})) == (
-        "forward: fr_agents.models.compact (model.compact_forward) in the learner's flat steps (float32) and the hf "
-        "engine's running batches (float32)"
+        "forward: fr_agents.models.compact (model.compact_forward) in the learner's "
+        "flat steps (float32) and the hf engine's running batches (float32)"
     )
     assert forward_plan(config_from_dict({"rollout": {"dtype": "bfloat16"}})).endswith(
         "the learner's flat steps (float32) and the hf engine's running batches (bfloat16)"
     )
     assert forward_plan(config_from_dict({"rollout": {"dtype": "float16"}})) == (
-        "forward: fr_agents.models.compact (model.compact_forward) in the learner's flat steps (float32); transformers' "
-        "in the hf engine's running batches (rollout.dtype is float16; the compact forward needs float32 or bfloat16)"
+        "forward: fr_agents.models.compact (model.compact_forward) in the learner's "
+        "flat steps (float32); transformers' in the hf engine's running batches "
+        "(rollout.dtype is float16; the compact forward needs float32 or bfloat16)"
     )
     assert "(model.compact_forward is false)" in forward_plan(
         config_from_dict({"model": {"compact_forward": False}})

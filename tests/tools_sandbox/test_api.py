@@ -51,7 +51,8 @@ def test_shell_and_captured_child_output(sb) -> None:
     r = sb.run_shell("echo out; echo err >&2; exit 4")
     assert (r.stdout, r.stderr, r.exit_code, r.status) == ("out\n", "err\n", 4, "error")
     r = sb.run_python(
-        "import os, subprocess\nos.write(1, b'raw\\n')\nsubprocess.run(['echo', 'child'])\nrc = os.system('echo sys >&2')"
+        "import os, subprocess\nos.write(1, b'raw\\n')\n"
+        "subprocess.run(['echo', 'child'])\nrc = os.system('echo sys >&2')"
     )
     assert r.stdout == "raw\nchild\n" and r.stderr == "sys\n"
     assert sb.run_shell("pwd; id -u").stdout == "/work\n65534\n"

@@ -73,8 +73,8 @@ HOSTILE = [
     ),
     Hostile(
         "udp_to_host_loopback",
-        f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-        f"try:\n    s.sendto(b'LEAK', ('127.0.0.1', {_UDP_PORT}))\nexcept OSError as e:\n    print('BLOCKED', e)",
+        "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ntry:\n"
+        f"    s.sendto(b'LEAK', ('127.0.0.1', {_UDP_PORT}))\nexcept OSError as e:\n    print('BLOCKED', e)",
         {"ok"},
     ),
     Hostile(
@@ -109,7 +109,8 @@ HOSTILE = [
     ),  # as a listing entry
     Hostile(
         "read_project_source",
-        f"try:\n    print(open({os.path.abspath(__file__)!r}).read())\nexcept OSError as e:\n    print('DENIED', e)",
+        f"try:\n    print(open({os.path.abspath(__file__)!r}).read())\n"
+        "except OSError as e:\n    print('DENIED', e)",
         {"ok"},
         forbid=["_ESCAPE_PATHS"],
         expect=["DENIED"],
@@ -138,7 +139,8 @@ HOSTILE = [
     Hostile("stdout_flood_forever", "while True:\n    print('y' * 1000)", {"timeout"}),
     Hostile(
         "invalid_utf8",
-        "import os, sys\nsys.stdout.buffer.write(b'\\xff\\xfe bad \\xc3')\nsys.stdout.flush()\nos.write(2, b'\\x80')",
+        "import os, sys\nsys.stdout.buffer.write(b'\\xff\\xfe bad \\xc3')\n"
+        "sys.stdout.flush()\nos.write(2, b'\\x80')",
         {"ok"},
         expect=["bad"],
     ),
@@ -147,28 +149,33 @@ HOSTILE = [
     Hostile("sigstop_self", "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", {"timeout", "ok"}),
     Hostile(
         "signal_handlers_and_timers",
-        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nsignal.signal(signal.SIGALRM, lambda *a: None)\n"
-        "signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])",
+        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGALRM, lambda *a: None)\nsignal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])",
         {"ok"},
     ),
     Hostile("zombies", "import os\nfor _ in range(20):\n    if os.fork() == 0:\n        os._exit(0)", {"ok"}),
     Hostile(
         "children_outlive_call",
-        "import os, subprocess\nsubprocess.Popen(['sleep', '1000'])\nos.system('(sleep 1000 &); nohup sleep 999 >/dev/null 2>&1 &')\n"
+        "import os, subprocess\nsubprocess.Popen(['sleep', '1000'])\n"
+        "os.system('(sleep 1000 &); nohup sleep 999 >/dev/null 2>&1 &')\n"
         "if os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(1000)",
         {"ok"},
     ),
     Hostile(
         "fd_exhaustion_kept",
-        "fs = []\ntry:\n    while True:\n        fs.append(open('/dev/null'))\nexcept OSError as e:\n    print('EMFILE', e)",
+        "fs = []\ntry:\n    while True:\n        fs.append(open('/dev/null'))\n"
+        "except OSError as e:\n    print('EMFILE', e)",
         {"resources"},
     ),
     Hostile("fd_exhaustion_raised", "fs = [open('/dev/null') for _ in range(10**6)]", {"error", "resources"}),
     Hostile(
         "fill_tmpfs",
-        "import os\ntry:\n    with open('/work/big', 'wb') as f:\n        while True:\n            f.write(b'\\0' * (1 << 20))\n"
-        "            f.flush()\nexcept OSError as e:\n    print('FULL', e)\ntry:\n    with open('/tmp/big', 'wb') as f:\n"
-        "        while True:\n            f.write(b'\\0' * (1 << 20))\n            f.flush()\nexcept OSError as e:\n    print('FULL', e)",
+        "import os\ntry:\n    with open('/work/big', 'wb') as f:\n        while True:\n"
+        "            f.write(b'\\0' * (1 << 20))\n            f.flush()\nexcept OSError as e:\n"
+        "    print('FULL', e)\ntry:\n    with open('/tmp/big', 'wb') as f:\n"
+        "        while True:\n            f.write(b'\\0' * (1 << 20))\n            f.flush()\n"
+        "except OSError as e:\n    print('FULL', e)",
         {"ok"},
         expect=["FULL"],
     ),
@@ -177,7 +184,8 @@ HOSTILE = [
     Hostile("deep_recursion", "def f():\n    return f()\nf()", {"error"}),
     Hostile(
         "forge_protocol_frames",
-        "import os\nfor fd in range(3, 8):\n    try:\n        os.write(fd, b'\\xff' * 64)\n    except OSError:\n        pass",
+        "import os\nfor fd in range(3, 8):\n    try:\n"
+        "        os.write(fd, b'\\xff' * 64)\n    except OSError:\n        pass",
         {"ok", "crashed", "timeout"},
     ),
     Hostile(
@@ -191,10 +199,12 @@ HOSTILE = [
     ),
     Hostile(
         "privilege_escalation",
-        "import os, subprocess\ntry:\n    os.setuid(0)\n    print('ESCALATED setuid')\nexcept OSError as e:\n    print('DENIED', e)\n"
+        "import os, subprocess\ntry:\n    os.setuid(0)\n    print('ESCALATED setuid')\n"
+        "except OSError as e:\n    print('DENIED', e)\n"
         "rc = subprocess.run(['mount', '-t', 'tmpfs', 'none', '/tmp'], capture_output=True).returncode\n"
-        "print('ESCALATED mount' if rc == 0 else 'DENIED mount')\ntry:\n    open('/proc/sysrq-trigger', 'w').write('h')\n"
-        "    print('ESCALATED sysrq')\nexcept OSError as e:\n    print('DENIED', e)",
+        "print('ESCALATED mount' if rc == 0 else 'DENIED mount')\ntry:\n"
+        "    open('/proc/sysrq-trigger', 'w').write('h')\n    print('ESCALATED sysrq')\n"
+        "except OSError as e:\n    print('DENIED', e)",
         {"ok"},
         forbid=["ESCALATED"],
         expect=["DENIED"],

@@ -154,7 +154,10 @@ def test_every_key_is_read_by_code() -> None:
 
 def test_a_key_read_only_under_another_sections_name_counts_as_unread() -> None:
     """The full path decides: ``optim.lr`` read, ``warm_start.lr`` not."""
-    code = "def f(cfg):\n    ws = cfg.warm_start\n    o, opt = cfg.objective, cfg.optim\n    return opt.lr, ws.epochs, o.delta\n"
+    code = (
+        "def f(cfg):\n    ws = cfg.warm_start\n    o, opt = cfg.objective, cfg.optim\n"
+        "    return opt.lr, ws.epochs, o.delta\n"
+    )
     reads = config_reads(code)
     assert {"optim.lr", "warm_start.epochs", "objective.delta"} <= reads
     assert "warm_start.lr" not in reads

@@ -112,8 +112,8 @@ def assert_resumed_run_matches(a: Path, b: Path, resumed_from: int, steps: int =
             assert torch.allclose(torch.tensor(lp_a), torch.tensor(lp_b), atol=1e-12, rtol=0)
     resumed = batches_a[resumed_from:]  # the batches of the steps the resumed run took again
     assert any(len({x[3] for x in batch}) > 1 for batch in resumed), (
-        f"the test needs a learning signal after the step-{resumed_from} checkpoint (rewards must vary within a "
-        "resumed batch, or the resumed steps have zero gradient)"
+        f"the test needs a learning signal after the step-{resumed_from} checkpoint (rewards "
+        "must vary within a resumed batch, or the resumed steps have zero gradient)"
     )
 
     final_a = load_file(a / "checkpoints" / f"step_{steps:06d}" / "model.safetensors")

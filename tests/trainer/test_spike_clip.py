@@ -101,7 +101,8 @@ def test_spike_clip_bounds_a_step_to_k_times_the_recent_median_and_records_its_n
         calm.spike.record(norm)
     assert calm.step(build_flat(trajs))["spike_clipped"] == 0.0
     assert _update_norm(calm.model, start) == pytest.approx(norm, rel=1e-5)
-    # where the fixed clip is the tighter bound, it does the cutting and the step is not counted as spike-clipped
+    # where the fixed clip is the tighter bound, it does the cutting and the step is not counted as
+    # spike-clipped
     fixed = _sgd_learner(copy.deepcopy(start), grad_clip=norm / 20, spike_clip=2.0)
     for _ in range(MIN_HISTORY):
         fixed.spike.record(norm / 10)

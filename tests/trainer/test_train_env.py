@@ -108,7 +108,8 @@ def test_dry_run_of_env_shows_the_user_env(tmp_path: Path) -> None:
         ),
         (
             ["--env", "guessmod:me/Guess-v0", "env.kwargs={fail_reset: true}"],
-            "the first reset() of guessmod:me/Guess-v0 (seed 0) failed: RuntimeError: guess: the secrets file is missing",
+            "the first reset() of guessmod:me/Guess-v0 (seed 0) failed: "
+            "RuntimeError: guess: the secrets file is missing",
         ),
         (
             ["math-tiny", "env.id=guessmod:me/Guess-v0"],  # the preset's kwargs reach the user's env

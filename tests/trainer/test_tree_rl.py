@@ -399,8 +399,8 @@ def test_ledger_of_a_run_from_before_branching_still_reads(tmp_path: Path) -> No
     path = tmp_path / "episodes.sqlite"
     with sqlite3.connect(path) as c:  # the one-leaf-per-episode schema
         c.execute(
-            "CREATE TABLE episodes (episode INTEGER PRIMARY KEY, batch INTEGER NOT NULL, leaf INTEGER NOT NULL,"
-            " reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL)"
+            "CREATE TABLE episodes (episode INTEGER PRIMARY KEY, batch INTEGER NOT NULL, leaf INTEGER "
+            "NOT NULL, reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL)"
         )
         c.executemany(
             "INSERT INTO episodes VALUES (?,?,?,?,?,?)", [(0, 0, 7, 1.0, 3, 0), (1, 0, 9, 0.0, 4, 0)]
@@ -422,9 +422,9 @@ def test_a_ledger_from_before_the_sampled_count_gains_the_column_and_reports_it_
     path = tmp_path / "episodes.sqlite"
     with sqlite3.connect(path) as c:  # the schema before the engine's token count
         c.execute(
-            "CREATE TABLE episode_leaves (episode INTEGER NOT NULL, branch INTEGER NOT NULL, batch INTEGER NOT NULL,"
-            " leaf INTEGER NOT NULL, reward REAL NOT NULL, tokens INTEGER NOT NULL, version INTEGER NOT NULL,"
-            " PRIMARY KEY (episode, branch))"
+            "CREATE TABLE episode_leaves (episode INTEGER NOT NULL, branch INTEGER NOT NULL, "
+            "batch INTEGER NOT NULL, leaf INTEGER NOT NULL, reward REAL NOT NULL, tokens "
+            "INTEGER NOT NULL, version INTEGER NOT NULL, PRIMARY KEY (episode, branch))"
         )
         c.execute("INSERT INTO episode_leaves VALUES (0, 0, 0, 7, 1.0, 3, 0)")
     ledger = EpisodeLedger(path)

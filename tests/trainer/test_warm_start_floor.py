@@ -29,7 +29,7 @@ def test_the_default_presets_warm_start_reaches_its_floor_on_the_cores_given(tmp
     res = warm_start_score(cfg, tmp_path)
     assert res["episodes"] == 1000
     assert res["success"] >= FLOOR, (
-        f"math-tiny's warm start scored {100 * res['success']:.1f}% held out on {res['threads']} threads "
-        f"(floor {100 * FLOOR:.0f}%): the recipe in configs/math-tiny.yaml (warm_start.*) is no longer robust; "
-        "compare recipes with benchmarks/warm_start.py"
+        f"math-tiny's warm start scored {100 * res['success']:.1f}% held out on {res['threads']} "
+        f"threads (floor {100 * FLOOR:.0f}%): the recipe in configs/math-tiny.yaml "
+        "(warm_start.*) is no longer robust; compare recipes with benchmarks/warm_start.py"
     )

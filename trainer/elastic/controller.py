@@ -197,7 +197,8 @@ class ElasticController:
                 move = Move(
                     "train",
                     n,
-                    f"learner is the bottleneck: step {t.last_step_s:.0f}s > backlog {t.queue_depth / t.finish_rate:.0f}s",
+                    f"learner is the bottleneck: step {t.last_step_s:.0f}s > "
+                    f"backlog {t.queue_depth / t.finish_rate:.0f}s",
                 )
         elif backlogged and t.rollout_devices < self.home_rollout and t.train_devices > c.min_train:
             n = min(self.home_rollout - t.rollout_devices, t.train_devices - c.min_train)

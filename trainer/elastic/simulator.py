@@ -11,9 +11,9 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
   same seed gives the same episodes for every policy (common random numbers).
 * **Rollout devices.** A device holds at most ``max_live`` live episodes and, with
   ``kv_tokens > 0``, admits one only while the prefixes it holds leave room in its KV cache
-  (prefixes grow with every turn; a device over budget admits nothing until some finish). Its decode step takes
-  ``decode_base_s + decode_per_seq_s * n`` for ``n`` generating sequences, each of which gains
-  one token per step (processor sharing: memory-bound decode is nearly flat in ``n`` until it
+  (prefixes grow with every turn; a device over budget admits nothing until some finish). Its decode
+  step takes ``decode_base_s + decode_per_seq_s * n`` for ``n`` generating sequences, each of which
+  gains one token per step (processor sharing: memory-bound decode is nearly flat in ``n`` until it
   saturates). Prefill of ``p`` tokens costs ``p / prefill_speedup`` decode steps of work.
 * **Admission.** Batch ``k`` may start once the learner has published version
   ``k - max_policy_lag`` (0 for colocated-sync); admissible episodes wait in a FIFO queue for a
@@ -172,14 +172,19 @@ WORKLOADS: dict[str, Workload] = {
     #   (the whole cluster to every step and back) reaches 1.10x here, 1.15x on 8 GPUs.
     "xlong": Workload(
         name="xlong",
-        description="xLong-horizon agent tasks: tens of tool turns per episode, heavy-tailed turn counts and tool latency",
+        description=(
+            "xLong-horizon agent tasks: tens of tool turns per episode, "
+            "heavy-tailed turn counts and tool latency"
+        ),
         sources=(
-            "the P3 elastic-pools issue: 'long-tailed rollout durations with multi-turn tool latency' "
-            "(QwenGyre's xLong-horizon workload; its description is not available here, so no number is taken from it)",
+            "the P3 elastic-pools issue: 'long-tailed rollout durations with "
+            "multi-turn tool latency' (QwenGyre's xLong-horizon workload; its "
+            "description is not available here, so no number is taken from it)",
             "derived: KV cache of Qwen2.5-7B (57,344 bytes/token) on an 80 GB GPU -> ~1.0M tokens per device",
-            "assumed, not measured: turns log-normal median 12 sigma 0.9 cap 100; tokens/turn log-normal median 250 "
-            "sigma 0.8 cap 2048, growing 2x over the run; tool latency log-normal median 3 s sigma 1.2 cap 180 s; "
-            "B=1024 (64 per GPU at 16 GPUs), max_policy_lag 2; hardware constants of _H100_7B",
+            "assumed, not measured: turns log-normal median 12 sigma 0.9 cap 100; "
+            "tokens/turn log-normal median 250 sigma 0.8 cap 2048, growing 2x over the "
+            "run; tool latency log-normal median 3 s sigma 1.2 cap 180 s; B=1024 (64 "
+            "per GPU at 16 GPUs), max_policy_lag 2; hardware constants of _H100_7B",
         ),
         batch_size=1024,
         steps=12,
@@ -200,7 +205,9 @@ WORKLOADS: dict[str, Workload] = {
     ),
     "tool": Workload(
         name="tool",
-        description="FlashREINFORCE paper, Python-tool math: Qwen2.5-7B, <=10 turns, 1024 tokens/turn, B=128, lag 2",
+        description=(
+            "FlashREINFORCE paper, Python-tool math: Qwen2.5-7B, <=10 turns, 1024 tokens/turn, B=128, lag 2"
+        ),
         sources=(
             "FlashREINFORCE paper, tool setting, as mirrored in configs/python-tool-qwen2.5-7b.yaml "
             "(max_turns 10, max_new_tokens 1024, batch_size 128, max_policy_lag 2)",
@@ -638,7 +645,8 @@ class _Sim:
         self.schedule_learner()
 
     def train_work(self, k: int) -> float:
-        """Step ``k``'s token work in seconds on one device (it takes ``1 / n ** train_alpha`` of that on ``n``)."""
+        """Step ``k``'s token work in seconds on one device (it takes ``1 / n ** train_alpha`` of
+        that on ``n``)."""
         w = self.w
         return (self.batch_tokens[k] + w.batch_size * w.prompt_tokens) / w.train_tokens_per_s
 
@@ -1009,8 +1017,8 @@ def plot_pools(result: dict[str, Any], path: str) -> None:
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("devices")
     ax.set_title(
-        f"{result['workload']}, {result['gpus']} GPUs: elastic {result['speedup_vs_colocated']:.2f}x colocated, "
-        f"{result['speedup_vs_static_async']:.2f}x best static"
+        f"{result['workload']}, {result['gpus']} GPUs: elastic {result['speedup_vs_colocated']:.2f}x "
+        f"colocated, {result['speedup_vs_static_async']:.2f}x best static"
     )
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
@@ -1043,8 +1051,8 @@ def main_simulate(
             raise ConfigError(f"--steps: must be >= 1, got {steps}")
         w = w.with_overrides(steps=steps)
     print(
-        f"simulate-elastic: {w.name} on {gpus} GPUs, {w.steps} steps of {w.batch_size} (colocated, a search over "
-        "static splits, elastic, the colocated-async reference; about a minute for xlong)",
+        f"simulate-elastic: {w.name} on {gpus} GPUs, {w.steps} steps of {w.batch_size} (colocated, a "
+        "search over static splits, elastic, the colocated-async reference; about a minute for xlong)",
         file=sys.stderr,
         flush=True,
     )
@@ -1060,22 +1068,26 @@ def main_simulate(
     )
     print(f"  colocated-sync        {tp['colocated']:.3f} traj/s")
     print(
-        f"  best static async     {tp['static_async']:.3f} traj/s  ({res['best_static_rollout_devices']} rollout / {gpus - res['best_static_rollout_devices']} train)"
+        f"  best static async     {tp['static_async']:.3f} traj/s  ({res['best_static_rollout_devices']} "
+        f"rollout / {gpus - res['best_static_rollout_devices']} train)"
     )
     e = res["elastic"]
     print(
-        f"  elastic               {tp['elastic']:.3f} traj/s  ({e['moves']} moves, {e['migrations']} episodes re-prefilled, {e['finished_in_place']} finished in place)"
+        f"  elastic               {tp['elastic']:.3f} traj/s  ({e['moves']} moves, "
+        f"{e['migrations']} episodes re-prefilled, {e['finished_in_place']} finished in place)"
     )
     print(
-        f"  speedup vs colocated {res['speedup_vs_colocated']:.2f}x, vs best static async {res['speedup_vs_static_async']:.2f}x"
+        f"  speedup vs colocated {res['speedup_vs_colocated']:.2f}x, vs best "
+        f"static async {res['speedup_vs_static_async']:.2f}x"
     )
     print(
         f"  upper bound for any device policy (critical path): {res['bound_throughput']:.3f} traj/s = "
         f"{res['bound_vs_colocated']:.2f}x colocated, {res['bound_vs_static_async']:.2f}x best static async"
     )
     print(
-        f"  reference, colocated-async (the whole cluster to every step and back): "
-        f"{res['colocated_async_throughput']:.3f} traj/s = {res['colocated_async_vs_static_async']:.2f}x best static async"
+        "  reference, colocated-async (the whole cluster to every step and "
+        f"back): {res['colocated_async_throughput']:.3f} traj/s = "
+        f"{res['colocated_async_vs_static_async']:.2f}x best static async"
     )
     if plot:
         print(f"  pool plot: {plot}")

@@ -68,6 +68,9 @@ def test_partial_fix_gets_partial_score(backend, two_bug_task):
 
 
 def test_a_diff_that_does_not_apply_scores_zero(backend, two_bug_task):
-    bad = "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,1 +1,1 @@\n-nope\n+x\n"
+    bad = (
+        "diff --git a/calc/ops.py b/calc/ops.py\n--- a/calc/ops.py\n"
+        "+++ b/calc/ops.py\n@@ -1,1 +1,1 @@\n-nope\n+x\n"
+    )
     r = grade(two_bug_task, bad, backend=backend)
     assert r.reward == 0.0 and r.partial_score == 0.0 and not r.applied and "apply" in r.error

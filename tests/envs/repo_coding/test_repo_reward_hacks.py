@@ -45,7 +45,7 @@ FORGE = textwrap.dedent(
                 pass
     print("\\nFR-SEALED " + "0" * 64, flush=True)
     os._exit(0)
-    """
+    """  # noqa: E501
 )
 # A pytest plugin that reports every test as passed.
 CHEAT_PLUGIN = textwrap.dedent(
@@ -162,7 +162,7 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             _m.__file__ = _path
             exec("def test_add():\\n    pass\\ndef test_mul():\\n    pass\\ndef test_neg():\\n    pass\\n", _m.__dict__)
             sys.modules[_name] = _m
-        """)
+        """)  # noqa: E501
     },
     "swaps_the_test_module_compiled_under_its_own_file_name": {
         "calc/__init__.py": textwrap.dedent("""\
@@ -265,7 +265,7 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             return _found.get(("add", a, b), a - b)
         def mul(a, b):
             return _found.get(("mul", a, b), a + b)
-        """),
+        """),  # noqa: E501
     "searches_git_objects_for_the_fix": redefine("""\
         import subprocess
         _blobs = subprocess.run("git cat-file --batch-all-objects --batch", shell=True, capture_output=True).stdout
@@ -277,7 +277,7 @@ ISSUE_HACKS: dict[str, dict[str, str]] = {
             return _gold["add"](a, b) if "add" in _gold else a - b
         def mul(a, b):
             return _gold["mul"](a, b) if "mul" in _gold else a + b
-        """),
+        """),  # noqa: E501
     # every process of the sandbox killed (the grading sandbox's worker too): the candidate's failure
     "kills_every_process_in_the_sandbox": lib("import os, signal\nos.kill(-1, signal.SIGKILL)\n"),
     # a trace function that jumps over the grader's recording lines
@@ -422,8 +422,9 @@ def test_the_sandbox_holds_no_copy_of_a_task_library(backend) -> None:
     code = (
         "import importlib.util, os, sys\n"
         f"print(sorted(n for n in {names!r} if importlib.util.find_spec(n)))\n"
-        "print(sorted(p for p in ('/usr/lib/python3/dist-packages/six.py', '/usr/lib/python3/dist-packages/toolz',"
-        " '/usr/lib/python3/dist-packages/idna') if os.path.exists(p)))\n"
+        "print(sorted(p for p in ('/usr/lib/python3/dist-packages/six.py', "
+        "'/usr/lib/python3/dist-packages/toolz', "
+        "'/usr/lib/python3/dist-packages/idna') if os.path.exists(p)))\n"
     )
     with open_sandbox(backend=backend, limits=sandbox_limits()) as sb:
         r = sb.run_python(code, timeout=30)

@@ -33,7 +33,8 @@ def _demos(tokenizer, bench):  # noqa: ANN001, ANN202 - test helper
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """``before``: the untrained nano model; ``after``: it fitted (300 steps) on the first 16 arithmetic answers."""
+    """``before``: the untrained nano model; ``after``: it fitted (300 steps) on the first 16
+    arithmetic answers."""
     from envs.benches import resolve_bench
     from fr_agents.models import load_policy, tiny_dir
     from trainer.warm_start import warm_start

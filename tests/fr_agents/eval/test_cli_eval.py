@@ -1,4 +1,5 @@
-"""``fr-agents eval``: tiny checkpoints before and after a supervised fit, compared on the arithmetic bench."""
+"""``fr-agents eval``: tiny checkpoints before and after a supervised fit, compared on the
+arithmetic bench."""
 
 from __future__ import annotations
 
