@@ -57,7 +57,7 @@ def schedule(a: argparse.Namespace) -> None:
     from envs.alfworld.engine import ENGINE_POOL
     from envs.alfworld.env import ALFWorldEnv
     from envs.tasks.alfworld import AlfworldSource
-    from trainer.schedule import EpisodeSchedule
+    from trainer.batches import EpisodeSchedule
 
     games = [t["metadata"]["game"] for t in AlfworldSource(games_dir=a.games_dir).split("train")][a.demos :]
     if not games:

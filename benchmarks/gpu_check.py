@@ -203,8 +203,8 @@ def check(a: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     import torch
 
     from fr_agents.log import setup_logging
+    from trainer.loop import load_run_config, main_train
     from trainer.metrics import read_metrics
-    from trainer.train import load_run_config, main_train
 
     setup_logging()
     overrides = overrides_for(a)

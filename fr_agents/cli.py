@@ -897,7 +897,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 @command("train", "train a policy with asynchronous FlashREINFORCE on a preset or YAML config")
 @args(_add_train)
 def _cmd_train(a: argparse.Namespace) -> int:
-    from trainer.train import main_train
+    from trainer.loop import main_train
 
     late = argparse.ArgumentParser(prog="fr-agents train", add_help=False)
     _train_flags(late)

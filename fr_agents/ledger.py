@@ -190,7 +190,7 @@ class FinishedLeaf(Protocol):
 
 
 class FinishedSpec(Protocol):
-    """What the ledger reads of a scheduled episode (``trainer.schedule.EpisodeSpec``)."""
+    """What the ledger reads of a scheduled episode (``trainer.batches.EpisodeSpec``)."""
 
     episode: int
     batch: int

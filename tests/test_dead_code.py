@@ -53,7 +53,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("envs/repo_coding/task.py", "hints_text"): "SWE-style task record field",
     ("envs/repo_coding/task.py", "created_at"): "SWE-style task record field",
     ("envs/alfworld/generate.py", "walkthrough_len"): "manifest field of generated games",
-    ("trainer/schedule.py", "member"): "EpisodeSpec field, written to the ledger/metrics",
+    ("trainer/batches.py", "member"): "EpisodeSpec field, written to the ledger/metrics",
     (
         "trainer/elastic/simulator.py",
         "learner_busy_frac",

@@ -645,7 +645,7 @@ STEP_OVERRIDES = [
 def _step_files(run_dir: Path) -> list[str]:
     """The project files whose code runs on the learner's thread during a real math-tiny step:
     from the call of ``Trainer.learn`` to the optimizer's ``step``, in the order first entered."""
-    from trainer.train import main_train
+    from trainer.loop import main_train
 
     seen: list[str] = []
     state = {"on": False, "done": False}
@@ -685,7 +685,7 @@ def test_the_reading_order_in_design_is_the_step(tmp_path: Path) -> None:
     steps = section[section.index("\n1. ") :]
     listed = re.findall(r"`([a-z_/]+\.py)`", steps)
     assert all((ROOT / f).is_file() for f in listed), listed
-    entry = ["fr_agents/cli.py", "trainer/train.py"]  # the command and the run, before the loop's first step
+    entry = ["fr_agents/cli.py", "trainer/loop.py"]  # the command and the run, before the loop's first step
     ran = _step_files(tmp_path / "run")
     assert len(listed) == len(set(listed)) and set(listed) == set(entry + ran), (
         f"DESIGN.md lists {sorted(set(listed) - set(entry + ran))} that the step does not run, and not "

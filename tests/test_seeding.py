@@ -19,7 +19,7 @@ from envs.alfworld.generate import _rng
 from fr_agents.eval.seeding import item_seed, sample_seed
 from fr_agents.policy.seeded import _mix
 from fr_agents.seeding import stable_seed
-from trainer.schedule import derive_seed
+from trainer.batches import derive_seed
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Scheduled episodes -> engine -> env -> trajectory tree, for the training loop.
 
 :class:`EpisodeRunner` owns the rollout engine (its own copy of the model, fed weights by the
-learner) and turns one :class:`~trainer.schedule.EpisodeSpec` into the finished leaves of its tree
+learner) and turns one :class:`~trainer.batches.EpisodeSpec` into the finished leaves of its tree
 with :func:`fr_agents.rollout.run_episode` (chat template, token truth, per-token versions; the
 prompt is the tree root, so identical prompts share it and GRPO groups pack together). With
 ``rollout.branch_factor`` K > 1 the episode forks into K branches at each turn of
@@ -35,7 +35,7 @@ from fr_agents.errors import InfrastructureFailure
 from fr_agents.policy.base import SamplingOptions
 from fr_agents.policy.seeded import SeededEngine
 from fr_agents.rollout import reset_args
-from trainer.schedule import EpisodeSpec, derive_seed
+from trainer.batches import EpisodeSpec, derive_seed
 
 if TYPE_CHECKING:
     from fr_agents.policy.base import Engine

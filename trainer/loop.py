@@ -14,7 +14,7 @@ directory. The rollout runs in a child process of its own (``trainer.backend=pro
       (each finished episode -> ledger)            └──  publish weights[k+1]
                                                         metrics, plot, checkpoint
 
-The schedule (:mod:`trainer.schedule`) fixes which episodes form batch ``k`` and which policy
+The schedule (:mod:`trainer.batches`) fixes which episodes form batch ``k`` and which policy
 version samples them, so rollout can run up to ``max_policy_lag`` batches ahead of the learner
 (that is the admission control: an episode starts only when its trajectory will be at most
 ``max_policy_lag`` versions old when consumed) while the data stays independent of thread timing.
@@ -22,7 +22,7 @@ Finished work is never discarded; every batch is consumed exactly once, in order
 
 The two sides (:mod:`trainer.parts`) stay whole: ``trainer.learner_side``, ``trainer.rollout_side``.
 Batches follow one path (:mod:`trainer.batches`), every backend runs one batch loop
-(:mod:`trainer.rollout_batch`), and a run is extended by a list of hooks (:mod:`trainer.hooks`;
+(:mod:`trainer.rollout_batch`), and a run is extended by a list of hooks (:class:`TrainerHooks`, below;
 the elastic runtime is one).
 
 Stops: ``trainer.steps`` reached, ``trainer.max_minutes`` elapsed, a non-finite loss (the batch is
@@ -36,6 +36,44 @@ event and a log line), :class:`RLClock` (the seconds a run spends learning, acro
 is not RL time; a checkpoint and the run's end add the seconds since the last of them to
 ``TrainerState.rl_elapsed_s``, so ``trainer.max_minutes`` counts a resumed run's earlier lives too)
 and :class:`TrainResult` (what a run did, returned by every backend).
+
+**``fr-agents train``** (:func:`main_train`): resolve the config, check everything, then hand over to
+the loop. Order of business, so that a mistake costs seconds, not a warm start:
+
+1. load the preset or YAML and apply the ``key=value`` overrides (an invalid key is a
+   :class:`~fr_agents.config.ConfigError` naming it);
+2. ``--dry-run``: print the resolved config, the checks and the placement plan and return; the exit
+   code is the real run's verdict (0: it would start, 2: a check fails, as a real run's config error);
+3. preflight: the model, the env id (registered and importable), the task source, the device;
+4. create the run directory (or reopen it with ``--resume``) and run :class:`Trainer`
+   (with :class:`~trainer.elastic.runtime.ElasticHooks` under ``trainer.elastic=true``), or the
+   Ray backend (:func:`trainer.ray_backend.run_training_ray`).
+
+**Hooks** (:class:`TrainerHooks`): how a run is extended without touching its parts' methods. A
+:class:`Trainer` takes a :class:`TrainerHooks` object, or a list of them, and calls them at fixed points;
+every hook does nothing by default, so a subclass overrides only what it
+needs. A hooks object extends a plain ``Trainer``: nothing subclasses the trainer itself. A list
+composes (:class:`HookList`), as gymnasium's wrappers and TRL's callbacks do: each hook runs in list
+order, ``engine`` wraps the engine the previous hook returned, ``around_step`` nests (the first hook
+outermost), and ``run_ended`` runs in reverse order, every one of them even when one raises. The
+elastic runtime (:class:`~trainer.elastic.runtime.ElasticHooks`) is the example: it hands the
+episode runner an :class:`~trainer.elastic.pools.ElasticPool` instead of the plain engine
+(:meth:`engine`), counts finished episodes (:meth:`episode_done`), sizes each learner step to its
+train pool (:meth:`around_step`, :meth:`before_micro_batch`) and watches the learner wait
+(:meth:`waiting`). Nobody reassigns a method of another object. :meth:`engine` and
+:meth:`episode_done` act inside the rollout, so they need it in the learner's process
+(``trainer.backend=local``); the trainer refuses them with ``process``.
+
+When each hook runs::
+
+    build:   engine(base, tokenizer)            once, when the rollout side is built
+    start:   run_started(trainer)               the parts exist, before the warm start
+             rollout_started(rollout)           the rollout (thread or process) runs
+    loop:    waiting(True) ... waiting(False)   the learner waits for batch k
+             around_step(step)                  wraps one learner step (call step() once)
+             before_micro_batch()               inside the step, before each micro-batch
+             episode_done(outcome)              rollout thread, each finished episode
+    end:     run_ended()                        always, also after an error
 """
 
 from __future__ import annotations
@@ -43,17 +81,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fr_agents.config import TrainConfig
+from fr_agents.config import ConfigError, TrainConfig, dump_config, load_config
+from fr_agents.run_layout import CHECKPOINT_DIR, CONFIG_FILE
 from fr_agents.tree.batch import flat_view
 from trainer.batches import ConsumedMarks, export_batch, save_bad_batch
 from trainer.checkpoint import TrainerState, checkpoint_run, latest_checkpoint, load_weights, resume_run
 from trainer.guards import Guards, Plateau
-from trainer.hooks import TrainerHooks, as_hooks, refuse_rollout_hooks
 from trainer.metrics import step_row
 from trainer.os_tuning import (
     cpu_split,
@@ -68,12 +107,21 @@ from trainer.parts import LearnerSide, RolloutSide, build_learner_side, build_ro
 from trainer.rollout_process import RolloutProcess
 from trainer.rollout_thread import ReadyBatches, Rollout, RolloutThread
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from fr_agents.policy.base import Engine
+    from trainer.episodes import EpisodeOutcome
+    from trainer.loop import Trainer
+    from trainer.rollout_thread import Rollout
+
+
 log = logging.getLogger(__name__)
 
 
 class Trainer:
     """One run: builds both sides from a config and drives rollout + learning (see module doc).
-    ``hooks``: a :class:`~trainer.hooks.TrainerHooks`, or a list of them (they compose)."""
+    ``hooks``: a :class:`~trainer.loop.TrainerHooks`, or a list of them (they compose)."""
 
     learner_side: LearnerSide  # both set by build()
     rollout_side: RolloutSide
@@ -528,3 +576,211 @@ class TrainResult:
         if self.last_checkpoint:
             lines.append(f"  last checkpoint: {self.last_checkpoint}")
         return "\n".join(lines)
+
+
+# =========================================================================== fr-agents train: main_train
+
+
+def resolve_run_dir(cfg: TrainConfig, run_dir: str | None) -> Path:
+    if run_dir:
+        return Path(run_dir)
+    name = cfg.run.name or f"{cfg.preset or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.run.out_dir) / name
+
+
+ENV_PRESET = "env-tiny"
+"""The preset behind ``fr-agents train --env MODULE:ID``: the tiny model, tasks from the env's own
+reset (``tasks.source=env-reset``), multi-turn episodes."""
+
+
+def load_run_config(
+    preset: str | None, overrides: list[str], resume: str | None, *, env: str | None = None
+) -> TrainConfig:
+    """The config of a new run, or of the run being resumed (with optional overrides on top).
+
+    ``env``: train on that gymnasium id with the :data:`ENV_PRESET` defaults (``--env``).
+    """
+    if preset and "=" in preset:  # `fr-agents train key=value --resume DIR`
+        overrides = [preset, *overrides]
+        preset = None
+    if env is not None:
+        if preset or resume:
+            raise ConfigError(
+                "--env: give either --env MODULE:ID, a preset or --resume RUN_DIR, not two of them"
+            )
+        if not env.strip():
+            raise ConfigError("--env: expected a gymnasium id such as mypkg.envs:me/Guess-v0")
+        return load_config(ENV_PRESET, [f"env.id={env}", *overrides])
+    if resume:
+        saved = Path(resume) / CONFIG_FILE
+        if not saved.exists():
+            raise ConfigError(f"--resume: {resume} has no {CONFIG_FILE} (not a run directory)")
+        if preset:
+            raise ConfigError("--resume: give either a preset or --resume RUN_DIR, not both")
+        return load_config(str(saved), overrides)
+    return load_config(preset or "math-tiny", overrides)
+
+
+def main_train(
+    preset: str | None,
+    overrides: list[str] | None = None,
+    *,
+    resume: str | None = None,
+    dry_run: bool = False,
+    run_dir: str | None = None,
+    env: str | None = None,
+) -> int:
+    """The ``fr-agents train`` command. Returns the process exit code."""
+    cfg = load_run_config(preset, list(overrides or []), resume, env=env)
+    from trainer.os_tuning import onednn_cache_capacity
+
+    onednn_cache_capacity(cfg)  # before any product of this process, and inherited by the ones it starts
+    from trainer.preflight import dry_run_report, run_preflight
+
+    if dry_run:
+        pf = run_preflight(cfg, import_env=False)
+        print(dry_run_report(cfg, pf))
+        return 0 if pf.ok else 2
+    run_preflight(cfg).raise_if_failed()
+    if resume:
+        out = Path(resume)
+    else:
+        out = resolve_run_dir(cfg, run_dir)
+        if (out / CHECKPOINT_DIR).exists() and any((out / CHECKPOINT_DIR).iterdir()):
+            raise ConfigError(f"run directory {out} already holds a run; use --resume {out} to continue it")
+        out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / CONFIG_FILE)
+    if cfg.trainer.backend == "ray":
+        from trainer.ray_backend import run_training_ray
+
+        result = run_training_ray(cfg, out, resume=bool(resume))
+    else:
+        from trainer.loop import Trainer
+
+        hooks: list[TrainerHooks] = []
+        if cfg.trainer.elastic:  # the elastic runtime: hooks on the plain trainer
+            from trainer.elastic import ElasticHooks
+
+            t = cfg.trainer
+            hooks.append(ElasticHooks(cfg, devices=t.devices, rollout=t.rollout_devices or t.devices - 1))
+        result = Trainer(cfg, out, console=True, hooks=hooks).run(resume=bool(resume))
+    print(result.summary())
+    return 0 if result.ok else 1
+
+
+# =========================================================================== hooks: how a run is extended
+
+ROLLOUT_HOOKS = ("engine", "episode_done")
+"""The hooks that act inside the rollout, so they need it in the learner's process."""
+
+
+class TrainerHooks:
+    """Every hook of a run, each a no-op (see the module docstring)."""
+
+    def engine(self, base: Engine, tokenizer: PreTrainedTokenizerBase) -> Engine:
+        """The engine the episode runner samples with, given the one ``rollout.engine`` built."""
+        return base
+
+    def run_started(self, trainer: Trainer) -> None:
+        """The run's parts are built (``trainer.learner_side``, ``trainer.rollout_side``; the parts
+        read most also as ``trainer.learner``, ``trainer.board``, ``trainer.runner``, ``trainer.model``)."""
+
+    def rollout_started(self, thread: Rollout) -> None:
+        """The rollout (thread or process) started (``thread.next_batch``: the batch it works on)."""
+
+    def waiting(self, waiting: bool) -> None:
+        """The learner starts (True) or stops (False) waiting for its next batch."""
+
+    def around_step(self, step: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """One learner step: call ``step()`` exactly once and return its stats."""
+        return step()
+
+    def before_micro_batch(self) -> None:
+        """Inside a learner step, before each micro-batch (the Learner calls it)."""
+
+    def episode_done(self, outcome: EpisodeOutcome) -> None:
+        """The rollout thread finished and recorded one episode (its ``EpisodeOutcome``)."""
+
+    def run_ended(self) -> None:
+        """The run is over (also after an error): stop what the hooks started."""
+
+
+def acts_inside_rollout(hooks: TrainerHooks) -> list[str]:
+    """``Class.hook`` for each of :data:`ROLLOUT_HOOKS` that ``hooks`` (or a member of a
+    :class:`HookList`) overrides."""
+    members = hooks.hooks if isinstance(hooks, HookList) else [hooks]
+    return [
+        f"{type(h).__name__}.{name}"
+        for h in members
+        for name in ROLLOUT_HOOKS
+        if getattr(type(h), name) is not getattr(TrainerHooks, name)
+    ]
+
+
+def refuse_rollout_hooks(hooks: TrainerHooks, backend: str) -> None:
+    """Raise ConfigError when ``hooks`` act inside the rollout and ``backend`` runs it in a child
+    process (``trainer.backend=process``)."""
+    from fr_agents.config import ConfigError
+
+    if backend == "process" and (inside := acts_inside_rollout(hooks)):
+        raise ConfigError(
+            f"trainer.backend: the hooks {'/'.join(inside)} act inside the rollout, "
+            "which trainer.backend=process runs in a child process; use trainer.backend=local"
+        )
+
+
+class HookList(TrainerHooks):
+    """Several hooks as one (see the module docstring for the order)."""
+
+    def __init__(self, hooks: Sequence[TrainerHooks]) -> None:
+        self.hooks = list(hooks)
+
+    def engine(self, base: Engine, tokenizer: PreTrainedTokenizerBase) -> Engine:
+        for h in self.hooks:
+            base = h.engine(base, tokenizer)
+        return base
+
+    def run_started(self, trainer: Trainer) -> None:
+        for h in self.hooks:
+            h.run_started(trainer)
+
+    def rollout_started(self, thread: Rollout) -> None:
+        for h in self.hooks:
+            h.rollout_started(thread)
+
+    def waiting(self, waiting: bool) -> None:
+        for h in self.hooks:
+            h.waiting(waiting)
+
+    def around_step(self, step: Callable[[], dict[str, float]]) -> dict[str, float]:
+        wrapped = step
+        for h in reversed(self.hooks):  # the first hook ends up outermost
+            wrapped = (lambda hook, inner: lambda: hook.around_step(inner))(h, wrapped)
+        return wrapped()
+
+    def before_micro_batch(self) -> None:
+        for h in self.hooks:
+            h.before_micro_batch()
+
+    def episode_done(self, outcome: EpisodeOutcome) -> None:
+        for h in self.hooks:
+            h.episode_done(outcome)
+
+    def run_ended(self) -> None:
+        errors = []
+        for h in reversed(self.hooks):
+            try:
+                h.run_ended()
+            except Exception as e:  # the others still stop what they started
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def as_hooks(hooks: TrainerHooks | Sequence[TrainerHooks] | None) -> TrainerHooks:
+    """One hooks object from what a Trainer was given: none, one, or a list (a :class:`HookList`)."""
+    if hooks is None:
+        return TrainerHooks()
+    if isinstance(hooks, TrainerHooks):
+        return hooks
+    return HookList(hooks)

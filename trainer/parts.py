@@ -36,11 +36,11 @@ if TYPE_CHECKING:
     from fr_agents.ledger import EpisodeLedger
     from fr_agents.policy.base import Engine
     from fr_agents.tree import TrajectoryTree
+    from trainer.batches import EpisodeSchedule
     from trainer.episodes import EpisodeRunner
     from trainer.evaluate import HeldOutEval
     from trainer.learner import Learner
     from trainer.metrics import MetricsSink
-    from trainer.schedule import EpisodeSchedule
     from trainer.types import EnvFactory, PolicyModel, Task, Tokenizer
     from trainer.weights import WeightBoard
 
@@ -103,14 +103,14 @@ def build_rollout_side(
     (saves a load from disk); else the engine loads its own copy.
     ``with_engine=False``: the runner gets no engine (a Ray learner: its workers sample).
     ``engine``: ``(base engine, tokenizer) -> engine`` the runner samples with instead (a hook:
-    :meth:`trainer.hooks.TrainerHooks.engine`, e.g. the elastic runtime's pool of slot engines).
+    :meth:`trainer.loop.TrainerHooks.engine`, e.g. the elastic runtime's pool of slot engines).
     """
     from fr_agents.ledger import EpisodeLedger
     from fr_agents.models import load_tokenizer
     from fr_agents.plugins import load_object
     from fr_agents.tree import TrajectoryTree
+    from trainer.batches import EpisodeSchedule
     from trainer.episodes import EpisodeRunner, make_engine
-    from trainer.schedule import EpisodeSchedule
 
     keep_freed_memory(cfg)  # trainer.keep_freed_memory, in whichever process this side runs
     onednn_cache_capacity(cfg)  # before this side's first product

@@ -192,8 +192,8 @@ def run_training_ray(
 ) -> TrainResult:
     """Train ``cfg`` with Ray actors; connects to ``RAY_ADDRESS`` (after ``ray start``) or starts a
     local Ray."""
+    from trainer.batches import EpisodeSchedule
     from trainer.preflight import warn_recipe
-    from trainer.schedule import EpisodeSchedule
 
     warn_recipe(cfg)
     ray = _ray()

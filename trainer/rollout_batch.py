@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     import torch
 
     from fr_agents.ledger import EpisodeLedger
+    from trainer.batches import EpisodeSchedule, EpisodeSpec
     from trainer.episodes import EpisodeOutcome
     from trainer.parts import RolloutSide
-    from trainer.schedule import EpisodeSchedule, EpisodeSpec
 
 
 @dataclass

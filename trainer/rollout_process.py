@@ -25,8 +25,8 @@ thread). It is killed by the kernel when the learner process dies (``PR_SET_PDEA
 rollout thread dies with it, so a crash of the run leaves no rollout behind; what the ledger
 acknowledged is on disk either way.
 
-Hooks that act inside the rollout (:meth:`~trainer.hooks.TrainerHooks.engine`,
-:meth:`~trainer.hooks.TrainerHooks.episode_done`) need the rollout in the learner's process
+Hooks that act inside the rollout (:meth:`~trainer.loop.TrainerHooks.engine`,
+:meth:`~trainer.loop.TrainerHooks.episode_done`) need the rollout in the learner's process
 (``trainer.backend=local``); :class:`~trainer.loop.Trainer` refuses the combination.
 """
 

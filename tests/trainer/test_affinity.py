@@ -14,8 +14,7 @@ import torch
 
 from fr_agents.config import load_config
 from tests.trainer.test_loop import BASE as LOOP_BASE
-from trainer.hooks import TrainerHooks
-from trainer.loop import Trainer
+from trainer.loop import Trainer, TrainerHooks
 from trainer.os_tuning import cpu_split, pinned, rollout_threads, split, usable_cpus
 from trainer.preflight import placement_plan
 

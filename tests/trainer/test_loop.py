@@ -91,9 +91,8 @@ def test_a_stopped_run_evaluates_the_last_good_checkpoint_it_hands_back(tmp_path
     of that checkpoint (its step, its weights), not of the weights the run stopped with."""
     from safetensors.torch import load_file
 
-    from trainer.hooks import TrainerHooks
     from trainer.learner import NonFiniteLossError
-    from trainer.loop import Trainer
+    from trainer.loop import Trainer, TrainerHooks
 
     class NonFiniteAtThirdStep(TrainerHooks):
         """A fake fault (a real non-finite loss needs a broken model): the third step runs, so the
@@ -132,8 +131,7 @@ def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
     (a learner slower than its rollout never waits, and the budget must still be checked)."""
     import time as _time
 
-    from trainer.hooks import TrainerHooks
-    from trainer.loop import Trainer
+    from trainer.loop import Trainer, TrainerHooks
 
     class SlowSteps(TrainerHooks):
         """Every learner step takes 3 s longer (a real sleep), so rollout, two batches ahead, is
@@ -159,8 +157,7 @@ def test_the_warm_start_uses_the_cores_it_is_given_and_rl_uses_trainer_threads(
     and the caller's thread count is what it was once the run is over."""
     import os
 
-    from trainer.hooks import TrainerHooks
-    from trainer.loop import Trainer
+    from trainer.loop import Trainer, TrainerHooks
 
     seen: list[int] = []
 
@@ -257,8 +254,7 @@ def test_hooks_given_as_a_list_compose(tmp_path: Path) -> None:
     """``hooks=[a, b]``: every hook of both runs, ``around_step`` nested with the first outermost,
     ``run_ended`` in reverse order; a list holding a rollout hook is refused with the process backend
     as a single one is."""
-    from trainer.hooks import TrainerHooks
-    from trainer.loop import Trainer
+    from trainer.loop import Trainer, TrainerHooks
 
     calls: list[str] = []
 

@@ -126,8 +126,8 @@ def test_math_smollm2_takes_a_real_rl_step_of_smollm2_in_seconds(tmp_path) -> No
     to two episodes of eight tokens: SmolLM2-135M samples, is graded, and the learner steps its
     float32 weights; the dry-run plan names every part."""
     from fr_agents.models.precision import bfloat16_support
+    from trainer.loop import main_train
     from trainer.preflight import dry_run_report
-    from trainer.train import main_train
 
     overrides = [
         "trainer.steps=1",

@@ -31,7 +31,7 @@ def test_dry_run_of_math_tiny_with_smollm2_warns_naming_the_keys_and_the_fitting
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The command that wrecked SmolLM2-135M in five steps now says why before it starts."""
-    from trainer.train import main_train
+    from trainer.loop import main_train
 
     main_train(
         "math-tiny",

@@ -13,8 +13,7 @@ import torch
 
 from fr_agents.config import ConfigError, load_config
 from tests.trainer.test_loop import BASE as LOOP_BASE
-from trainer.hooks import TrainerHooks
-from trainer.loop import Trainer
+from trainer.loop import Trainer, TrainerHooks
 
 BASE = [*LOOP_BASE, "trainer.backend=process"]
 

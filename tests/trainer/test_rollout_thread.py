@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from fr_agents.ledger import EpisodeLedger
+from trainer.batches import EpisodeSchedule
 from trainer.episodes import EpisodeOutcome, LeafOutcome
 from trainer.rollout_batch import BatchLoop
 from trainer.rollout_thread import RolloutThread
-from trainer.schedule import EpisodeSchedule
 from trainer.weights import WeightBoard
 
 
@@ -121,7 +121,7 @@ def test_a_ledger_failure_fails_the_batch(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_record_outcomes_writes_all_or_nothing(tmp_path, n):
-    from trainer.schedule import EpisodeSpec
+    from trainer.batches import EpisodeSpec
 
     ledger = EpisodeLedger(tmp_path / "episodes.sqlite")
     specs = [
@@ -144,8 +144,8 @@ def test_aborted_leaves_have_their_own_rows_and_an_episode_with_only_aborts_is_d
     (grading could not happen) in ``episode_aborts``; an episode whose every attempt aborted is
     recorded with no leaf to train on, so it counts as done and is not run again."""
     from fr_agents.errors import InfrastructureFailure
+    from trainer.batches import EpisodeSpec
     from trainer.episodes import aborted_attempt
-    from trainer.schedule import EpisodeSpec
 
     ledger = EpisodeLedger(tmp_path / "episodes.sqlite")
     specs = [
@@ -184,8 +184,8 @@ def test_aborted_leaves_have_their_own_rows_and_an_episode_with_only_aborts_is_d
 def test_a_resumed_rollout_does_not_run_again_an_episode_whose_every_attempt_aborted(tmp_path):
     """Episode 0 was recorded with aborts only (before a crash): the resumed thread runs the rest of
     batch 0, not episode 0, and reports the batch whole."""
+    from trainer.batches import EpisodeSpec
     from trainer.episodes import aborted_attempt
-    from trainer.schedule import EpisodeSpec
 
     ledger = CountingLedger(tmp_path / "episodes.sqlite")
     lost = EpisodeOutcome(

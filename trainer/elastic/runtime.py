@@ -1,6 +1,6 @@
 """The embedded training loop on elastic device pools (CPU slots here, GPUs alike).
 
-:class:`ElasticHooks` is a hooks object (:mod:`trainer.hooks`) handed to a plain
+:class:`ElasticHooks` is a hooks object (:mod:`trainer.loop`) handed to a plain
 :class:`trainer.loop.Trainer`, alone or in a list with others::
 
     elastic = ElasticHooks(cfg, devices=3, rollout=2)
@@ -43,7 +43,7 @@ import torch
 from fr_agents.config import TrainConfig
 from trainer.elastic.controller import ControllerConfig, ElasticController, Telemetry, TelemetryWindow
 from trainer.elastic.pools import DeviceState, ElasticPool
-from trainer.hooks import TrainerHooks
+from trainer.loop import TrainerHooks
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -113,7 +113,7 @@ class ElasticHooks(TrainerHooks):
         self.cpu_seconds: dict[str, float] = {}
         self._stop = threading.Event()
 
-    # ------------------------------------------------------------------ hooks (trainer.hooks)
+    # ------------------------------------------------------------------ hooks (trainer.loop)
 
     def engine(self, base: HFEngine, tokenizer: PreTrainedTokenizerBase) -> ElasticPool:
         """The runner samples with an :class:`ElasticPool` of ``devices`` slot engines: ``base``

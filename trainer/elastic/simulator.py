@@ -4,7 +4,7 @@ What is modelled (each piece mirrors a mechanism of the runtime in :mod:`trainer
 :mod:`trainer.elastic.pools`):
 
 * **Episodes.** Batch ``k`` is a fixed list of ``batch_size`` episodes (as
-  :class:`~trainer.schedule.EpisodeSchedule`). An episode is a list of turns; a turn is a
+  :class:`~trainer.batches.EpisodeSchedule`). An episode is a list of turns; a turn is a
   generation of ``tokens`` decode tokens (after prefilling the turn's new tokens), then a tool/env
   call taking ``latency`` seconds during which the episode holds its KV slot but no compute.
   Turn counts, tokens per turn and tool latencies are log-normal (long-tailed) and capped; the

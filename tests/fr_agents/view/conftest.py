@@ -57,7 +57,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory made by ``fr-agents train`` (3 steps of the tiny model, ~30 s)."""
     import torch
 
-    from trainer.train import main_train
+    from trainer.loop import main_train
 
     torch.set_num_threads(1)
     run = tmp_path_factory.mktemp("view-run") / "run"
