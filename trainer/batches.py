@@ -63,7 +63,7 @@ from fr_agents.ledger import LedgerRow
 from fr_agents.seeding import stable_seed
 from fr_agents.tree import TrajectoryTree
 from fr_agents.tree.batch import TrainBatch, build_flat, build_packed, flat_view
-from fr_agents.tree.prune import keep_per_tree
+from fr_agents.tree.store import keep_per_tree
 
 if TYPE_CHECKING:
     from fr_agents.ledger import EpisodeLedger
@@ -100,7 +100,7 @@ def export_batch(
     ``batch`` is None when no scheduled episode has a leaf to train on (every attempt of each
     aborted). Raises RuntimeError when the ledger's episodes are not the scheduled ones (each
     scheduled episode has trained leaves or only aborts). Each episode's
-    leaves go through :func:`~fr_agents.tree.prune.keep_per_tree` (``trainer.max_per_root``);
+    leaves go through :func:`~fr_agents.tree.store.keep_per_tree` (``trainer.max_per_root``);
     the dropped ones are marked pruned in the store (they stay there), and a kept leaf that
     identical siblings were merged into gets their count as its row weight. The batch is a
     ``PackedBatch`` with ``trainer.packed=always``, or with ``auto`` when leaves share a prefix;

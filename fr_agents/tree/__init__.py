@@ -3,8 +3,9 @@
 ``TrajectoryTree`` (in :mod:`fr_agents.tree.store`) is what rollout workers write and the learner
 reads; a :class:`Trajectory` (:mod:`fr_agents.tree.nodes`) is one root-to-leaf path;
 :mod:`fr_agents.tree.batch` turns trajectories into flat or tree-packed tensors and holds the
-project's one log-prob gather. Imports run one way: store -> nodes (the ``nodes`` table's rows)
--> trajectory, and store -> batch -> trajectory. The batch classes import torch, so they load
+project's one log-prob gather. Imports run one way: store (the contract, the leaves' states,
+pruning) -> nodes (the SQLite database, the ``nodes`` rows, segments and trajectories), and
+batch -> nodes. The batch classes import torch, so they load
 lazily: rollout processes that only write stay light.
 """
 

@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 
 from fr_agents.ledger import leaf_episodes
-from fr_agents.tree.db import SCHEMA_VERSION
-from fr_agents.tree.prune import STATE_CONSUMED, STATE_PRUNED
-from fr_agents.tree.store import STATUSES
+from fr_agents.tree.nodes import SCHEMA_VERSION
+from fr_agents.tree.store import STATE_CONSUMED, STATE_PRUNED, STATUSES
 from fr_agents.view.decode import TokenText
 from fr_agents.view.shape import STATE_NAMES, NotFound, RootShape, read_shape
 

@@ -14,7 +14,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from fr_agents.tree.prune import STATE_AVAILABLE, STATE_CONSUMED, STATE_PRUNED, STATE_STALE
+from fr_agents.tree.store import STATE_AVAILABLE, STATE_CONSUMED, STATE_PRUNED, STATE_STALE
 
 STATE_NAMES = {
     STATE_AVAILABLE: "available",

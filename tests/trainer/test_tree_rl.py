@@ -16,7 +16,7 @@ from fr_agents.config import load_config
 from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from fr_agents.tree.batch import build_flat, build_packed
-from fr_agents.tree.prune import STATE_PRUNED, keep_per_tree
+from fr_agents.tree.store import STATE_PRUNED, keep_per_tree
 from tests.trainer.learners import make_learner
 from tests.trainer.test_learner import make_trajectories, moved, params_close, tiny_model
 from tests.trainer.test_resume import (
