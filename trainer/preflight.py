@@ -483,6 +483,12 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
             f"prompt: {len(cfg.env.examples)} example turn(s) before each first observation (env.examples), "
             "in training and in the evaluations"
         )
+    lines.append(phases_plan(cfg))
+    if t.onednn_cache_capacity > 0:
+        lines.append(
+            f"memory: oneDNN keeps at most {t.onednn_cache_capacity} primitives cached per training process "
+            "(trainer.onednn_cache_capacity), unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is already set"
+        )
     lines.append(
         f"staleness: batch k is sampled with policy version k-{cfg.rollout.max_policy_lag} "
         f"(max_policy_lag={cfg.rollout.max_policy_lag}); weights synced to the engine after every step"
@@ -499,6 +505,30 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
         + (f", GRPO groups of {cfg.objective.grpo_group_size}" if cfg.objective.algo == "grpo" else "")
     )
     return lines
+
+
+def phases_plan(cfg: TrainConfig) -> str:
+    """The run's phases in order, as :func:`trainer.loop.before_rl` and the loop run them: the
+    held-out evaluations (greedy, ``trainer.eval_episodes`` of ``tasks.test_split``), the warm start,
+    RL with its periodic evaluations."""
+    t, n = cfg.trainer, cfg.trainer.eval_episodes
+    held = f"held-out ({n} {cfg.tasks.test_split} tasks, greedy)"
+    phases = []
+    if n and t.eval_before:
+        phases.append(f"{held} before")
+    if cfg.warm_start.examples > 0:
+        ws = cfg.warm_start
+        phases.append(f"warm start ({ws.examples} {ws.demos} demos x {ws.epochs} epochs)")
+        if n:
+            phases.append(f"{held} after the warm start")
+    rl = "RL"
+    if n and t.eval_every:
+        during = t.eval_during_episodes if 0 < t.eval_during_episodes < n else n
+        rl += f" (every {t.eval_every} steps: held-out on the first {during} of them)"
+    phases.append(rl)
+    if n:
+        phases.append(f"{held} after RL")
+    return "phases: " + " -> ".join(phases)
 
 
 def forward_plan(cfg: TrainConfig) -> str:
