@@ -10,7 +10,7 @@ a hash of printable parts, never Python's ``hash()`` (which changes with ``PYTHO
     1550039684152772504
 
 Each caller keeps the separator, width and digest it has always used, so every seed a run drew
-before this module existed is drawn again exactly (``tests/fr_agents/test_seeding.py`` pins values):
+before this module existed is drawn again exactly (``tests/test_seeding.py`` pins values):
 
 =====================================  =======  =====  =========  =========
 caller                                 sep      bits   algorithm  byteorder
