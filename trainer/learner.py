@@ -102,7 +102,7 @@ from fr_agents.config import PACKED_MODES, OptimConfig, TrainConfig
 from fr_agents.models.forward import FlatChunk, ForwardConfig, PackedChunk, PolicyForward
 from fr_agents.objective_config import ObjectiveConfig
 from fr_agents.tree.batch import FlatBatch, PackedBatch, TrainBatch
-from trainer.objective import batch_advantages, denominators, objective_loss, validate_weights
+from trainer.objective import LossInputs, batch_advantages, denominators, objective_loss, validate_weights
 
 if TYPE_CHECKING:
     from fr_agents.tree.batch import FlatBatch
@@ -455,12 +455,11 @@ class Learner:
         out = self.policy.logprobs(chunk, device, entropies=self._entropies)
         rows, on_device = out.rows, out.rows.to(device)
         self._check_current(out.log_probs, out.action_mask)
-        loss, st = objective_loss(
-            self.objective,
-            out.log_probs,
-            flat.behavior_logprobs[rows, : out.width].to(device),
-            flat.rewards[rows].to(device),
-            out.action_mask,
+        inputs = LossInputs(
+            log_probs=out.log_probs,
+            behavior_log_probs=flat.behavior_logprobs[rows, : out.width].to(device),
+            rewards=flat.rewards[rows].to(device),
+            action_mask=out.action_mask,
             advantages=advantages[on_device] if advantages.dim() == 1 else advantages[on_device, : out.width],
             num_rows=num_rows,
             num_tokens=num_tokens,
@@ -468,6 +467,7 @@ class Learner:
             failures=self._failures(flat, rows, device),
             weights=None if weights is None else weights[on_device],
         )
+        loss, st = objective_loss(inputs, self.objective)
         loss.backward()
         return {
             "rows": rows,

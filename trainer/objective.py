@@ -52,8 +52,8 @@ Merging saves the duplicates' compute; it does not down-weight the continuations
 samples most often, as dropping the duplicates would.
 
 Micro-batching: the learner splits a batch into row chunks. It computes the advantages on the full
-batch once (:func:`batch_advantages`) and passes them to :func:`objective_loss` (the loss its
-:class:`~fr_agents.objective_config.ObjectiveConfig` names),
+batch once (:func:`batch_advantages`) and hands them to :func:`objective_loss` in a :class:`LossInputs`
+(the loss its :class:`~fr_agents.objective_config.ObjectiveConfig` names),
 together with ``num_rows`` (the full ``B``, or ``W`` with weights) and ``num_tokens`` (the full
 batch's policy-token count, weighted with weights, for token-mean aggregation), so the sum of the
 chunk losses equals the full-batch loss.
@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -487,46 +488,52 @@ def grpo_loss(
 # --------------------------------------------------------------------------- the configured objective
 
 
-def objective_loss(
-    cfg: ObjectiveConfig,
-    log_probs: Tensor,
-    behavior_log_probs: Tensor,
-    rewards: Tensor,
-    action_mask: Tensor,
-    *,
-    advantages: Tensor,
-    num_rows: float,
-    num_tokens: float,
-    entropies: Tensor | None = None,
-    failures: Tensor | None = None,
-    weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss ``cfg`` names, on one micro-batch of rows: :func:`flashreinforce_loss` with the
-    config's switches, or :func:`grpo_loss` (``cfg.algo == "grpo"``). ``advantages``, ``num_rows``
-    and ``num_tokens`` are the full batch's (module docstring, micro-batching)."""
+@dataclass(frozen=True)
+class LossInputs:
+    """What the loss reads of one micro-batch of ``B`` rows of width ``T``, as the learner hands it
+    over (``advantages``, ``num_rows`` and ``num_tokens`` are the full batch's: module docstring,
+    micro-batching). The tensors are checked by the loss, on every call; the switches that say how
+    to use them are the :class:`~fr_agents.objective_config.ObjectiveConfig`, checked once."""
+
+    log_probs: Tensor  # current policy, differentiable, [B, T]
+    behavior_log_probs: Tensor  # the sampling distribution's (after temperature), [B, T]
+    rewards: Tensor  # one per row, [B]
+    action_mask: Tensor  # bool [B, T], True on policy tokens
+    advantages: Tensor  # the full batch's, [B] (or [B, T] per token)
+    num_rows: float  # the B of 1/B: the full batch's rows (the sum of their weights)
+    num_tokens: float  # the full batch's policy tokens (weighted), for token-mean aggregation
+    entropies: Tensor | None = None  # [B, T], when the entropy filter is on
+    failures: Tensor | None = None  # bool [B], when the entropy filter is on
+    weights: Tensor | None = None  # [B], the sampled leaves each row stands for
+
+
+def objective_loss(inputs: LossInputs, cfg: ObjectiveConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss ``cfg`` names on one micro-batch: FlashREINFORCE (:func:`flashreinforce_loss`'s
+    formula with the config's switches) or :func:`grpo_loss` (``cfg.algo == "grpo"``)."""
+    x = inputs
     if cfg.algo == "grpo":
         return grpo_loss(
-            log_probs,
-            behavior_log_probs,
-            rewards,
-            action_mask,
+            x.log_probs,
+            x.behavior_log_probs,
+            x.rewards,
+            x.action_mask,
             clip_eps=cfg.grpo_clip,
-            advantages=advantages,
-            num_tokens=num_tokens,
-            weights=weights,
+            advantages=x.advantages,
+            num_tokens=x.num_tokens,
+            weights=x.weights,
         )
     return _flashreinforce(
         cfg,
-        log_probs,
-        behavior_log_probs,
-        rewards,
-        action_mask,
-        entropies=entropies,
-        failures=failures,
-        advantages=advantages,
-        num_rows=num_rows,
-        num_tokens=num_tokens,
-        weights=weights,
+        x.log_probs,
+        x.behavior_log_probs,
+        x.rewards,
+        x.action_mask,
+        entropies=x.entropies,
+        failures=x.failures,
+        advantages=x.advantages,
+        num_rows=x.num_rows,
+        num_tokens=x.num_tokens,
+        weights=x.weights,
     )
 
 
