@@ -17,7 +17,7 @@ const state = {
   roots: { offset: 0, total: 0 },
   // `gen` counts opened roots; `loading` is the gen whose chunk is in flight (null: none), so
   // opening another root while one loads starts the new load instead of waiting behind the old
-  tree: { root: null, gen: 0, offset: 0, total: 0, parents: new Map(), depth: new Map(), collapsed: new Set(), loading: null },
+  tree: { root: null, gen: 0, offset: 0, total: 0, parents: new Map(), depth: new Map(), kids: new Map(), indent: new Map(), collapsed: new Set(), loading: null },
   selected: null,
   compare: [],
   heatMode: "lp",
@@ -277,7 +277,7 @@ async function loadRoots(resetPage) {
 // ------------------------------------------------------------------ one tree
 async function openRoot(root) {
   const t = state.tree;
-  Object.assign(t, { root, gen: t.gen + 1, offset: 0, total: 0, parents: new Map(), depth: new Map(), collapsed: new Set() });
+  Object.assign(t, { root, gen: t.gen + 1, offset: 0, total: 0, parents: new Map(), depth: new Map(), kids: new Map(), indent: new Map(), collapsed: new Set() });
   state.compare = [];
   updateCompareButton();
   for (const tr of document.querySelectorAll("#roots tbody tr")) tr.classList.toggle("selected", Number(tr.dataset.root) === root);
@@ -329,7 +329,13 @@ function treeRow(n) {
   const t = state.tree;
   t.parents.set(n.id, n.parent);
   t.depth.set(n.id, n.depth);
-  const guides = Array.from({ length: n.depth }, () => el("span", { class: "guide" }));
+  t.kids.set(n.id, n.children);
+  // indent by forks, not by nodes: a node that is its parent's only child (the next turn of an
+  // episode) stands under it at the same indent, so a 30-turn episode reads as a list; each fork's
+  // branches go one step in. Nodes arrive depth first, so a parent is known before its children.
+  const indent = n.parent === null ? 0 : (t.indent.get(n.parent) ?? 0) + ((t.kids.get(n.parent) ?? 0) > 1 ? 1 : 0);
+  t.indent.set(n.id, indent);
+  const guides = Array.from({ length: indent }, () => el("span", { class: "guide" }));
   const toggle = el("span", { class: "toggle", title: "collapse / expand" }, n.children ? "▾" : "·");
   if (n.children) toggle.addEventListener("click", (ev) => { ev.stopPropagation(); toggleCollapse(n.id, toggle); });
   const cmp = el("input", { type: "checkbox", class: "cmp", title: "compare this branch", dataset: { node: n.id } });
@@ -341,7 +347,7 @@ function treeRow(n) {
     n.children > 1 ? el("span", { class: "badge" }, `${n.children} branches · ${n.leaves_below} leaves`) : null, ...leafBadges(n.leaf));
   const box = el("div", { class: "box" }, meta, runsNode(n.runs, "text"));
   box.addEventListener("click", () => openNode(n.id));
-  const row = el("div", { class: "node" + (n.leaf && n.leaf.state === "pruned" ? " pruned" : ""), dataset: { node: n.id, depth: n.depth, leaf: n.leaf ? "1" : "0" } }, guides, toggle, box);
+  const row = el("div", { class: "node" + (n.leaf && n.leaf.state === "pruned" ? " pruned" : ""), dataset: { node: n.id, depth: n.depth, indent, leaf: n.leaf ? "1" : "0" } }, guides, toggle, box);
   if (hiddenByAncestor(n.id)) row.hidden = true;
   return row;
 }

@@ -70,5 +70,7 @@ def test_an_alfworld_episode_reads_as_a_transcript(games_root, tmp_path, encode,
         assert "You are in the middle of a room" in texts[0] and "Your task is to:" in texts[0]
         assert [x.strip() for x in texts[1::2]] == replies
         assert [x.strip() for x in texts[2::2]] == [o.strip() for o in observations[1:]]
+        # one episode is a chain of turns: it reads as a list, no node indented under another
+        assert page.locator("#tree .node .guide").count() == 0
         assert screenshot(page, "alfworld_transcript").exists()
         _no_problems(page)

@@ -142,6 +142,31 @@ def test_tree_page_matches_the_store_and_compares_siblings(
         _no_problems(page)
 
 
+def test_forks_indent_their_branches_and_a_chain_of_turns_stays_in_line(text_store, page, serving) -> None:
+    """The tree indents by forks, not by nodes: root ``a`` forks into "I think" and "Answer" (one step
+    in), "I think" forks again (two steps); "Answer", the tool's feedback and " 5" are a chain, each
+    its parent's only child, so they stand in one line (a 30-turn episode reads as a list, not as 60
+    nested columns)."""
+    path, ids = text_store
+    with serving(path, model=MODEL) as url:
+        page.goto(url + "#trees")
+        page.click(f"#roots tbody tr[data-root='{ids['a']}']")
+        page.wait_for_selector(f"#tree .node[data-node='{ids['tool']}']")
+        nodes = page.locator("#tree .node")
+        shown = {
+            int(nodes.nth(i).get_attribute("data-node")): (
+                int(nodes.nth(i).get_attribute("data-indent")),
+                nodes.nth(i).locator(".guide").count(),
+            )
+            for i in range(nodes.count())
+        }
+    with TrajectoryTree.open(path) as t:
+        tool_path = t.trajectory(ids["tool"]).path
+    want = {ids["a"]: 0, ids["think"]: 1, ids["five"]: 2, ids["six"]: 2}
+    want |= {node: 1 for node in tool_path[1:]}  # "Answer", the feedback, " 5": a chain under the fork
+    assert {node: shown[node] for node in want} == {node: (n, n) for node, n in want.items()}
+
+
 # ====================================================================== untrusted text
 XSS_PROMPT = '<script>window.__xss=1;alert(1)</script><img src=x onerror="window.__xss=2;alert(2)">'
 XSS_REPLY = "<img src=x onerror=alert(4)><svg onload=alert(5)>"
