@@ -183,13 +183,51 @@ def load_checkpoint(
     path = Path(path)
     load_weights(path, model)
     blob = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    base_lrs = list(scheduler.base_lrs) if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) else None
     optimizer.load_state_dict(blob["optimizer"])
     if scheduler is not None and blob.get("scheduler") is not None:
         scheduler.load_state_dict(blob["scheduler"])
+    _keep_configured_hyperparameters(optimizer, scheduler, configured, base_lrs)
     if restore_rngs:
         restore_rng(blob["rng"])
     known = {f.name for f in fields(TrainerState)}  # checkpoints of older versions carried unused fields
     return TrainerState(**{k: v for k, v in blob["trainer"].items() if k in known})
+
+
+def _keep_configured_hyperparameters(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    configured: list[dict[str, Any]],
+    base_lrs: list[float] | None,
+) -> None:
+    """Give ``optimizer`` back the settings the run's config built it with (``optim.lr``, betas,
+    weight decay), which ``load_state_dict`` replaced by the checkpoint's: ``fr-agents train --resume
+    RUN optim.lr=...`` changes the rate from the resumed step on. The moments, the step counts and
+    the schedule's position stay the checkpoint's."""
+    changed: list[str] = []
+    for i, (group, mine) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
+        base = base_lrs[i] if base_lrs is not None else mine["lr"]
+        saved_base = group.get("initial_lr", group["lr"])
+        if saved_base != base:
+            changed.append(f"lr {saved_base:g} -> {base:g}")
+        for key, value in mine.items():
+            if key in ("lr", "initial_lr"):
+                continue
+            if key in group and group[key] != value:
+                changed.append(f"{key} {group[key]} -> {value}")
+            group[key] = value
+        if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            group["initial_lr"] = base
+            group["lr"] = base * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        else:
+            group["lr"] = base
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) and base_lrs is not None:
+        scheduler.base_lrs = list(base_lrs)
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    if changed:
+        settings = ", ".join(sorted(set(changed)))
+        log.info("resume: the config's optimizer settings replace the checkpoint's: %s", settings)
 
 
 # =========================================================================== a run's checkpoints

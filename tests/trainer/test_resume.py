@@ -157,3 +157,28 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     assert pr.returncode == 0, out_r
 
     assert_resumed_run_matches(a, b, resumed_from)
+
+
+@pytest.mark.timeout(600)
+def test_resume_with_a_new_learning_rate_trains_at_that_rate(tmp_path: Path) -> None:
+    """``fr-agents train --resume RUN optim.lr=X``: the steps after the checkpoint run at X. The optimizer's
+    saved state carries the old rate in its parameter groups; restoring it must not override the config."""
+    run = tmp_path / "run"
+    short = [
+        *(o for o in OVERRIDES if not o.startswith(("trainer.steps", "warm_start.epochs"))),
+        "trainer.steps=2",
+        "warm_start.epochs=2",
+    ]
+    pa = _train(["math-tiny", *short, "--run-dir", str(run)])
+    out, _ = pa.communicate(timeout=400)
+    assert pa.returncode == 0, out
+    assert resume_point(run) == 2
+
+    pr = _train(["--resume", str(run), "trainer.steps=4", "optim.lr=7e-4"])
+    out, _ = pr.communicate(timeout=400)
+    assert pr.returncode == 0, out
+
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = {m["step"]: m["lr"] for m in metrics if m["kind"] == "step"}
+    assert lrs[1] == lrs[2] == pytest.approx(3e-3)
+    assert lrs[3] == lrs[4] == pytest.approx(7e-4)
