@@ -222,6 +222,26 @@ def entropy_filter(entropies: Tensor, failures: Tensor, action_mask: Tensor, fra
 # --------------------------------------------------------------------------- FlashREINFORCE
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What the loss reads of one micro-batch of ``B`` rows of width ``T``, as the learner hands it over
+    (``advantages``, ``num_rows`` and ``num_tokens`` are the full batch's: module docstring, micro-batching;
+    left ``None`` they are this micro-batch's own, as for one whole batch). The tensors are checked by the
+    loss, on every call; the switches that say how to use them are the
+    :class:`~fr_agents.objective_config.ObjectiveConfig`, checked once."""
+
+    log_probs: Tensor  # current policy, differentiable, [B, T]
+    behavior_log_probs: Tensor  # the sampling distribution's (after temperature), [B, T]
+    rewards: Tensor  # one per row, [B]
+    action_mask: Tensor  # bool [B, T], True on policy tokens
+    advantages: Tensor | None = None  # the full batch's, [B] (or [B, T] per token); None: centred here
+    num_rows: float | None = None  # the B of 1/B: the full batch's rows (weighted); None: these rows
+    num_tokens: float | None = None  # the full batch's policy tokens (weighted); None: these rows'
+    entropies: Tensor | None = None  # [B, T], when the entropy filter is on
+    failures: Tensor | None = None  # bool [B], when the entropy filter is on
+    weights: Tensor | None = None  # [B], the sampled leaves each row stands for
+
+
 def flashreinforce_loss(
     log_probs: Tensor,
     behavior_log_probs: Tensor,
@@ -287,38 +307,33 @@ def flashreinforce_loss(
         aggregation=aggregation,
     )
     cfg.check()
-    return _flashreinforce(
-        cfg,
+    inputs = LossInputs(
         log_probs,
         behavior_log_probs,
         rewards,
         action_mask,
-        entropies=entropies,
-        failures=failures,
         advantages=advantages,
         num_rows=num_rows,
         num_tokens=num_tokens,
+        entropies=entropies,
+        failures=failures,
         weights=weights,
     )
+    return _flashreinforce(inputs, cfg)
 
 
-def _flashreinforce(
-    cfg: ObjectiveConfig,
-    log_probs: Tensor,
-    behavior_log_probs: Tensor,
-    rewards: Tensor,
-    action_mask: Tensor,
-    *,
-    entropies: Tensor | None,
-    failures: Tensor | None,
-    advantages: Tensor | None,
-    num_rows: float | None,
-    num_tokens: float | None,
-    weights: Tensor | None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """:func:`flashreinforce_loss` under ``cfg``, whose switches were checked once
+def _flashreinforce(inputs: LossInputs, cfg: ObjectiveConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`flashreinforce_loss` on ``inputs`` under ``cfg``, whose switches were checked once
     (:meth:`~fr_agents.objective_config.ObjectiveConfig.check`: by :func:`flashreinforce_loss`, or
     when the learner is built); the tensors are checked here, on every call."""
+    log_probs, behavior_log_probs, rewards, action_mask = (
+        inputs.log_probs,
+        inputs.behavior_log_probs,
+        inputs.rewards,
+        inputs.action_mask,
+    )
+    entropies, failures, weights = inputs.entropies, inputs.failures, inputs.weights
+    advantages, num_rows, num_tokens = inputs.advantages, inputs.num_rows, inputs.num_tokens
     delta, negative_token_fraction, aggregation = cfg.delta, cfg.negative_token_fraction, cfg.aggregation
     negative_min_prob, negative_min_prob_scope = cfg.negative_min_prob, cfg.negative_min_prob_scope
     importance_sampling = cfg.importance_sampling
@@ -488,25 +503,6 @@ def grpo_loss(
 # --------------------------------------------------------------------------- the configured objective
 
 
-@dataclass(frozen=True)
-class LossInputs:
-    """What the loss reads of one micro-batch of ``B`` rows of width ``T``, as the learner hands it
-    over (``advantages``, ``num_rows`` and ``num_tokens`` are the full batch's: module docstring,
-    micro-batching). The tensors are checked by the loss, on every call; the switches that say how
-    to use them are the :class:`~fr_agents.objective_config.ObjectiveConfig`, checked once."""
-
-    log_probs: Tensor  # current policy, differentiable, [B, T]
-    behavior_log_probs: Tensor  # the sampling distribution's (after temperature), [B, T]
-    rewards: Tensor  # one per row, [B]
-    action_mask: Tensor  # bool [B, T], True on policy tokens
-    advantages: Tensor  # the full batch's, [B] (or [B, T] per token)
-    num_rows: float  # the B of 1/B: the full batch's rows (the sum of their weights)
-    num_tokens: float  # the full batch's policy tokens (weighted), for token-mean aggregation
-    entropies: Tensor | None = None  # [B, T], when the entropy filter is on
-    failures: Tensor | None = None  # bool [B], when the entropy filter is on
-    weights: Tensor | None = None  # [B], the sampled leaves each row stands for
-
-
 def objective_loss(inputs: LossInputs, cfg: ObjectiveConfig) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss ``cfg`` names on one micro-batch: FlashREINFORCE (:func:`flashreinforce_loss`'s
     formula with the config's switches) or :func:`grpo_loss` (``cfg.algo == "grpo"``)."""
@@ -522,19 +518,7 @@ def objective_loss(inputs: LossInputs, cfg: ObjectiveConfig) -> tuple[Tensor, di
             num_tokens=x.num_tokens,
             weights=x.weights,
         )
-    return _flashreinforce(
-        cfg,
-        x.log_probs,
-        x.behavior_log_probs,
-        x.rewards,
-        x.action_mask,
-        entropies=x.entropies,
-        failures=x.failures,
-        advantages=x.advantages,
-        num_rows=x.num_rows,
-        num_tokens=x.num_tokens,
-        weights=x.weights,
-    )
+    return _flashreinforce(x, cfg)
 
 
 # =========================================================================== advantages
