@@ -284,9 +284,9 @@ class Learner:
                     self.objective,
                     rewards,
                     weights=weights,
-                    branch_rows=getattr(flat, "branch_rows", None),
-                    root_ids=getattr(flat, "root_ids", None),
-                    node_spans=getattr(flat, "node_spans", None),
+                    branch_rows=flat.branch_rows,
+                    root_ids=flat.root_ids,
+                    node_spans=flat.node_spans,
                     width=int(flat.token_ids.shape[1]),
                 )
             )
@@ -416,9 +416,10 @@ class Learner:
     @staticmethod
     def _weights(flat: FlatBatch, device: torch.device) -> Tensor | None:
         """The batch's row weights (sampled leaves per row, float64 on ``device``), or None."""
-        weights = getattr(flat, "weights", None)
+        weights = flat.weights
         if weights is None:
             return None
+        # getattr: a non-tensor reaches validate_weights, which names the field
         validate_weights(weights, flat.token_ids.shape[0], getattr(weights, "device", device))
         return weights.to(device=device, dtype=torch.float64)
 
@@ -436,7 +437,7 @@ class Learner:
     def _failures(self, flat: FlatBatch, rows: Tensor | None, device: torch.device) -> Tensor | None:
         if not self._entropies:
             return None
-        failures = getattr(flat, "failures", None)
+        failures = flat.failures
         if not isinstance(failures, Tensor) or failures.dtype != torch.bool:
             raise ValueError("failures: the entropy filter needs explicit bool failure labels [B]")
         return (failures if rows is None else failures[rows]).to(device)
@@ -651,7 +652,7 @@ def merge_stats(
             retained_fraction=1.0,
             clip_fraction=clip_tokens / total,
         )
-    versions = getattr(flat, "versions", None)
+    versions = flat.versions
     if isinstance(versions, Tensor) and versions.shape == flat.action_mask.shape:
         v = versions[flat.action_mask]
         if v.numel() and bool((v >= 0).all()):
