@@ -246,6 +246,55 @@ def compact_logits_at(
     return _forward(model, ids, lengths, rows, cols, prefix)
 
 
+def compact_tree_logits_at(
+    model: torch.nn.Module,
+    ids: Tensor,
+    positions: Tensor,
+    allowed: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    prefix: int = 0,
+) -> Tensor:
+    """:func:`compact_logits_at` for packed tree rows: row ``b`` of ``ids`` [B, W] holds a whole
+    trajectory tree (its branches side by side), token ``j`` at rotary position ``positions[b, j]``
+    (its depth in the tree), attending to the keys ``allowed[b, j]`` [W] (bool: its ancestors and
+    itself). Column 0 must be every real token's ancestor (the root's first token), and the first
+    ``prefix`` columns a causal chain at positions ``0 .. prefix - 1`` holding the same tokens in
+    every row: a prompt opening the roots share, run once. Row ``b`` runs through its last asked
+    column; columns after a row's last real token must not be asked for.
+
+    What the learner's packed step asks for: each root's logits only where they predict a policy
+    token, every shared prompt computed once across roots and every shared history once within a
+    root. Equal, up to float rounding, to ``model(input_ids=ids, position_ids=positions,
+    attention_mask=<allowed as an additive mask>).logits[rows, cols]``."""
+    b, w = ids.shape
+    if positions.shape != (b, w) or allowed.shape != (b, w, w) or allowed.dtype != torch.bool:
+        raise ValueError(
+            f"positions, allowed: expected [{b}, {w}] and bool [{b}, {w}, {w}], got "
+            f"{tuple(positions.shape)} and {allowed.dtype} {tuple(allowed.shape)}"
+        )
+    if rows.numel() == 0:
+        raise ValueError("rows: no column asked for")
+    if not 0 <= prefix <= int(cols.min()):
+        raise ValueError(f"prefix: must be in [0, {int(cols.min())}], got {prefix}")
+    if bool((rows[1:] < rows[:-1]).any()) or bool(((rows[1:] == rows[:-1]) & (cols[1:] <= cols[:-1])).any()):
+        raise ValueError("rows, cols: must be sorted by row, then by column, without repeats")
+    if prefix:
+        chain = torch.ones(prefix, prefix, dtype=torch.bool, device=ids.device).tril()
+        opening = torch.arange(prefix, device=ids.device)
+        if not (
+            bool((ids[:, :prefix] == ids[:1, :prefix]).all())
+            and bool((allowed[:, :prefix, :prefix] == chain).all())
+            and bool((positions[:, :prefix] == opening).all())
+        ):
+            raise ValueError(
+                f"prefix: the first {prefix} columns are not one causal opening every row shares"
+            )
+    lengths = torch.full((b,), prefix, dtype=torch.long, device=ids.device)
+    lengths = lengths.scatter_reduce(0, rows, cols + 1, reduce="amax")
+    return _forward(model, ids, lengths, rows, cols, prefix, positions=positions, allowed=allowed)
+
+
 @torch.no_grad()
 def compact_prefill(
     model: torch.nn.Module,
@@ -425,6 +474,8 @@ def _forward(
     cache: CompactCache | None = None,
     fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None,
     past: Past | None = None,
+    positions: Tensor | None = None,
+    allowed: Tensor | None = None,
 ) -> Tensor:
     """Logits ``[M, V]``, row ``m`` at column ``keep_cols[m]`` of row ``keep_rows[m]`` (rows
     non-decreasing; each column at or after ``prefix`` and below its row's length), of right-padded
@@ -437,7 +488,13 @@ def _forward(
     Only real tokens go through the products: the shared prefix once, then each row's own columns
     up to its length (padding is never computed). Attention alone lays the rows out padded to the
     longest, ``[B, rest]``, since each row attends within itself; a padding slot sits after every
-    real query of its row, so the causal mask already hides it."""
+    real query of its row, so the causal mask already hides it.
+
+    Tree rows (:func:`compact_tree_logits_at`, without ``cache`` or ``past``): ``positions`` [B, W]
+    replace the column index as rotary positions, and ``allowed`` [B, W, W] (bool) replaces the
+    causal mask after the prefix, one per row."""
+    if allowed is not None and (cache is not None or past is not None):
+        raise ValueError("allowed: tree rows are a training forward (no cache, no past)")
     b = ids.shape[0]
     c = model.config
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
@@ -456,15 +513,23 @@ def _forward(
     slot_of = torch.zeros(b * rest, dtype=torch.long, device=device)
     slot_of[real] = torch.arange(real.shape[0], device=device)
     tokens = torch.cat([ids[0, :prefix], ids[:, prefix:width].reshape(-1)[real]])
-    positions = before + torch.cat([torch.arange(prefix, device=device), (prefix + column).repeat(b)[real]])
+    if positions is None:
+        at = before + torch.cat([torch.arange(prefix, device=device), (prefix + column).repeat(b)[real]])
+    else:
+        at = torch.cat([positions[0, :prefix], positions[:, prefix:width].reshape(-1)[real]])
     cos, sin = (
         t[:, None]
         for t in _rope(
-            positions, head_dim, float(c.rope_parameters["rope_theta"]), model.model.embed_tokens.weight.dtype
+            at, head_dim, float(c.rope_parameters["rope_theta"]), model.model.embed_tokens.weight.dtype
         )
     )
-    rest_mask = _causal(rest, before + width, before + prefix, device)
     prefix_mask = _causal(prefix, before + prefix, before, device)
+    if allowed is None:
+        rest_mask = _causal(rest, before + width, before + prefix, device)
+    else:  # one mask per row; column 0 (every token's ancestor) keeps a padding query's row finite
+        sees = allowed[:, prefix:width, :width].clone()
+        sees[:, :, 0] = True
+        rest_mask = torch.zeros(sees.shape, device=device).masked_fill(~sees, -math.inf)  # [B, rest, W]
 
     # the kept queries: their place among all tokens, and a padded [B, kept] layout for attention
     count = torch.bincount(keep_rows, minlength=b)
@@ -475,7 +540,10 @@ def _forward(
     keep_cos, keep_sin = cos[flat_keep], sin[flat_keep]
     keep_at = torch.full((b * kept,), prefix, dtype=torch.long, device=device)
     keep_at[keep_slot] = keep_cols
-    keep_mask = rest_mask[keep_at.view(b, kept) - prefix][:, None, None]  # [B, 1, 1, kept, before + W]
+    if allowed is None:
+        keep_mask = rest_mask[keep_at.view(b, kept) - prefix][:, None, None]  # [B, 1, 1, kept, before + W]
+    else:
+        keep_mask = rest_mask.gather(1, (keep_at.view(b, kept) - prefix)[:, :, None].expand(-1, -1, width))
 
     def padded(t: Tensor, slots: Tensor, per_row: int) -> Tensor:
         """Rows of ``t`` [N, ...] put at ``slots`` [N] of a zero [B, per_row, ...] layout."""

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from fr_agents.config import AUTOCAST_DTYPES
-from fr_agents.models.compact import compact_logits_at, compact_reason
+from fr_agents.models.compact import compact_logits_at, compact_reason, compact_tree_logits_at
 from fr_agents.tree.attention import (
     TREE_MIN_SAVING,
     supports_tree_attention,
@@ -305,6 +305,10 @@ class PolicyForward:
     ) -> ChunkLogprobs:
         """One forward over the packed tokens of ``roots`` (one padded row per root, each token
         attending to its own path); per-leaf log-probs are gathered from the flattened logits."""
+        if self.compact_reason is None:
+            out = self._packed_compact(batch, roots, device, entropies)
+            if out is not None:
+                return out
         flat = batch.flat
         dtype = next((p.dtype for p in self.model.parameters() if p.requires_grad), torch.float32)
         layout = self._tree_layout(batch, roots)
@@ -330,6 +334,57 @@ class PolicyForward:
         ent = _entropy(scaled)[prev] if entropies else None
         action_mask = flat.action_mask[rows].to(device)
         return ChunkLogprobs(rows, lp.shape[1], lp, action_mask, ent, part["input_ids"].numel(), used_tree)
+
+    def _packed_compact(
+        self, batch: PackedBatch, roots: list[int], device: torch.device, entropies: bool
+    ) -> ChunkLogprobs | None:
+        """The compact forward of packed roots (:func:`~fr_agents.models.compact.compact_tree_logits_at`):
+        the prompt opening the roots share runs once, each root's tree once (every shared turn of its
+        branches one time), each root only through its last column that predicts a policy token, and
+        the output head only there. None when no token of these roots is a policy token."""
+        flat = batch.flat
+        part = batch.root_chunk(roots, dense_mask=False)
+        ids, pos = part["input_ids"].to(device), part["position_ids"].to(device)
+        allowed = batch.ancestor_mask(roots).to(device)
+        rows, prev = part["rows"], part["prev"]  # prev: [b, T] into the flattened [R * W]
+        n_roots, width = ids.shape
+        action_mask = flat.action_mask[rows]
+        need = torch.unique(prev[action_mask])  # sorted: by root, then by column
+        if need.numel() == 0:
+            return None
+        at_rows, at_cols = need // width, need % width
+        prefix = 0
+        if n_roots > 1:
+            real = torch.tensor([b - a for a, b in (batch.root_spans[r] for r in roots)])
+            real = torch.arange(width)[None] < real[:, None]
+            prefix = shared_prefix(ids, real.to(device), int(at_cols.min()))
+            # ... and a causal chain at positions 0.. in every root (a root's prompt, then its first branch)
+            head = allowed[:, :prefix, :prefix]
+            opening = torch.arange(prefix, device=device)
+            chain = (
+                (head.sum(dim=2) == opening + 1)
+                & head.diagonal(dim1=1, dim2=2)
+                & (pos[:, :prefix] == opening)
+            )
+            broken = (~chain.all(dim=0)).nonzero()
+            prefix = int(broken[0]) if broken.numel() else prefix
+            prefix = prefix if prefix >= 2 else 0
+        with self.autocast_context(device):
+            logits = compact_tree_logits_at(
+                self.model, ids, pos, allowed, at_rows.to(device), at_cols.to(device), prefix
+            )
+        scaled = self.scale(logits)  # [M, V]: row m predicts the token after packed index need[m]
+        index = torch.zeros(n_roots * width, dtype=torch.long)
+        index[need] = torch.arange(need.numel())
+        lp = token_logprobs(scaled, flat.token_ids[rows].to(device), index[prev].to(device))  # [b, T]
+        action_mask = action_mask.to(device)
+        lp = lp * action_mask
+        ent = (_entropy(scaled)[index[prev].to(device)] * action_mask) if entropies else None
+        ends = torch.full((n_roots,), prefix, dtype=torch.long).scatter_reduce(
+            0, at_rows, at_cols + 1, reduce="amax"
+        )
+        ran = prefix + int((ends - prefix).sum())
+        return ChunkLogprobs(rows, lp.shape[1], lp, action_mask, ent, ran)
 
     def _tree_layout(self, batch: PackedBatch, roots: list[int]) -> Any:
         """The tree-attention layout of a chunk of roots, or None when the chunk takes the dense

@@ -225,16 +225,27 @@ class PackedBatch:
         ).flatten()
         out = {"input_ids": ids, "position_ids": pos, "rows": rows, "prev": to_chunk[self.prev_index[rows]]}
         if dense_mask:
-            mask = torch.full((n_roots, 1, width, width), torch.finfo(dtype).min, dtype=dtype)
-            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            allowed = self.ancestor_mask(roots)
             for i, (a, b) in enumerate(spans):
-                n = b - a
-                seg = self.node_of[a:b]
-                mask[i, 0, :n, :n].masked_fill_(self.segment_ancestors[seg][:, seg] & causal[:n, :n], 0.0)
-                pad = torch.arange(n, width)
-                mask[i, 0, pad, pad] = 0.0
-            out["attention_mask"] = mask
+                pad = torch.arange(b - a, width)
+                allowed[i, pad, pad] = True  # a padding slot attends only to itself
+            mask = torch.full((n_roots, 1, width, width), torch.finfo(dtype).min, dtype=dtype)
+            out["attention_mask"] = mask.masked_fill_(allowed[:, None], 0.0)
         return out
+
+    def ancestor_mask(self, roots: Sequence[int]) -> Tensor:
+        """Bool ``[R, W, W]`` over :meth:`root_chunk` ``(roots)``'s rows: token ``i`` of a root may
+        attend to token ``j`` when ``j``'s node is ``i``'s node or an ancestor of it and ``j <= i``
+        (nothing on padding)."""
+        spans = [self.root_spans[r] for r in roots]
+        width = self.chunk_width(roots)
+        allowed = torch.zeros(len(spans), width, width, dtype=torch.bool)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        for i, (a, b) in enumerate(spans):
+            n = b - a
+            seg = self.node_of[a:b]
+            allowed[i, :n, :n] = self.segment_ancestors[seg][:, seg] & causal[:n, :n]
+        return allowed
 
     def attention_pairs(self, roots: Sequence[int]) -> int:
         """Query x key pairs that ``roots``' tokens may attend (each token: its ancestors' tokens and

@@ -416,3 +416,115 @@ def test_the_dry_run_plan_names_the_forward_a_run_takes(tmp_path) -> None:
     assert "- " + forward_plan(qwen) in dry_run_report(qwen)
     plan = forward_plan(config_from_dict({"model": {"name": str(rope_dir)}}))
     assert plan.startswith("forward: transformers'") and "rotary embeddings 'linear'" in plan
+
+
+# --------------------------------------------------------------------------- packed tree rows
+
+
+def shared_opening_trees(vocab: int, seed: int = 0):
+    """Three multi-turn episode trees whose prompts open with the same 6 tokens: each root's first
+    reply forks into siblings after an observation, one of them into two more turns. Returns the
+    packed batch of every leaf and its flat form."""
+    from fr_agents.tree import TrajectoryTree
+
+    g = torch.Generator().manual_seed(seed)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(10, vocab, (n,), generator=g).tolist()
+
+    tree = TrajectoryTree()
+    leaves = []
+    for r in range(3):
+        root = tree.add_root([5, 6, 7, 8, 9, 10, *toks(2 + r)])
+        turn = tree.append(root, toks(3), [-0.5] * 3, True, 0)
+        obs = tree.append(turn, toks(4), None, False, 0)
+        for k in range(2 + r % 2):
+            reply = tree.append(obs, toks(2 + k), [-0.7] * (2 + k), True, 0)
+            if k == 0:  # this branch plays two more turns
+                more = tree.append(tree.append(reply, toks(3), None, False, 0), toks(3), [-0.6] * 3, True, 0)
+                leaves.append(tree.finish(more, 0.25 * r))
+            else:
+                leaves.append(tree.finish(reply, 1.0 - 0.3 * k))
+    return tree.export_packed(leaves), tree.export_flat(leaves)
+
+
+@pytest.mark.parametrize("build", [qwen2, llama])
+def test_packed_tree_rows_through_the_compact_forward_equal_transformers_forward(build) -> None:
+    """compact_tree_logits_at, the shared opening once across roots, against transformers' forward
+    over the same packed rows with their dense ancestor masks: logits and every gradient."""
+    from fr_agents.models.compact import compact_tree_logits_at
+
+    model = build(seed=3).float()
+    packed, _ = shared_opening_trees(VOCAB)
+    roots = list(range(len(packed.root_spans)))
+    part = packed.root_chunk(roots, torch.float32)
+    ids, pos = part["input_ids"], part["position_ids"]
+    allowed = packed.ancestor_mask(roots)
+    need = torch.unique(part["prev"][packed.flat.action_mask[part["rows"]]])
+    rows, cols = need // ids.shape[1], need % ids.shape[1]
+    weight = torch.linspace(-1, 1, need.numel())[:, None]
+
+    def run(compact: bool, prefix: int = 0):
+        model.zero_grad(set_to_none=True)
+        if compact:
+            logits = compact_tree_logits_at(model, ids, pos, allowed, rows, cols, prefix)
+        else:
+            logits = model(input_ids=ids, position_ids=pos, attention_mask=part["attention_mask"]).logits[
+                rows, cols
+            ]
+        (torch.log_softmax(logits, -1) * weight).sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want, want_g = run(False)
+    for prefix in (0, 6):
+        got, got_g = run(True, prefix)
+        close(got, want, f"logits, prefix {prefix}")
+        assert got_g.keys() == want_g.keys()
+        for name in want_g:
+            close(got_g[name], want_g[name], f"{name}, prefix {prefix}")
+    with pytest.raises(ValueError, match="prefix"):  # the 7th column differs between the roots
+        compact_tree_logits_at(model, ids, pos, allowed, rows, cols, 7)
+
+
+def test_learner_packed_step_on_smollm2_layers_equals_its_flat_step() -> None:
+    """Real SmolLM2-135M weights (its first 3 layers): the learner's packed chunk through the compact
+    forward (the opening shared across roots once, each tree once) gives the flat chunk's policy
+    log-probs and FlashREINFORCE gradients, and runs fewer tokens."""
+    from fr_agents.models import load_policy
+    from fr_agents.models.forward import FlatChunk, ForwardConfig, PackedChunk, PolicyForward
+    from trainer.objective import flashreinforce_loss
+
+    model, _ = load_policy("smollm2-135m")
+    model.model.layers = model.model.layers[:3]
+    model.config.num_hidden_layers = 3
+    model = model.float()
+    packed, flat = shared_opening_trees(model.config.vocab_size, seed=1)
+    policy = PolicyForward(model, ForwardConfig(temperature=0.7))
+    assert policy.compact_reason is None
+    cpu = torch.device("cpu")
+
+    def run(chunk):
+        model.zero_grad(set_to_none=True)
+        out = policy.logprobs(chunk, cpu)
+        order = torch.argsort(out.rows)
+        lp = out.log_probs[order]
+        loss, _ = flashreinforce_loss(
+            lp,
+            flat.behavior_logprobs[:, : out.width],
+            flat.rewards,
+            flat.action_mask[:, : out.width],
+            delta=10.0,
+        )
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return lp, out.forward_tokens, grads
+
+    lp_f, ran_f, g_f = run(FlatChunk(flat, torch.arange(flat.token_ids.shape[0])))
+    lp_p, ran_p, g_p = run(PackedChunk(packed, list(range(len(packed.root_spans)))))
+    act = flat.action_mask
+    assert (lp_p - lp_f[:, : lp_p.shape[1]])[act].abs().max() <= 2e-4
+    assert g_f.keys() == g_p.keys()
+    for name in g_f:
+        scale = float(g_f[name].abs().max())
+        assert float((g_p[name] - g_f[name]).abs().max()) <= 2e-3 * scale + 1e-8, name
+    assert ran_p < ran_f
