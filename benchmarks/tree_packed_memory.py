@@ -2,13 +2,19 @@
 
 Run: ``python benchmarks/tree_packed_memory.py [--roots 64 --leaves 16 --tokens 512 --shared 0.8]``
 (``--quick``: 8 roots x 16 leaves x 128 tokens). The workload: each root's leaves share the first
-``shared`` of their ``tokens`` (prompt, a first reply and its observation) and then branch; one
-:class:`trainer.learner.Learner` step (FlashREINFORCE, the micro dims of the tiny Qwen2, fp32) runs on
-the flat ``[B, T]`` batch and on the per-root packed batch, each in its own process so that peak
-memory is measured cleanly. ``--micro-batch-tokens 0`` (default) runs each form as one forward, the
-fair whole-batch comparison; the packed form never builds the whole-batch N x N mask. The packed
-form runs with tree attention (:mod:`fr_agents.tree.attention`, the learner's default); a third
-process runs it with the dense ``[W, W]`` mask per root instead, to show what tree attention saves.
+``shared`` of their ``tokens`` (prompt, a first reply and its observation) and then branch, and every
+root's prompt opens with the same ``--opening`` tokens (a system prompt; 0 by default); ``--leaves 1``
+is a linear batch. One :class:`trainer.learner.Learner` step (FlashREINFORCE, fp32; ``--model``: the
+micro dims of a tiny Qwen2, or SmolLM2-135M's real weights) runs on the flat ``[B, T]`` batch and on
+the per-root packed batch, each in its own process so that peak memory is measured cleanly.
+``--micro-batch-tokens 0`` (default) runs each form as one forward, the fair whole-batch comparison;
+the packed form never builds the whole-batch N x N mask.
+
+The forms: ``flat`` and ``packed`` as the learner runs them (the compact forward of
+:mod:`fr_agents.models.compact` for both: an opening the rows or roots share once, each tree once);
+``packed-tree`` and ``packed-dense``, the packed rows through transformers' forward with tree attention
+(:mod:`fr_agents.tree.attention`) or the dense ``[W, W]`` mask per root (the learner's packed step
+before it took the compact forward, and what a model outside the compact forward's families gets).
 
 Peak memory: ``torch.cuda.max_memory_allocated`` on CUDA. On CPU, the process's peak growth of
 resident plus swapped memory: the larger of its peak RSS growth (``ru_maxrss``, exact while nothing
@@ -45,27 +51,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-FORMS = ("flat", "packed", "packed-dense", "flat-chunked")
+FORMS = ("flat", "packed", "packed-tree", "packed-dense", "flat-chunked")
+PACKED_FORMS = ("packed", "packed-tree", "packed-dense")
 
 
 def load() -> str:
     return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def build_batch(roots: int, leaves: int, tokens: int, shared: float, seed: int = 0):  # noqa: ANN201
-    """Trajectories as the tree stores them: per root, a shared prefix then ``leaves`` tails."""
+def build_batch(roots: int, leaves: int, tokens: int, shared: float, seed: int = 0, opening: int = 0):  # noqa: ANN201
+    """Trajectories as the tree stores them: per root, a shared prefix then ``leaves`` tails; every
+    root's prompt opens with the same ``opening`` tokens."""
     from fr_agents.tree import TrajectoryTree
 
     rng = random.Random(seed)
     tree = TrajectoryTree()
-    prompt_n = max(2, tokens // 10)
+    prompt_n = max(2, tokens // 10, opening + 2)
+    opening_ids = [rng.randrange(1, 1000) for _ in range(opening)]
     shared_n = int(tokens * shared)
     reply_n = max(1, (shared_n - prompt_n) * 2 // 3)
     obs_n = max(1, shared_n - prompt_n - reply_n)
     tail_n = tokens - prompt_n - reply_n - obs_n
     ids = []
     for _ in range(roots):
-        root = tree.add_root([rng.randrange(1, 1000) for _ in range(prompt_n)])
+        root = tree.add_root(opening_ids + [rng.randrange(1, 1000) for _ in range(prompt_n - opening)])
         n = tree.append(root, [rng.randrange(1, 1000) for _ in range(reply_n)], [-1.0] * reply_n, True, 0)
         n = tree.append(n, [rng.randrange(1, 1000) for _ in range(obs_n)], None, False, 0)
         for _ in range(leaves):
@@ -131,30 +140,39 @@ def one_step(form: str, a: argparse.Namespace) -> dict[str, float]:
 
     torch.manual_seed(0)
     device = torch.device(a.device)
-    tree, ids = build_batch(a.roots, a.leaves, a.tokens, a.shared)
+    tree, ids = build_batch(a.roots, a.leaves, a.tokens, a.shared, opening=a.opening)
     trajs = tree.trajectories(ids)
     flat_form = form.startswith("flat")
     make = build_flat if flat_form else build_packed
     batch = make(trajs)
     micro = a.flat_chunk_tokens if form == "flat-chunked" else a.micro_batch_tokens
-    cfg = transformers.Qwen2Config(
-        vocab_size=1024,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max(1024, a.tokens + 1),
-        tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "sdpa"
-    model = transformers.Qwen2ForCausalLM(cfg).float().to(device)
+    if a.model == "smollm2":
+        from fr_agents.models import load_policy
+
+        model = load_policy("smollm2-135m")[0].float().to(device)
+    else:
+        cfg = transformers.Qwen2Config(
+            vocab_size=1024,
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max(1024, a.tokens + 1),
+            tie_word_embeddings=False,
+        )
+        cfg._attn_implementation = "sdpa"
+        model = transformers.Qwen2ForCausalLM(cfg).float().to(device)
     learner = Learner(
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
         objective=ObjectiveConfig(delta=float("inf")),
         chunking=Chunking(micro_batch_tokens=micro, packed="never" if flat_form else "always"),
-        forward=ForwardConfig(tree_attention=form == "packed", tree_min_saving=0),
+        forward=ForwardConfig(
+            compact_forward=form in ("flat", "flat-chunked", "packed"),
+            tree_attention=form == "packed-tree",
+            tree_min_saving=0,
+        ),
     )
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -200,6 +218,16 @@ def main() -> None:
     p.add_argument("--leaves", type=int, default=16)
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--shared", type=float, default=0.8)
+    p.add_argument(
+        "--opening", type=int, default=0, help="tokens every root's prompt opens with (a system prompt)"
+    )
+    p.add_argument(
+        "--model",
+        choices=("qwen2-micro", "smollm2"),
+        default="qwen2-micro",
+        help="qwen2-micro: a randomly initialised tiny Qwen2 (hidden 128, 4 layers); "
+        "smollm2: SmolLM2-135M's weights",
+    )
     p.add_argument("--micro-batch-tokens", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=3, help="steps per form; the median time is reported")
@@ -274,6 +302,10 @@ def main() -> None:
                 str(a.tokens),
                 "--shared",
                 str(a.shared),
+                "--opening",
+                str(a.opening),
+                "--model",
+                a.model,
                 "--micro-batch-tokens",
                 str(a.micro_batch_tokens),
                 "--flat-chunk-tokens",
@@ -306,10 +338,11 @@ def main() -> None:
 def report(out: dict[str, dict], a: argparse.Namespace) -> None:
     """Print the figures of the forms in ``out`` (each ratio only where both of its forms were measured)."""
     any_form = next(iter(out.values()))
-    packed_any = out.get("packed") or out.get("packed-dense")  # both hold the same packed tokens
+    packed_any = next((out[f] for f in PACKED_FORMS if f in out), None)  # all hold the same packed tokens
     ideal = any_form["logical_tokens"] / packed_any["packed_tokens"] if packed_any else math.nan
     print(
-        f"[tree-packed step] {a.roots} roots x {a.leaves} leaves, {a.tokens} tokens, {a.shared:.0%} shared, "
+        f"[tree-packed step] {a.model}, {a.roots} roots x {a.leaves} leaves, {a.tokens} tokens, "
+        f"{a.shared:.0%} shared, an opening of {a.opening} tokens every root shares, "
         f"device {a.device}, micro_batch_tokens={a.micro_batch_tokens}"
         + (", freed memory kept (glibc)" if a.keep_freed_memory else "")
     )
@@ -317,11 +350,15 @@ def report(out: dict[str, dict], a: argparse.Namespace) -> None:
         f"  tokens: logical {any_form['logical_tokens']:,.0f}  packed "
         + (f"{packed_any['packed_tokens']:,.0f} (ideal speed-up {ideal:.2f}x)" if packed_any else "-")
     )
+    print(
+        "  tokens the model ran (each form's forward_tokens): "
+        + "  ".join(f"{f} {r['forward_tokens']:,.0f}" for f, r in out.items())
+    )
     print("  peak memory: " + "  ".join(f"{f} {r['peak_bytes'] / 2**20:,.0f} MiB" for f, r in out.items()))
     for ref in ("flat", "flat-chunked"):
         if ref not in out:
             continue
-        for form in ("packed", "packed-dense"):
+        for form in PACKED_FORMS:
             if form not in out:
                 continue
             speed = out[ref]["seconds"] / out[form]["seconds"]
