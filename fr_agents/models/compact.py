@@ -232,6 +232,12 @@ def compact_logits_at(
     ``mask`` real through each row's asked columns. ``prefix``: leading columns every row holds the
     same tokens in (run once); at most ``cols.min()``. Check :func:`compact_reason` first.
     """
+    return _forward(model, ids, _asked_lengths(ids, rows, cols, prefix), rows, cols, prefix)
+
+
+def _asked_lengths(ids: Tensor, rows: Tensor, cols: Tensor, prefix: int) -> Tensor:
+    """Each row's length through its last asked column (at least ``prefix``), after refusing asked
+    columns that are missing, unsorted, repeated or outside ``ids``, or a ``prefix`` past the first."""
     b = ids.shape[0]
     if rows.numel() == 0:
         raise ValueError("rows: no column asked for")
@@ -242,8 +248,7 @@ def compact_logits_at(
     if int(cols.max()) >= ids.shape[1] or int(rows.min()) < 0 or int(rows.max()) >= b:
         raise ValueError(f"rows, cols: outside ids of shape {tuple(ids.shape)}")
     lengths = torch.full((b,), prefix, dtype=torch.long, device=ids.device)
-    lengths = lengths.scatter_reduce(0, rows, cols + 1, reduce="amax")
-    return _forward(model, ids, lengths, rows, cols, prefix)
+    return lengths.scatter_reduce(0, rows, cols + 1, reduce="amax")
 
 
 def compact_tree_logits_at(
@@ -273,12 +278,7 @@ def compact_tree_logits_at(
             f"positions, allowed: expected [{b}, {w}] and bool [{b}, {w}, {w}], got "
             f"{tuple(positions.shape)} and {allowed.dtype} {tuple(allowed.shape)}"
         )
-    if rows.numel() == 0:
-        raise ValueError("rows: no column asked for")
-    if not 0 <= prefix <= int(cols.min()):
-        raise ValueError(f"prefix: must be in [0, {int(cols.min())}], got {prefix}")
-    if bool((rows[1:] < rows[:-1]).any()) or bool(((rows[1:] == rows[:-1]) & (cols[1:] <= cols[:-1])).any()):
-        raise ValueError("rows, cols: must be sorted by row, then by column, without repeats")
+    lengths = _asked_lengths(ids, rows, cols, prefix)
     if prefix:
         chain = torch.ones(prefix, prefix, dtype=torch.bool, device=ids.device).tril()
         opening = torch.arange(prefix, device=ids.device)
@@ -290,8 +290,6 @@ def compact_tree_logits_at(
             raise ValueError(
                 f"prefix: the first {prefix} columns are not one causal opening every row shares"
             )
-    lengths = torch.full((b,), prefix, dtype=torch.long, device=ids.device)
-    lengths = lengths.scatter_reduce(0, rows, cols + 1, reduce="amax")
     return _forward(model, ids, lengths, rows, cols, prefix, positions=positions, allowed=allowed)
 
 
