@@ -117,8 +117,8 @@ class ModelConfig:
     compact_forward: bool = _opt(
         True,
         help="run fr_agents.models.compact where it applies (Qwen2/Llama in float32): in "
-        "the learner's flat steps (a shared prefix once, the last layer only where logits are "
-        "kept, fused projections) and in the HF engine's waves of the rollout and the held-out "
+        "the learner's steps, flat and tree-packed (a shared prefix once, the last layer only where "
+        "logits are kept, fused projections) and in the HF engine's waves of the rollout and the held-out "
         "evaluations (right-padded prefill, a preallocated cache); the same logits and gradients "
         "as transformers' forward up to float rounding, for less compute (benchmarks/compact_forward.py). "
         "false (to compare with transformers' forward, or to rule it out when a model misbehaves), "

@@ -18,10 +18,13 @@ Which forward runs is decided here; all give the same log-probs and gradients (t
   transformers' forward with a prefix every row shares run once and the output head only on the
   columns that can hold a policy token (:func:`policy_logits`); else, for a model that takes
   neither, the plain forward.
-* packed roots: block-sparse tree attention (:mod:`fr_agents.tree.attention`) where it computes
-  at least ``tree_min_saving`` times fewer scores than a dense mask (wide rows of many branches);
-  else one float ``[W, W]`` ancestor-causal mask per root (also once a model is found to drop the
-  tree keyword); without ``logits_to_keep`` for a model whose forward lacks it.
+* packed roots: the compact forward's tree rows (:meth:`PolicyForward._packed_compact`, through
+  :func:`fr_agents.models.compact.compact_tree_logits_at`: the opening the roots share once, each
+  root's tree once, one boolean ancestor mask per root) where :func:`~fr_agents.models.compact.compact_reason`
+  allows; else transformers' forward with block-sparse tree attention (:mod:`fr_agents.tree.attention`)
+  where it computes at least ``tree_min_saving`` times fewer scores than a dense mask (wide rows of
+  many branches), or one float ``[W, W]`` ancestor-causal mask per root (also once a model is found to
+  drop the tree keyword); without ``logits_to_keep`` for a model whose forward lacks it.
 
 ``ForwardConfig.autocast`` (``trainer.autocast``) runs the model call, and only it, under
 ``torch.autocast``: parameters, gradients and the optimizer keep their dtype, the log-softmax runs
@@ -220,7 +223,9 @@ class PolicyForward:
             compact_reason(model) if config.compact_forward else "model.compact_forward is false"
         )
         if self.compact_reason is None:
-            logger.info("learner: flat steps run the compact forward (fr_agents.models.compact)")
+            logger.info(
+                "learner: flat and tree-packed steps run the compact forward (fr_agents.models.compact)"
+            )
         else:
             logger.info("learner: transformers' forward (no compact forward: %s)", self.compact_reason)
 
