@@ -371,6 +371,17 @@ def report(out: dict[str, dict], a: argparse.Namespace) -> None:
             print(
                 f"  {form} vs {ref}: step time {speed:.2f}x, {speed / ideal:.2f} of ideal (goal >= 0.8){mem}"
             )
+    if "flat" in out:
+        per_flat = out["flat"]["seconds"] / out["flat"]["forward_tokens"]
+        for form in PACKED_FORMS:
+            if form in out:
+                per = out[form]["seconds"] / out[form]["forward_tokens"]
+                ran = out["flat"]["forward_tokens"] / out[form]["forward_tokens"]
+                print(
+                    f"  {form}: {per / per_flat:.2f}x the flat step's time per token the model ran "
+                    f"(goal <= 1); it ran {ran:.2f}x fewer tokens than the flat step, which shares its "
+                    "rows' opening too"
+                )
     if "flat-chunked" in out:
         print(
             f"  (flat-chunked: the flat rows in micro-batches of {a.flat_chunk_tokens:,} tokens, the "
