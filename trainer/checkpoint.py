@@ -224,7 +224,6 @@ def _keep_configured_hyperparameters(
             group["lr"] = base
     if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) and base_lrs is not None:
         scheduler.base_lrs = list(base_lrs)
-        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
     if changed:
         settings = ", ".join(sorted(set(changed)))
         log.info("resume: the config's optimizer settings replace the checkpoint's: %s", settings)
