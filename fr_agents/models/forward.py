@@ -206,6 +206,13 @@ def policy_token_logits(
     return rows, cols, compact_logits_at(model, ids, rows, cols, prefix if prefix >= 2 else 0)
 
 
+def _tokens_ran(prefix: int, rows: Tensor, cols: Tensor, n_rows: int) -> int:
+    """Tokens a compact forward runs: the shared ``prefix`` once, then each of ``n_rows`` rows through
+    its last asked column (``rows``/``cols``: the asked positions)."""
+    ends = torch.full((n_rows,), prefix, dtype=torch.long, device=rows.device)
+    return prefix + int((ends.scatter_reduce(0, rows, cols + 1, reduce="amax") - prefix).sum())
+
+
 class PolicyForward:
     """The learner's model behind one call, :meth:`logprobs` (see the module docstring).
 
@@ -299,9 +306,9 @@ class PolicyForward:
         # the tokens it ran: the shared prefix once, then each row through its last asked column
         prefix = shared_prefix(ids, attn, int(at_cols.min())) if ids.shape[0] > 1 else 0
         prefix = prefix if prefix >= 2 else 0
-        ends = torch.full((ids.shape[0],), prefix, dtype=torch.long, device=ids.device)
-        ran = prefix + int((ends.scatter_reduce(0, at_rows, at_cols + 1, reduce="amax") - prefix).sum())
-        return ChunkLogprobs(rows, ids.shape[1], lp, action_mask, ent, ran)
+        return ChunkLogprobs(
+            rows, ids.shape[1], lp, action_mask, ent, _tokens_ran(prefix, at_rows, at_cols, ids.shape[0])
+        )
 
     # ----------------------------------------------------------------------- packed roots
 
@@ -381,14 +388,11 @@ class PolicyForward:
         scaled = self.scale(logits)  # [M, V]: row m predicts the token after packed index need[m]
         index = torch.zeros(n_roots * width, dtype=torch.long)
         index[need] = torch.arange(need.numel())
-        lp = token_logprobs(scaled, flat.token_ids[rows].to(device), index[prev].to(device))  # [b, T]
+        at = index[prev].to(device)  # [b, T]: the logits row predicting each token
         action_mask = action_mask.to(device)
-        lp = lp * action_mask
-        ent = (_entropy(scaled)[index[prev].to(device)] * action_mask) if entropies else None
-        ends = torch.full((n_roots,), prefix, dtype=torch.long).scatter_reduce(
-            0, at_rows, at_cols + 1, reduce="amax"
-        )
-        ran = prefix + int((ends - prefix).sum())
+        lp = token_logprobs(scaled, flat.token_ids[rows].to(device), at) * action_mask
+        ent = (_entropy(scaled)[at] * action_mask) if entropies else None
+        ran = _tokens_ran(prefix, at_rows, at_cols, n_roots)
         return ChunkLogprobs(rows, lp.shape[1], lp, action_mask, ent, ran)
 
     def _tree_layout(self, batch: PackedBatch, roots: list[int]) -> Any:
