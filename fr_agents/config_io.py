@@ -74,13 +74,29 @@ def _preset_path(preset_or_path: str) -> Path:
     )
 
 
-def read_preset(preset_or_path: str) -> dict[str, Any]:
+def read_preset(preset_or_path: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The mapping a preset (a shipped preset's name or a YAML path) holds, with ``preset`` set to
-    the file's stem unless the file names it; ConfigError when the top level is not a mapping."""
+    the file's stem unless the file names it; ConfigError when the top level is not a mapping.
+
+    ``extends: OTHER`` (a preset's name or a YAML path) makes a preset a variant of another: OTHER's
+    mapping is read first (itself perhaps extending a third) and this file's entries are laid over
+    it as overrides are (a nested mapping merges entry by entry), so a variant names only what
+    differs. ``preset`` and ``description`` are the variant's own."""
     path = _preset_path(preset_or_path)
     loaded = yaml.safe_load(path.read_text()) or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
+    base_name = loaded.pop("extends", None)
+    if base_name is not None:
+        if not isinstance(base_name, str) or not base_name.strip():
+            raise ConfigError(f"extends: {path} must name one preset or YAML file, got {base_name!r}")
+        if path.resolve() in _seen:
+            chain = " -> ".join(p.stem for p in (*_seen, path.resolve()))
+            raise ConfigError(f"extends: {path} extends itself ({chain})")
+        base = read_preset(base_name.strip(), (*_seen, path.resolve()))
+        base.pop("preset", None)
+        base.pop("description", None)
+        loaded = merge_overrides(base, loaded)
     loaded.setdefault("preset", path.stem)
     return loaded
 

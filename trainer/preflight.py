@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fr_agents.config import ConfigError, TrainConfig, annotated_yaml
+from fr_agents.config import ConfigError, TrainConfig, annotated_yaml, leaves_per_tree
 
 _ENV_ID = re.compile(r"^(?:(?P<module>[A-Za-z_][\w.]*):)?(?P<name>(?:[\w.-]+/)?[\w.:-]+-v\d+)$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -484,6 +484,7 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
             "in training and in the evaluations"
         )
     lines.append(phases_plan(cfg))
+    lines += episodes_plan(cfg)
     if t.onednn_cache_capacity > 0:
         lines.append(
             f"memory: oneDNN keeps at most {t.onednn_cache_capacity} primitives cached per training process "
@@ -529,6 +530,59 @@ def phases_plan(cfg: TrainConfig) -> str:
     if n:
         phases.append(f"{held} after RL")
     return "phases: " + " -> ".join(phases)
+
+
+_CREDIT = {
+    "batch": "each row's reward minus the batch's mean reward, on all its tokens",
+    "tree": "each leaf's reward minus the batch mean and also minus the mean of the leaves sharing "
+    "its branching node",
+    "nodes": "per token, the value of the tree node it lies in (the mean reward of the leaves under "
+    "it) minus that of the fork above it; above the first fork, the batch mean",
+}
+
+
+def episodes_plan(cfg: TrainConfig) -> list[str]:
+    """How RL's episodes are sampled (linear, or trees forked at ``rollout.branch_at``), what a batch
+    schedules, and how the learner credits their tokens (``objective.baseline``)."""
+    r, t, o = cfg.rollout, cfg.trainer, cfg.objective
+    leaves = leaves_per_tree(cfg)
+    group = o.grpo_group_size if o.algo == "grpo" else 1
+    if leaves == 1:
+        lines = [
+            f"episodes: one path each (rollout.branch_factor=1); a batch schedules {t.batch_size // group} "
+            f"prompt(s){f' x {group} samples (GRPO)' if group > 1 else ''}"
+        ]
+    else:
+        where = {
+            "fixed": "before the reply of turn(s)",
+            "entropy": f"before the reply of those of turn(s) where the last action's mean surprisal is "
+            f">= {r.branch_entropy} nats,",
+            "token": "inside the reply (at its highest-entropy tokens) of turn(s)",
+        }[r.branch_policy]
+        turns = ", ".join(str(x) for x in r.branch_at)
+        lines = [
+            f"episodes: trees of up to {leaves} leaves: {r.branch_factor} continuations {where} {turns} "
+            f"(rollout.branch_factor, branch_at, branch_policy={r.branch_policy}); each continuation "
+            "forks the env (its fork(), else a fresh env replaying the actions)"
+            + (
+                " and continues its engine row from the parent's kept keys and values"
+                if r.engine == "hf"
+                else ""
+            )
+            + f"; a batch of {t.batch_size} leaves schedules {t.batch_size // (leaves * group)} episode(s)",
+            f"trees in the learner: at most {t.max_per_root} leaves of each tree trained "
+            "(trainer.max_per_root, J_max; identical siblings merged into one row first), "
+            f"tree-packed step: {t.packed} "
+            "(trainer.packed; auto: where leaves share a prefix, each shared prefix computed once)",
+        ]
+    if o.algo == "grpo":
+        lines.append(f"credit: GRPO's group baseline (objective.algo=grpo, groups of {group})")
+    else:
+        credit = f"credit: objective.baseline={o.baseline}: {_CREDIT[o.baseline]}"
+        if o.baseline != "batch" and leaves == 1:
+            credit += " (with one path per episode there is no fork to measure against: the batch baseline)"
+        lines.append(credit)
+    return lines
 
 
 def forward_plan(cfg: TrainConfig) -> str:

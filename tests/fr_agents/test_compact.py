@@ -486,6 +486,74 @@ def test_packed_tree_rows_through_the_compact_forward_equal_transformers_forward
         compact_tree_logits_at(model, ids, pos, allowed, rows, cols, 7)
 
 
+def test_packed_roots_of_one_leaf_each_run_the_flat_forward_with_its_one_causal_mask() -> None:
+    """A linear batch in packed form (each root one path): compact_tree_logits_at gives exactly
+    compact_logits_at's logits over the same rows (the causal path, no mask per row); a batch with
+    one branching root keeps the ancestor masks, and still equals transformers' forward."""
+    from fr_agents.models.compact import compact_tree_logits_at
+    from fr_agents.tree import TrajectoryTree
+
+    model = qwen2(seed=4).float()
+    g = torch.Generator().manual_seed(2)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(10, VOCAB, (n,), generator=g).tolist()
+
+    tree, leaves = TrajectoryTree(), []
+    for r in range(3):
+        root = tree.add_root([5, 6, 7, 8, *toks(2 + r)])
+        obs = tree.append(tree.append(root, toks(3 + r), [-0.5] * (3 + r), True, 0), toks(4), None, False, 0)
+        leaves.append(tree.finish(tree.append(obs, toks(2), [-0.4] * 2, True, 0), 0.5))
+
+    def asked(packed):
+        roots = list(range(len(packed.root_spans)))
+        part = packed.root_chunk(roots, torch.float32)
+        need = torch.unique(part["prev"][packed.flat.action_mask[part["rows"]]])
+        w = part["input_ids"].shape[1]
+        return part, packed.ancestor_mask(roots), need // w, need % w
+
+    class MaskShapes(torch.overrides.TorchFunctionMode):
+        """Records the attention mask's shape of every fused attention call (observes only)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[int, ...]] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                self.shapes.append(tuple(kwargs["attn_mask"].shape))
+            return func(*args, **kwargs)
+
+    def per_row(shapes: list[tuple[int, ...]], b: int) -> int:
+        """How many attention calls took a mask per row ([B, ...])."""
+        return sum(len(shape) > 2 and shape[0] == b for shape in shapes)
+
+    part, allowed, rows, cols = asked(tree.export_packed(leaves))
+    ids, pos = part["input_ids"], part["position_ids"]
+    with torch.no_grad():
+        for prefix in (0, 4):
+            with MaskShapes() as seen:
+                got = compact_tree_logits_at(model, ids, pos, allowed, rows, cols, prefix)
+            assert torch.equal(got, compact_logits_at(model, ids, rows, cols, prefix)), prefix
+            # every layer but the last attends under one [L, S] causal mask for all rows; the last
+            # runs only the kept queries, a few per row, under their rows of it ([B, 1, kept, S])
+            assert per_row(seen.shapes, ids.shape[0]) == 1, seen.shapes
+    # one more leaf under the first root: that root branches, so the per-row masks stay
+    obs = tree.node(leaves[0]).parent
+    leaves.append(tree.finish(tree.append(obs, toks(3), [-0.3] * 3, True, 0), 0.0))
+    part, allowed, rows, cols = asked(tree.export_packed(leaves))
+    ids, pos = part["input_ids"], part["position_ids"]
+    with torch.no_grad(), MaskShapes() as seen:
+        got = compact_tree_logits_at(model, ids, pos, allowed, rows, cols, 4)
+    assert per_row(seen.shapes, ids.shape[0]) == model.config.num_hidden_layers, seen.shapes
+    with torch.no_grad():
+        want = model(input_ids=ids, position_ids=pos, attention_mask=part["attention_mask"]).logits[
+            rows, cols
+        ]
+    close(got, want, "a branching root among linear ones")
+
+
 def test_learner_packed_step_on_smollm2_layers_equals_its_flat_step() -> None:
     """Real SmolLM2-135M weights (its first 3 layers): the learner's packed chunk through the compact
     forward (the opening shared across roots once, each tree once) gives the flat chunk's policy

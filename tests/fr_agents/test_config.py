@@ -78,3 +78,38 @@ def test_resolved_config_round_trips(tmp_path) -> None:
     dump_config(cfg, path)
     again = load_config(str(path))
     assert again == cfg
+
+
+def test_a_preset_that_extends_another_names_only_what_differs(tmp_path) -> None:
+    """``extends: OTHER``: OTHER's mapping first, the variant's entries laid over it entry by entry
+    (a nested mapping merges); ``preset`` and ``description`` are the variant's."""
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "description: the base\ntrainer: {batch_size: 8, steps: 3}\nrollout: {temperature: 0.5}\n"
+    )
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"extends: {base}\ntrainer: {{steps: 7}}\n")
+    cfg = load_config(str(variant))
+    assert (cfg.trainer.batch_size, cfg.trainer.steps, cfg.rollout.temperature) == (8, 7, 0.5)
+    assert cfg.preset == "variant" and cfg.description == ""
+    again = tmp_path / "again.yaml"  # a variant of a variant
+    again.write_text(f"extends: {variant}\ndescription: twice\nrollout: {{temperature: 0.9}}\n")
+    cfg = load_config(str(again), ["trainer.steps=2"])
+    assert (cfg.trainer.batch_size, cfg.trainer.steps, cfg.rollout.temperature) == (8, 2, 0.9)
+    assert (cfg.preset, cfg.description) == ("again", "twice")
+
+
+def test_a_preset_extending_itself_or_nothing_is_refused_by_name(tmp_path) -> None:
+    loop_a, loop_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    loop_a.write_text(f"extends: {loop_b}\n")
+    loop_b.write_text(f"extends: {loop_a}\n")
+    with pytest.raises(ConfigError, match=r"extends: .*a\.yaml extends itself \(a -> b -> a\)"):
+        load_config(str(loop_a))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("extends: [a, b]\n")
+    with pytest.raises(ConfigError, match="extends: .* must name one preset"):
+        load_config(str(empty))
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("extends: math-tinny\n")
+    with pytest.raises(ConfigError, match="Did you mean: math-tiny"):
+        load_config(str(missing))

@@ -3,6 +3,8 @@ falls on an ALFWorld demo, the error short of games, and one real RL step on a g
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -142,6 +144,78 @@ def test_one_real_smollm2_rl_step_on_a_generated_game(games_root: str, tmp_path:
         leaves = tree.trajectories(tree.leaf_ids())
     assert len(leaves) == 2 and all(any(t.policy_mask) for t in leaves)
     assert all(0.0 <= t.reward <= 1.0 and "won" in t.info for t in leaves)
+
+
+def test_the_tree_preset_is_alfworld_smollm2_with_turn_forks_and_node_credit(capsys, tmp_path: Path) -> None:
+    """alfworld-smollm2-tree changes only how RL samples and credits (forks before turns 0 and 3, J_max
+    4, the nodes baseline); the games, prompt, warm start, evaluations and budget are the base's, and
+    the dry run says what the tree does."""
+    from fr_agents.cli import main
+    from fr_agents.config_io import to_dict
+
+    base, tree = to_dict(load_config(PRESET)), to_dict(load_config("alfworld-smollm2-tree"))
+    changed = {
+        ("rollout", "branch_factor"): 2,
+        ("rollout", "branch_at"): [0, 3],
+        ("trainer", "max_per_root"): 4,
+        ("objective", "baseline"): "nodes",
+    }
+    for (section, key), value in changed.items():
+        assert tree[section][key] == value and base[section][key] != value, (section, key)
+        tree[section][key] = base[section][key]
+    for key in ("preset", "description"):
+        assert tree.pop(key) != base.pop(key)
+    assert tree == base
+    assert main(["train", "alfworld-smollm2-tree", "--dry-run", f"run.out_dir={tmp_path}"]) in (0, 2)
+    plan = capsys.readouterr().out.split("# placement plan")[1]
+    assert "trees of up to 4 leaves: 2 continuations before the reply of turn(s) 0, 3" in plan
+    assert "a batch of 16 leaves schedules 4 episode(s)" in plan
+    assert "at most 4 leaves of each tree trained" in plan
+    assert "credit: objective.baseline=nodes: per token, the value of the tree node" in plan
+
+
+@pytest.mark.slow
+def test_one_real_smollm2_tree_rl_step_forks_an_alfworld_game(games_root: str, tmp_path: Path) -> None:
+    """The tree preset's RL on SmolLM2 itself: one generated game forked before turns 0 and 1 (four
+    leaves through ALFWorld's engine), one optimizer step with the nodes baseline; the leaves share
+    the prompt, and siblings of the turn-1 fork also share their first command and its feedback."""
+    from fr_agents.tree import TrajectoryTree
+    from trainer.loop import Trainer
+
+    cfg = load_config(
+        "alfworld-smollm2-tree",
+        overrides(
+            games_root,
+            "tasks.params.limit=1",
+            "warm_start.examples=0",
+            "trainer.batch_size=4",
+            "rollout.concurrency=4",
+            "rollout.branch_at=[0,1]",
+            "trainer.steps=1",
+            "trainer.max_minutes=0",
+            "trainer.eval_episodes=0",
+            "trainer.eval_every=0",
+            "trainer.backend=local",
+            "trainer.threads=1",
+            "env.max_turns=2",
+            "trainer.checkpoint_every=0",
+        ),
+    )
+    res = Trainer(cfg, tmp_path, console=False).run()
+    assert res.ok and res.steps == 1
+    with TrajectoryTree.open(tmp_path / "store.sqlite") as tree:
+        (root,) = tree.roots()
+        leaves = tree.trajectories(tree.leaf_ids())
+    assert len(leaves) >= 2 and all(t.root_id == root and any(t.policy_mask) for t in leaves)
+    assert all(0.0 <= t.reward <= 1.0 and "won" in t.info for t in leaves)
+    first = leaves[0].prompt_len  # the room, the goal and the chat template's opening
+    assert all(t.token_ids[:first] == leaves[0].token_ids[:first] for t in leaves)
+    longest = max(
+        len(os.path.commonprefix([a.token_ids, b.token_ids])) for a in leaves for b in leaves if a is not b
+    )
+    assert longest > first + 1, "siblings of the turn-1 fork share their first turn"
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("step") == 1 for m in metrics)
 
 
 def test_eval_of_a_run_plays_the_alfworld_bench_as_the_run_did(games_root: str, tmp_path: Path) -> None:
