@@ -52,6 +52,19 @@ What is held equal, for either preset:
   first optimizer step to its last: ``cores_busy`` (CPU seconds over wall seconds) and
   ``cpu_ms_per_completion`` (cores_busy over completions/s). completions/s = cores busy / CPU per
   completion, so the table shows whether a gap comes from using the cores or from the work per sample.
+* **A control of ours with TRL's algorithm.** Each seed also runs ``fr-agents train PRESET
+  objective.algo=grpo objective.grpo_group_size=G`` (``G``: TRL's generations per prompt, 4), the
+  same start, budget and settings (``--no-control`` skips it). The gap between it and TRL is the
+  infrastructure's (engine, batching, asynchrony); the gap between it and the preset's FlashREINFORCE
+  is the objective's.
+* **Run order.** Who runs first turns with the seed (seed index ``i`` starts at side ``i`` of
+  fr-agents, TRL, control), so a machine that warms or slows over a seed's runs does not favour one
+  side; the table prints each run's place.
+* **Equal optimizer steps.** Held-out accuracy after the same wall time favours the side that takes
+  more steps. So each seed's fewest steps ``S`` (of its sides) is also a budget: every side that
+  took more trains again from the same start for exactly ``S`` steps (``trainer.steps`` /
+  TRL's ``max_steps``; both presets keep the learning rate constant, which the script checks), and
+  the table gives held-out accuracy at ``S`` steps beside the time-budget figure.
 * **Same judge.** The start checkpoint (once) and both final models (per seed) are evaluated with
   ``fr-agents eval --temperature 0`` (greedy, float32) on the preset's held-out bench, with the
   prompt training used: math-tiny ``--bench arithmetic`` (its whole 1,000-problem test split);
@@ -61,11 +74,12 @@ What is held equal, for either preset:
 TRL is a benchmark-only dependency, never installed by the product's set-up::
 
     bash scripts/setup.sh --bench          # or: pip install -e '.[bench]'  (TRL 1.16.0)
-    python benchmarks/vs_trl.py                                   # math-tiny, 3 seeds x 5 minutes a side
+    python benchmarks/vs_trl.py                       # math-tiny, 3 seeds x 5 minutes a side, 3 sides
     python benchmarks/vs_trl.py --preset math-smollm2             # 3 seeds x 10 minutes a side
     python benchmarks/vs_trl.py --minutes 0.5 --seeds 0 --out /tmp/vs_trl.json   # a quick look
 
-Each seed costs about ``2 x --minutes`` of training plus three full evaluations (a minute or two
+Each seed costs about ``3 x --minutes`` of training (2 without the control), plus the equal-steps runs
+(shorter: the faster sides' share of ``S`` steps) and one evaluation of up to six models (a minute or two
 each on 2 cores, either preset); the start is built once per ``--work-dir`` (one preset per work
 dir) and reused. Each side stops at its first step end past ``--minutes``, and a math-smollm2 step
 is slow (TRL's first took 88 s in a 0.5-minute smoke on 2 shared cores): keep its --minutes at a
@@ -83,6 +97,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -354,24 +369,35 @@ class Grader:
 # ---------------------------------------------------------------------------- fr-agents
 
 
-def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: Path) -> dict:
-    """``fr-agents train PRESET`` from the shared start for ``minutes`` of RL."""
+FR, GRPO, TRL = "fr-agents", "fr-agents grpo", "TRL GRPOTrainer"  # the sides, as the table names them
+
+
+def run_fr_agents(
+    preset: Preset, seed: int, minutes: float, start: Path, work: Path, *, grpo: bool = False, steps: int = 0
+) -> dict:
+    """``fr-agents train PRESET`` from the shared start for ``minutes`` of RL; ``grpo``: the control,
+    with ``objective.algo=grpo`` at TRL's group size (``Preset.generations``), everything else the
+    preset's; ``steps`` > 0: exactly that many optimizer steps instead of the time budget."""
     import torch
 
-    run = work / f"fr-agents-seed{seed}"
+    side = GRPO if grpo else FR
+    run = work / (f"fr-agents{'-grpo' if grpo else ''}-seed{seed}" + (f"-steps{steps}" if steps else ""))
     shutil.rmtree(run, ignore_errors=True)
     log = Path(f"{run}.log")
-    say(f"fr-agents seed {seed}: {minutes:g} min of RL (log: {log})")
+    budget = f"{steps} steps" if steps else f"{minutes:g} min"
+    say(f"{side} seed {seed}: {budget} of RL (log: {log})")
+    control = ["objective.algo=grpo", f"objective.grpo_group_size={preset.generations}"] if grpo else []
     proc = fr_agents(
         "train",
         preset.name,
         f"model.name={start}",
         "warm_start.examples=0",
-        "trainer.steps=100000000",
-        f"trainer.max_minutes={minutes}",
+        f"trainer.steps={steps or 100000000}",
+        f"trainer.max_minutes={0 if steps else minutes}",
         "trainer.plateau_patience=0",
         f"trainer.seed={seed}",
         "trainer.eval_episodes=0",
+        *control,
         "--run-dir",
         str(run),
         log=log,
@@ -386,8 +412,8 @@ def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: 
                 cpu.sample(proc.pid)  # while RL runs: after the first step, before the end row
         if time.perf_counter() - t0 >= POLL_S:
             t0 = time.perf_counter()
-            say(f"  fr-agents seed {seed}: step {metrics.last_step}")
-    rc = finish(proc, log, f"fr-agents seed {seed}")
+            say(f"  {side} seed {seed}: step {metrics.last_step}")
+    rc = finish(proc, log, f"{side} seed {seed}")
     ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["trainer"]
     with sqlite3.connect(
@@ -401,7 +427,7 @@ def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: 
         ).fetchone()[0]
     end = [r for r in _rows(run / "metrics.jsonl") if r.get("kind") == "end"]
     res = {
-        "run": "fr-agents",
+        "run": side,
         "seed": seed,
         "steps": int(state["step"]),
         "rl_s": float(state["rl_elapsed_s"]),
@@ -417,7 +443,7 @@ def run_fr_agents(preset: Preset, seed: int, minutes: float, start: Path, work: 
     res["tokens_per_s"] = res["tokens"] / res["rl_s"]
     _cpu_fields(res, cpu.cores())
     say(
-        f"fr-agents seed {seed}: {res['steps']} steps, {res['completions']} "
+        f"{side} seed {seed}: {res['steps']} steps, {res['completions']} "
         f"completions in {res['rl_s']:.0f}s ({res['completions_per_s']:.1f}/s, "
         f"{res['tokens_per_s']:.1f} tokens/s), stopped: {res['stop']}; {_cpu_text(res)}"
     )
@@ -519,12 +545,14 @@ def regrade_fr_rollouts(
 # ---------------------------------------------------------------------------- TRL
 
 
-def run_trl(preset: Preset, seed: int, minutes: float, work: Path, threads: int) -> dict:
+def run_trl(preset: Preset, seed: int, minutes: float, work: Path, threads: int, steps: int = 0) -> dict:
     """TRL's run for ``seed`` in a fresh process of this script (``--trl-run``), as fr-agents runs in
     its own: nothing (threads, RNG, the verifier pool) carries over between runs. Its progress lines
-    come through; warnings and errors go to ``WORK/trl-seed<s>.log``."""
-    log = work / f"trl-seed{seed}.log"
-    say(f"TRL seed {seed}: {minutes:g} min of RL (log: {log})")
+    come through; warnings and errors go to ``WORK/trl-seed<s>.log``. ``steps`` > 0: exactly that
+    many optimizer steps instead of the time budget."""
+    name = f"trl-seed{seed}" + (f"-steps{steps}" if steps else "")
+    log = work / f"{name}.log"
+    say(f"TRL seed {seed}: {f'{steps} steps' if steps else f'{minutes:g} min'} of RL (log: {log})")
     cmd = [
         sys.executable,
         __file__,
@@ -538,19 +566,22 @@ def run_trl(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
         str(work),
         "--trl-threads",
         str(threads),
+        "--trl-steps",
+        str(steps),
     ]
     with open(log, "w") as err:
         rc = subprocess.run(cmd, stderr=err).returncode
     if rc != 0:
         sys.stderr.write(log.read_text()[-4000:])
         raise SystemExit(f"TRL seed {seed} failed (exit {rc}); full log: {log}")
-    return json.loads((work / f"trl-seed{seed}.json").read_text())
+    return json.loads((work / f"{name}.json").read_text())
 
 
-def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int) -> None:
+def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int, steps: int = 0) -> None:
     """The ``--trl-run`` process: check that TRL gets the project's prompts and stop ids, train for
-    ``minutes`` of RL with the project's reward, save the final model, write ``WORK/trl-seed<s>.json``.
-    ``threads``: torch's thread count (0: torch's default, what a TRL user gets)."""
+    ``minutes`` of RL (or exactly ``steps`` optimizer steps, when > 0) with the project's reward, save
+    the final model, write ``WORK/trl-seed<s>[-steps<n>].json``. ``threads``: torch's thread count (0:
+    torch's default, what a TRL user gets)."""
     import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
@@ -563,9 +594,10 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
     tasks, texts, ids = project_prompts(cfg, tokenizer)
     grader = Grader(cfg, tokenizer)
 
-    out = work / f"trl-seed{seed}"
+    name = f"trl-seed{seed}" + (f"-steps{steps}" if steps else "")
+    out = work / name
     shutil.rmtree(out, ignore_errors=True)
-    limit_s = minutes * 60
+    limit_s = math.inf if steps else minutes * 60
 
     class TimeLimit(TrainerCallback):
         """Stops training once ``limit_s`` seconds of RL are spent; prints progress."""
@@ -624,7 +656,7 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
         weight_decay=o.weight_decay,
         max_grad_norm=o.grad_clip,
         gradient_checkpointing=False,
-        max_steps=100_000_000,
+        max_steps=steps or 100_000_000,
         save_strategy="no",
         report_to="none",
         logging_steps=100,
@@ -647,7 +679,7 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
     final = out / "final"
     trainer.save_model(str(final))
     res = {
-        "run": "TRL GRPOTrainer",
+        "run": TRL,
         "seed": seed,
         "steps": steps,
         "rl_s": rl_s,
@@ -667,7 +699,7 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int)
         f"({res['completions_per_s']:.1f}/s, {res['tokens_per_s']:.1f} tokens/s); {_cpu_text(res)}"
     )
     grader.close()
-    (work / f"trl-seed{seed}.json").write_text(json.dumps(res, indent=2))
+    (work / f"{name}.json").write_text(json.dumps(res, indent=2))
 
 
 def check_trl_matches(trainer: Any, texts: list[str], ids: list[list[int]], stop_ids: set[int]) -> None:
@@ -718,17 +750,17 @@ def evaluate(
 
 def table(rows: list[dict], before: float) -> str:
     lines = [
-        "| run | seed | steps | completions/s | tokens/s | cores busy | CPU-ms "
-        "per completion | held-out before -> after |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| run | seed | order | steps | completions/s | tokens/s | cores busy | CPU-ms "
+        "per completion | held-out before -> after | at equal steps |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for r in rows:
         lines.append(
-            f"| {r['run']} | {r['seed']} | {r['steps']:,} | {r['completions_per_s']:.1f} | "
+            f"| {r['run']} | {r['seed']} | {r['order']} | {r['steps']:,} | {r['completions_per_s']:.1f} | "
             f"{r['tokens_per_s']:.1f} | {fmt(r.get('cores_busy'), '.2f')} | "
             f"{fmt(r.get('cpu_ms_per_completion'), '.2f')} | {100 * before:.1f} -> "
-            f"{100 * r['held_out']:.1f} |"
+            f"{100 * r['held_out']:.1f} | {100 * r['held_out_equal_steps']:.1f} ({r['equal_steps']:,}) |"
         )
     return "\n".join(lines)
 
@@ -770,14 +802,21 @@ def main() -> int:
         help="stored fr-agents rollouts re-graded per run (0: all; default 2000)",
     )
     ap.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="skip the control run (fr-agents with objective.algo=grpo at TRL's group size)",
+    )
+    ap.add_argument(
         "--trl-run", type=int, default=None, metavar="SEED", help=argparse.SUPPRESS
     )  # one TRL run (internal)
+    ap.add_argument("--trl-steps", type=int, default=0, help=argparse.SUPPRESS)  # its step count (internal)
     a = ap.parse_args()
     preset = PRESETS[a.preset]
     if a.minutes is None:
         a.minutes = preset.minutes
     if a.trl_run is not None:
-        trl_run(preset, a.trl_run, a.minutes, Path(a.work_dir), a.trl_threads)
+        trl_run(preset, a.trl_run, a.minutes, Path(a.work_dir), a.trl_threads, a.trl_steps)
         return 0
     if a.minutes <= 0:
         raise SystemExit("--minutes: must be > 0")
@@ -815,6 +854,11 @@ def main() -> int:
             f"{preset.name}: trainer.batch_size is {cfg.trainer.batch_size}, TRL would take "
             f"{preset.completions_per_step} completions a step (PRESETS)"
         )
+    if cfg.optim.scheduler != "constant" or cfg.optim.warmup_steps:
+        raise SystemExit(
+            f"{preset.name}: optim.scheduler is {cfg.optim.scheduler} with {cfg.optim.warmup_steps} warm-up "
+            "steps; the equal-steps runs need a constant learning rate (the first S steps of a longer run)"
+        )
     tasks, _, ids = project_prompts(cfg, tokenizer)
     say(f"prompts: {len(tasks)} train tasks of '{cfg.tasks.source}' encoded by the project's rollout encoder")
     grader = Grader(cfg, tokenizer)
@@ -825,31 +869,54 @@ def main() -> int:
     )  # once per start checkpoint
     before = scores["start"]
     rows: list[dict] = []
-    for seed in a.seeds:
-        fr = run_fr_agents(preset, seed, a.minutes, start, work)
-        fr["reward_check"] = regrade_fr_rollouts(Path(fr["run_dir"]), grader, ids_by_task, a.regrade, seed)
-        say(
-            f"fr-agents seed {seed}: re-graded {fr['reward_check']['regraded']} "
-            "stored rollouts, every reward matches"
-        )
-        trl = run_trl(preset, seed, a.minutes, work, a.trl_threads)
-        held, _ = evaluate(
-            preset.bench,
-            {f"fr-agents-seed{seed}": fr["model"], f"trl-seed{seed}": trl["model"]},
-            work / f"eval-seed{seed}",
-        )
-        fr["held_out"], trl["held_out"] = held[f"fr-agents-seed{seed}"], held[f"trl-seed{seed}"]
-        fr["ratio_completions_per_s"] = fr["completions_per_s"] / trl["completions_per_s"]
-        rows += [fr, trl]
+    sides = [FR, TRL] + ([GRPO] if a.control else [])
+    for i, seed in enumerate(a.seeds):
+        order = sides[i % len(sides) :] + sides[: i % len(sides)]  # who runs first turns with the seed
+        say(f"seed {seed}: run order {', '.join(order)}")
+        done: dict[str, dict] = {}
+        for side in order:
+            if side == TRL:
+                done[side] = run_trl(preset, seed, a.minutes, work, a.trl_threads)
+                continue
+            done[side] = run_fr_agents(preset, seed, a.minutes, start, work, grpo=side == GRPO)
+            check = regrade_fr_rollouts(Path(done[side]["run_dir"]), grader, ids_by_task, a.regrade, seed)
+            done[side]["reward_check"] = check
+            say(f"{side} seed {seed}: re-graded {check['regraded']} stored rollouts, every reward matches")
+        # equal optimizer steps: every side that took more steps than the slowest one trains again,
+        # from the same start, for exactly that many (the presets' learning rates are constant)
+        least = min(r["steps"] for r in done.values())
+        models = {f"{side}|{seed}": r["model"] for side, r in done.items()}
+        for side, r in done.items():
+            r["order"] = order.index(side) + 1
+            r["equal_steps"] = least
+            if r["steps"] > least:
+                again = (
+                    run_trl(preset, seed, a.minutes, work, a.trl_threads, steps=least)
+                    if side == TRL
+                    else run_fr_agents(preset, seed, a.minutes, start, work, grpo=side == GRPO, steps=least)
+                )
+                r["equal_steps_run"] = {k: again[k] for k in ("steps", "rl_s", "completions", "model")}
+                models[f"{side}|{seed}|steps"] = again["model"]
+        labels = {key: key.replace(" ", "-").replace("|", "-") for key in models}
+        held, _ = evaluate(preset.bench, {labels[k]: m for k, m in models.items()}, work / f"eval-seed{seed}")
+        for side, r in done.items():
+            r["held_out"] = held[labels[f"{side}|{seed}"]]
+            r["held_out_equal_steps"] = held[labels.get(f"{side}|{seed}|steps", labels[f"{side}|{seed}"])]
+        done[FR]["ratio_completions_per_s"] = done[FR]["completions_per_s"] / done[TRL]["completions_per_s"]
+        rows += [done[side] for side in sides]
     grader.close()
     load_end = load_avg()
 
-    fr_rows = [r for r in rows if r["run"] == "fr-agents"]
-    trl_rows = [r for r in rows if r["run"] != "fr-agents"]
+    fr_rows = [r for r in rows if r["run"] == FR]
+    trl_rows = [r for r in rows if r["run"] == TRL]
+    grpo_rows = [r for r in rows if r["run"] == GRPO]
     mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    by_side = {"fr-agents": fr_rows, "trl": trl_rows, **({"fr-agents-grpo": grpo_rows} if grpo_rows else {})}
     summary = {
         "held_out_before": before,
-        "held_out_after_mean": {"fr-agents": mean(fr_rows, "held_out"), "trl": mean(trl_rows, "held_out")},
+        "held_out_after_mean": {k: mean(v, "held_out") for k, v in by_side.items()},
+        "held_out_equal_steps_mean": {k: mean(v, "held_out_equal_steps") for k, v in by_side.items()},
+        "steps_mean": {k: mean(v, "steps") for k, v in by_side.items()},
         "completions_per_s_mean": {
             "fr-agents": mean(fr_rows, "completions_per_s"),
             "trl": mean(trl_rows, "completions_per_s"),
@@ -858,22 +925,15 @@ def main() -> int:
     summary["ratio_completions_per_s"] = (
         summary["completions_per_s_mean"]["fr-agents"] / summary["completions_per_s_mean"]["trl"]
     )
-    summary["tokens_per_s_mean"] = {
-        "fr-agents": mean(fr_rows, "tokens_per_s"),
-        "trl": mean(trl_rows, "tokens_per_s"),
-    }
+    summary["tokens_per_s_mean"] = {k: mean(v, "tokens_per_s") for k, v in by_side.items()}
     summary["ratio_tokens_per_s"] = (
         summary["tokens_per_s_mean"]["fr-agents"] / summary["tokens_per_s_mean"]["trl"]
     )
     if all(r.get("cpu_ms_per_completion") is not None for r in rows):
         summary["cpu_ms_per_completion_mean"] = {
-            "fr-agents": mean(fr_rows, "cpu_ms_per_completion"),
-            "trl": mean(trl_rows, "cpu_ms_per_completion"),
+            k: mean(v, "cpu_ms_per_completion") for k, v in by_side.items()
         }
-        summary["cores_busy_mean"] = {
-            "fr-agents": mean(fr_rows, "cores_busy"),
-            "trl": mean(trl_rows, "cores_busy"),
-        }
+        summary["cores_busy_mean"] = {k: mean(v, "cores_busy") for k, v in by_side.items()}
     say("\n" + table(rows, before))
     say(
         f"\ncompletions/s fr-agents / TRL: {summary['ratio_completions_per_s']:.2f}x (per seed: "
@@ -887,18 +947,22 @@ def main() -> int:
         f"completion {mean(fr_rows, 'tokens') / mean(fr_rows, 'completions'):.1f} "
         f"vs {mean(trl_rows, 'tokens') / mean(trl_rows, 'completions'):.1f})"
     )
+    pct = lambda d: ", ".join(f"{k} {100 * v:.1f}%" for k, v in d.items())  # noqa: E731
     say(
-        "held-out after RL, mean over seeds: fr-agents "
-        f"{100 * summary['held_out_after_mean']['fr-agents']:.1f}%, TRL "
-        f"{100 * summary['held_out_after_mean']['trl']:.1f}% (start {100 * before:.1f}%; greedy, "
-        f"{problems} held-out problems of {preset.bench})"
+        f"held-out after RL, mean over seeds: {pct(summary['held_out_after_mean'])} (start "
+        f"{100 * before:.1f}%; greedy, {problems} held-out problems of {preset.bench})"
+    )
+    say(
+        "held-out at equal optimizer steps (each seed's fewest; mean steps "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in summary["steps_mean"].items())
+        + f"): {pct(summary['held_out_equal_steps_mean'])}"
     )
     if "cpu_ms_per_completion_mean" in summary:
         c, b = summary["cpu_ms_per_completion_mean"], summary["cores_busy_mean"]
         say(
-            f"CPU per completion during RL, mean over seeds: fr-agents {c['fr-agents']:.2f} "
-            f"ms ({b['fr-agents']:.2f} cores busy), TRL {c['trl']:.2f} ms ({b['trl']:.2f} "
-            f"cores busy): fr-agents / TRL {c['fr-agents'] / c['trl']:.2f}x"
+            "CPU per completion during RL, mean over seeds: "
+            + ", ".join(f"{k} {c[k]:.2f} ms ({b[k]:.2f} cores busy)" for k in c)
+            + f": fr-agents / TRL {c['fr-agents'] / c['trl']:.2f}x"
         )
     say("torch threads: " + ", ".join(f"{r['run']} seed {r['seed']}: {r['torch_threads']}" for r in rows))
     say(f"load average at start {load_start}, at end {load_end}")
@@ -908,6 +972,7 @@ def main() -> int:
         "bench": preset.bench,
         "minutes": a.minutes,
         "seeds": a.seeds,
+        "control": a.control,
         "trl_version": trl_version,
         "torch": torch.__version__,
         "cores": os.cpu_count(),
