@@ -33,6 +33,14 @@ how many there were, their partial scores, and ``--sample`` of them (seeded) as 
 the conditions they met (to check that the partial score pays only for progress)::
 
     python benchmarks/alfworld.py --paid RUN_DIR [--sample 12]
+
+``--forks RUN_DIR`` reads where a tree run's (``alfworld-smollm2-tree``) RL tokens went: its trees and
+leaves, the forks whose continuations began with the same command as a sibling (a fork that resampled
+the action it forked from), the trees whose leaves all scored the same (the nodes baseline gives them
+no credit), the rows merged as identical siblings and pruned by J_max, and the policy tokens the
+engine sampled against those on the trained root-to-leaf paths::
+
+    python benchmarks/alfworld.py --forks RUN_DIR
 """
 
 from __future__ import annotations
@@ -216,6 +224,81 @@ def paid(a: argparse.Namespace) -> None:
         print("  " + " | ".join(cmds))
 
 
+def fork_report(a: argparse.Namespace) -> None:
+    """Where a tree run's RL tokens went (see the module docstring)."""
+    import collections
+    import json
+    import re
+
+    from fr_agents.config import load_config
+    from fr_agents.models import resolve_model
+    from fr_agents.run_layout import CONFIG_FILE
+    from fr_agents.tree import TrajectoryTree
+    from fr_agents.view.decode import TokenText
+
+    run = Path(a.forks)
+    cfg = load_config(str(run / CONFIG_FILE))
+    dec = TokenText.load(resolve_model(cfg.model.name))
+    steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "step" in r]
+    with TrajectoryTree.open(run / "store.sqlite") as tree:
+        leaves = [t for t in tree.trajectories(tree.leaf_ids()) if t.status != "aborted"]
+        children = {n: tree.children(n) for t in leaves for n in t.path}
+
+    def action(ids: list[int]) -> str:
+        text = dec.turns(ids, ["policy"] * len(ids))[0]["text"] if ids else ""
+        return re.sub(r"</?action>|\s+", " ", text).strip()
+
+    # each fork: a node with more than one child; what each child's first reply said
+    by_root: dict[int, list] = collections.defaultdict(list)
+    for t in leaves:
+        by_root[t.root_id].append(t)
+    forks_seen, same_action, forks_total = set(), 0, 0
+    spread_trees, equal_trees, leaves_per_tree = 0, 0, []
+    for trajs in by_root.values():
+        leaves_per_tree.append(len(trajs))
+        rewards = {round(t.learner_reward(cfg.rollout.reward), 6) for t in trajs}
+        equal_trees += len(rewards) == 1
+        spread_trees += len(rewards) > 1
+        for t in trajs:
+            for node in t.path[:-1]:
+                if len(children[node]) < 2 or node in forks_seen:
+                    continue
+                forks_seen.add(node)
+                forks_total += 1
+                firsts = set()
+                for u in trajs:  # the first reply below each child, read off a leaf through it
+                    if node in u.path and u.path.index(node) + 1 < len(u.path):
+                        child = u.path[u.path.index(node) + 1]
+                        start = u.offsets[u.path.index(node) + 1]
+                        mask = u.policy_mask[start:]
+                        end = start + (mask.index(False) if False in mask else len(mask))
+                        firsts.add((child, action(list(u.token_ids[start:end]))))
+                texts = collections.Counter(text for _, text in firsts)
+                same_action += len(texts) < len({c for c, _ in firsts})
+    sampled = sum(r.get("sampled_tokens", 0) for r in steps)
+    logical = sum(r.get("policy_tokens", 0) for r in steps)
+    print(
+        f"# {run}: {len(by_root)} trees, {len(leaves)} leaves ({statistics.mean(leaves_per_tree):.2f} a tree)"
+    )
+    print(
+        f"forks: {forks_total}; forks whose children's first replies repeat one another: {same_action} "
+        f"({100 * same_action / max(forks_total, 1):.0f}%)"
+    )
+    print(
+        f"trees whose leaves all scored the same (no credit from the tree): {equal_trees} of {len(by_root)}; "
+        f"with a spread: {spread_trees}"
+    )
+    print(
+        f"trained steps: {len(steps)}; rows merged as identical siblings: "
+        f"{sum(r.get('merged', 0) for r in steps)}; "
+        f"leaves pruned by J_max: {sum(r.get('pruned', 0) for r in steps)}"
+    )
+    print(
+        f"policy tokens: sampled by the engine {sampled:,}, on the trained root-to-leaf paths {logical:,} "
+        f"(each shared turn once per leaf through it)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--games", type=int, default=6, help="games to generate (valid_seen, one per task type)")
@@ -249,11 +332,19 @@ def main() -> None:
     )
     ap.add_argument("--sample", type=int, default=12, help="--paid: episodes to print")
     ap.add_argument(
+        "--forks",
+        default=None,
+        help="a tree run's directory: its forks, those that repeated an action, its trees' reward spread",
+    )
+    ap.add_argument(
         "overrides", nargs="*", help="--split: config overrides, e.g. model.name=RUN/checkpoints/step_000010"
     )
     a = ap.parse_args()
     if a.paid:
         paid(a)
+        return
+    if a.forks:
+        fork_report(a)
         return
     for flag, mode, batch in (("--split", split, 16), ("--schedule", schedule, 8)):
         if getattr(a, flag[2:]):
