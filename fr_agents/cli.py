@@ -192,9 +192,19 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-context", type=int, default=None)
     p.add_argument("--system-prompt", default=None)
-    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="episodes played at once, the hf engine's batch (default: a run's rollout.concurrency, else 32)",
+    )
     p.add_argument("--label", action="append", default=[], help="report name of each CHECKPOINT, in order")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="dtype the checkpoints sample in (default: the dtype a run's own evaluations sampled in, "
+        "rollout.dtype resolved on this machine, else float32)",
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--base-url", default=None, help="--engine openai: server URL ending in /v1")
     p.add_argument("--api-key", default=None)
@@ -276,6 +286,21 @@ def _cmd_eval(a: argparse.Namespace) -> int:
     if not a.out:
         raise ConfigError("--out: the output folder is required")
     try:
+        run_config = _run_config(a.checkpoints)
+        if run_config is not None and (a.dtype is None or a.concurrency is None):
+            # evaluate as the run's own held-out evaluations did: same dtype, same batch of episodes
+            from fr_agents.config import load_config
+
+            run_cfg = load_config(str(run_config))
+            a.dtype = run_cfg.engine_dtype if a.dtype is None else a.dtype
+            a.concurrency = max(1, run_cfg.rollout.concurrency) if a.concurrency is None else a.concurrency
+            print(
+                f"eval: as the run at {run_config.parent} evaluated: {a.dtype}, "
+                f"{a.concurrency} episodes at once",
+                file=sys.stderr,
+            )
+        a.dtype = "float32" if a.dtype is None else a.dtype
+        a.concurrency = 32 if a.concurrency is None else a.concurrency
         settings = EvalSettings(
             k=a.k,
             temperature=a.temperature,
@@ -286,7 +311,6 @@ def _cmd_eval(a: argparse.Namespace) -> int:
             system_prompt=a.system_prompt,
             concurrency=a.concurrency,
         )
-        run_config = _run_config(a.checkpoints)
         benches = [resolve_bench(name, a.limit, a.limit_seed, run_config) for name in a.bench]
         if a.env_kwargs:
             extra = _json_kwargs(a.env_kwargs, "--env-kwargs")

@@ -74,3 +74,51 @@ def test_eval_list_and_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
         main(["eval", "no/such/dir/x", "--bench", "arithmetic", "--limit", "1", "--out", str(tmp_path)]) == 2
     )
     assert "accepted forms" in capsys.readouterr().err
+
+
+def test_eval_of_a_run_samples_in_the_dtype_and_batch_its_own_evaluations_used(
+    checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fr-agents eval RUN`: the run's rollout.dtype and rollout.concurrency, as its held-out
+    evaluations had them (its samples are those of the checkpoint evaluated with both given
+    explicitly), unless --dtype / --concurrency say otherwise; a bare checkpoint keeps float32 and 32."""
+    import shutil
+
+    from fr_agents.config import load_config
+    from fr_agents.config_io import dump_config
+    from fr_agents.run_layout import STATE_FILE
+
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step_000001"
+    shutil.copytree(checkpoints["after"], step)
+    (step / STATE_FILE).write_bytes(b"")  # marks the checkpoint complete (latest_checkpoint reads no more)
+    cfg = load_config("math-tiny", ["rollout.dtype=bfloat16", "rollout.concurrency=3"])
+    dump_config(cfg, run / "config.yaml")
+
+    def samples(*argv: str) -> tuple[str, list[dict]]:
+        out = tmp_path / f"eval{len(list(tmp_path.iterdir()))}"
+        common = [
+            "--bench",
+            "arithmetic",
+            "--limit",
+            "6",
+            "--temperature",
+            "0",
+            "--label",
+            "x",
+            "--out",
+            str(out),
+        ]
+        assert main(["eval", *argv, *common]) == 0
+        err = capsys.readouterr().err
+        rows = [json.loads(r) for r in (out / "samples" / "x" / "arithmetic.jsonl").read_text().splitlines()]
+        return err, [{k: r[k] for k in ("task_id", "actions", "reward")} for r in rows]
+
+    err, from_run = samples(str(run))
+    assert "as the run at" in err and "bfloat16, 3 episodes at once" in err
+    _, explicit = samples(str(step), "--dtype", "bfloat16", "--concurrency", "3")
+    assert from_run == explicit
+    err, _ = samples(str(run), "--dtype", "float32")
+    assert "float32, 3 episodes at once" in err
+    err, _ = samples(str(checkpoints["after"]))
+    assert "as the run at" not in err
