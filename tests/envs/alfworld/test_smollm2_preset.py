@@ -26,6 +26,27 @@ def overrides(games_root: str, *more: str) -> list[str]:
     return [f"tasks.params={{games_dir: {games_root}}}", "tasks.train_split=valid_seen", *more]
 
 
+def one_rl_step(games_root: str, *more: str, leaves: int) -> list[str]:
+    """The preset reduced to one optimizer step on one generated game of 2 turns: ``leaves``
+    trajectories a batch, no evaluation, no checkpoint, the rollout in the learner's process."""
+    return overrides(
+        games_root,
+        "tasks.params.limit=1",
+        "warm_start.examples=0",
+        f"trainer.batch_size={leaves}",
+        f"rollout.concurrency={leaves}",
+        "trainer.steps=1",
+        "trainer.max_minutes=0",
+        "trainer.eval_episodes=0",
+        "trainer.eval_every=0",
+        "trainer.backend=local",
+        "trainer.threads=1",
+        "env.max_turns=2",
+        "trainer.checkpoint_every=0",
+        *more,
+    )
+
+
 @pytest.fixture(scope="module")
 def demos(games_root: str, tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
@@ -118,24 +139,7 @@ def test_one_real_smollm2_rl_step_on_a_generated_game(games_root: str, tmp_path:
     """The preset's RL on SmolLM2 itself: two episodes of one generated game, one optimizer step."""
     from trainer.loop import Trainer
 
-    cfg = load_config(
-        PRESET,
-        overrides(
-            games_root,
-            "tasks.params.limit=1",
-            "warm_start.examples=0",
-            "trainer.batch_size=2",
-            "rollout.concurrency=2",
-            "trainer.steps=1",
-            "trainer.max_minutes=0",
-            "trainer.eval_episodes=0",
-            "trainer.eval_every=0",
-            "trainer.backend=local",
-            "trainer.threads=1",
-            "env.max_turns=2",
-            "trainer.checkpoint_every=0",
-        ),
-    )
+    cfg = load_config(PRESET, one_rl_step(games_root, leaves=2))
     res = Trainer(cfg, tmp_path, console=False).run()
     assert res.ok and res.steps == 1
     from fr_agents.tree import TrajectoryTree
@@ -182,25 +186,7 @@ def test_one_real_smollm2_tree_rl_step_forks_an_alfworld_game(games_root: str, t
     from fr_agents.tree import TrajectoryTree
     from trainer.loop import Trainer
 
-    cfg = load_config(
-        "alfworld-smollm2-tree",
-        overrides(
-            games_root,
-            "tasks.params.limit=1",
-            "warm_start.examples=0",
-            "trainer.batch_size=4",
-            "rollout.concurrency=4",
-            "rollout.branch_at=[0,1]",
-            "trainer.steps=1",
-            "trainer.max_minutes=0",
-            "trainer.eval_episodes=0",
-            "trainer.eval_every=0",
-            "trainer.backend=local",
-            "trainer.threads=1",
-            "env.max_turns=2",
-            "trainer.checkpoint_every=0",
-        ),
-    )
+    cfg = load_config("alfworld-smollm2-tree", one_rl_step(games_root, "rollout.branch_at=[0,1]", leaves=4))
     res = Trainer(cfg, tmp_path, console=False).run()
     assert res.ok and res.steps == 1
     with TrajectoryTree.open(tmp_path / "store.sqlite") as tree:
