@@ -553,15 +553,16 @@ def episodes_plan(cfg: TrainConfig) -> list[str]:
             f"prompt(s){f' x {group} samples (GRPO)' if group > 1 else ''}"
         ]
     else:
-        where = {
-            "fixed": "before the reply of turn(s)",
-            "entropy": f"before the reply of those of turn(s) where the last action's mean surprisal is "
-            f">= {r.branch_entropy} nats,",
-            "token": "inside the reply (at its highest-entropy tokens) of turn(s)",
-        }[r.branch_policy]
         turns = ", ".join(str(x) for x in r.branch_at)
+        where = {
+            "fixed": f"before the reply of turn(s) {turns}",
+            "entropy": f"before the reply of turn(s) {turns}, where the path's last action had a mean "
+            f"surprisal >= {r.branch_entropy} nats",
+            "token": f"inside the reply of turn(s) {turns}, at its highest-entropy tokens "
+            f"(>= {r.branch_entropy} nats)",
+        }[r.branch_policy]
         lines = [
-            f"episodes: trees of up to {leaves} leaves: {r.branch_factor} continuations {where} {turns} "
+            f"episodes: trees of up to {leaves} leaves: {r.branch_factor} continuations {where} "
             f"(rollout.branch_factor, branch_at, branch_policy={r.branch_policy}); each continuation "
             "forks the env (its fork(), else a fresh env replaying the actions)"
             + (
