@@ -573,8 +573,7 @@ def episodes_plan(cfg: TrainConfig) -> list[str]:
             + f"; a batch of {t.batch_size} leaves schedules {t.batch_size // (leaves * group)} episode(s)",
             f"trees in the learner: at most {t.max_per_root} leaves of each tree trained "
             "(trainer.max_per_root, J_max; identical siblings merged into one row first), "
-            f"tree-packed step: {t.packed} "
-            "(trainer.packed; auto: where leaves share a prefix, each shared prefix computed once)",
+            f"tree-packed step (each shared prefix computed once): {_packed_rule(t)}",
         ]
     if o.algo == "grpo":
         lines.append(f"credit: GRPO's group baseline (objective.algo=grpo, groups of {group})")
@@ -584,6 +583,20 @@ def episodes_plan(cfg: TrainConfig) -> list[str]:
             credit += " (with one path per episode there is no fork to measure against: the batch baseline)"
         lines.append(credit)
     return lines
+
+
+def _packed_rule(t: Any) -> str:
+    """When the learner runs a batch of trees packed (:meth:`trainer.learner.Chunking.takes_packed`)."""
+    if t.packed == "always":
+        return "always (trainer.packed)"
+    if t.packed == "never":
+        return "never (trainer.packed): every leaf runs flat"
+    if t.micro_batch_tokens <= 0:
+        return "auto (trainer.packed): every batch, in one forward"
+    return (
+        f"auto (trainer.packed): a batch whose largest tree holds at most trainer.micro_batch_tokens="
+        f"{t.micro_batch_tokens} tokens; a batch with a larger tree runs its leaves flat, micro-batched"
+    )
 
 
 def forward_plan(cfg: TrainConfig) -> str:
