@@ -34,11 +34,12 @@ the conditions they met (to check that the partial score pays only for progress)
 
     python benchmarks/alfworld.py --paid RUN_DIR [--sample 12]
 
-``--forks RUN_DIR`` reads where a tree run's (``alfworld-smollm2-tree``) RL tokens went: its trees and
-leaves, the forks whose continuations began with the same command as a sibling (a fork that resampled
-the action it forked from), the trees whose leaves all scored the same (the nodes baseline gives them
-no credit), the rows merged as identical siblings and pruned by J_max, and the policy tokens the
-engine sampled against those on the trained root-to-leaf paths::
+``--forks RUN_DIR`` reads where a tree run's (``alfworld-smollm2-tree``) RL tokens went: its trees and leaves,
+the store's forks (where siblings' tokens part; identical siblings share their nodes) whose children's replies
+still read as the same command (the policy sampled the same text in other tokens, which the env cannot tell
+apart and the store cannot merge), the trees whose leaves all scored the same (the nodes baseline gives them
+no credit), the rows merged as identical siblings and pruned by J_max, and the policy tokens the engine
+sampled against those on the trained root-to-leaf paths::
 
     python benchmarks/alfworld.py --forks RUN_DIR
 """
@@ -239,7 +240,8 @@ def fork_report(a: argparse.Namespace) -> None:
     run = Path(a.forks)
     cfg = load_config(str(run / CONFIG_FILE))
     dec = TokenText.load(resolve_model(cfg.model.name))
-    steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "step" in r]
+    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    steps = [r for r in rows if r.get("kind") == "step"]
     with TrajectoryTree.open(run / "store.sqlite") as tree:
         leaves = [t for t in tree.trajectories(tree.leaf_ids()) if t.status != "aborted"]
         children = {n: tree.children(n) for t in leaves for n in t.path}
@@ -269,9 +271,10 @@ def fork_report(a: argparse.Namespace) -> None:
                 for u in trajs:  # the first reply below each child, read off a leaf through it
                     if node in u.path and u.path.index(node) + 1 < len(u.path):
                         child = u.path[u.path.index(node) + 1]
+                        mask = list(u.policy_mask)
                         start = u.offsets[u.path.index(node) + 1]
-                        mask = u.policy_mask[start:]
-                        end = start + (mask.index(False) if False in mask else len(mask))
+                        start = mask.index(True, start) if True in mask[start:] else len(mask)
+                        end = mask.index(False, start) if False in mask[start:] else len(mask)
                         firsts.add((child, action(list(u.token_ids[start:end]))))
                 texts = collections.Counter(text for _, text in firsts)
                 same_action += len(texts) < len({c for c, _ in firsts})
@@ -281,7 +284,8 @@ def fork_report(a: argparse.Namespace) -> None:
         f"# {run}: {len(by_root)} trees, {len(leaves)} leaves ({statistics.mean(leaves_per_tree):.2f} a tree)"
     )
     print(
-        f"forks: {forks_total}; forks whose children's first replies repeat one another: {same_action} "
+        f"forks in the store (nodes where siblings' tokens part): {forks_total}; of those, where two "
+        f"children's replies read as the same command (the same text in other tokens): {same_action} "
         f"({100 * same_action / max(forks_total, 1):.0f}%)"
     )
     print(
