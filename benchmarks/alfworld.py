@@ -18,13 +18,13 @@ seconds per episode, and the ratio against the first capacity given::
     python benchmarks/alfworld.py --schedule --games-dir DIR --demos 48 --batch 8 --episodes 160 \
 --capacity 32 128
 
-``--split`` measures where an RL step's rollout goes on ``--preset`` (default alfworld-smollm2, its
-real model and prompt): one step's episodes (``--batch``, all live at once, the preset's first RL
-games) played by the preset's engine, once with the engine's continuations off (every turn
-prefills the whole conversation, as the engine did before it kept finished rows) and once on.
-For each it prints the wall time, the seconds inside ALFWorld's engine (under its process-wide
-lock, by call), the rest (generation, tokenizing, tree writes), and the prefill tokens per sampled
-token. ``--run DIR`` adds that run's learner step (median seconds, from its ``metrics.jsonl``)::
+``--split`` measures where an RL step's rollout goes on ``--preset`` (default alfworld-smollm2, its real model
+and prompt; alfworld-smollm2-tree plays its trees, ``--batch`` leaves in all): one step's episodes
+(``--batch``, all live at once, the preset's first RL games) played by the preset's engine, once with the
+engine's continuations off (every turn prefills the whole conversation, as the engine did before it kept
+finished rows) and once on. For each it prints the wall time, the seconds inside ALFWorld's engine (under its
+process-wide lock, by call), the rest (generation, tokenizing, tree writes), and the prefill tokens per
+sampled token. ``--run DIR`` adds that run's learner step (median seconds, from its ``metrics.jsonl``)::
 
     python benchmarks/alfworld.py --split --games-dir DIR [--batch 16] [--run RUN_DIR] [model.name=CHECKPOINT]
 
@@ -153,7 +153,7 @@ def split(a: argparse.Namespace) -> None:
             side.close()
         st = engine.stats
         sampled = st["tokens"]
-        turns = sum(o.turns for o in outcomes)
+        turns = sum(leaf.turns for o in outcomes for leaf in o.leaves)  # every branch of a tree
         inside = ENGINE_CLOCK.total()
         calls = ", ".join(
             f"{k} {v:.1f} s/{ENGINE_CLOCK.calls[k]}" for k, v in sorted(ENGINE_CLOCK.seconds.items())
