@@ -35,11 +35,10 @@ the conditions they met (to check that the partial score pays only for progress)
     python benchmarks/alfworld.py --paid RUN_DIR [--sample 12]
 
 ``--forks RUN_DIR`` reads where a tree run's (``alfworld-smollm2-tree``) RL tokens went: its trees and leaves,
-the store's forks (where siblings' tokens part; identical siblings share their nodes) whose children's replies
-still read as the same command (the policy sampled the same text in other tokens, which the env cannot tell
-apart and the store cannot merge), the trees whose leaves all scored the same (the nodes baseline gives them
-no credit), the rows merged as identical siblings and pruned by J_max, and the policy tokens the engine
-sampled against those on the trained root-to-leaf paths::
+the forks (nodes with more than one child) where two children began with the same command (the fork resampled
+the reply it forked on, so the siblings differ only later), the trees whose leaves all scored the same (the
+nodes baseline gives them no credit), the rows merged as identical siblings and pruned by J_max, and the
+policy tokens the engine sampled against those on the trained root-to-leaf paths::
 
     python benchmarks/alfworld.py --forks RUN_DIR
 """
@@ -247,7 +246,8 @@ def fork_report(a: argparse.Namespace) -> None:
         children = {n: tree.children(n) for t in leaves for n in t.path}
 
     def action(ids: list[int]) -> str:
-        text = dec.turns(ids, ["policy"] * len(ids))[0]["text"] if ids else ""
+        turns = dec.turns(ids, ["policy"] * len(ids)) if ids else []
+        text = turns[0]["text"] if turns else ""
         return re.sub(r"</?action>|\s+", " ", text).strip()
 
     # each fork: a node with more than one child; what each child's first reply said
@@ -284,8 +284,8 @@ def fork_report(a: argparse.Namespace) -> None:
         f"# {run}: {len(by_root)} trees, {len(leaves)} leaves ({statistics.mean(leaves_per_tree):.2f} a tree)"
     )
     print(
-        f"forks in the store (nodes where siblings' tokens part): {forks_total}; of those, where two "
-        f"children's replies read as the same command (the same text in other tokens): {same_action} "
+        f"forks (nodes with more than one child): {forks_total}; of those, where two children began with "
+        f"the same command (the fork resampled the reply it forked on): {same_action} "
         f"({100 * same_action / max(forks_total, 1):.0f}%)"
     )
     print(
