@@ -673,7 +673,7 @@ def trl_run(preset: Preset, seed: int, minutes: float, work: Path, threads: int,
     )
     trainer.remove_callback(PrinterCallback)  # TRL's own log lines; the progress lines above suffice
     check_trl_matches(trainer, texts, ids, grader.stop_ids)
-    trainer.loop()
+    trainer.train()
     steps = trainer.state.global_step
     rl_s = (limit.t_end or time.perf_counter()) - limit.t0
     final = out / "final"
