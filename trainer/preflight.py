@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fr_agents.config import ConfigError, TrainConfig, annotated_yaml, leaves_per_tree
+from fr_agents.config import ConfigError, TrainConfig, TrainerConfig, annotated_yaml, leaves_per_tree
 
 _ENV_ID = re.compile(r"^(?:(?P<module>[A-Za-z_][\w.]*):)?(?P<name>(?:[\w.-]+/)?[\w.:-]+-v\d+)$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -585,7 +585,7 @@ def episodes_plan(cfg: TrainConfig) -> list[str]:
     return lines
 
 
-def _packed_rule(t: Any) -> str:
+def _packed_rule(t: TrainerConfig) -> str:
     """When the learner runs a batch of trees packed (:meth:`trainer.learner.Chunking.takes_packed`)."""
     if t.packed == "always":
         return "always (trainer.packed)"
