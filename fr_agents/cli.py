@@ -170,7 +170,14 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--bench", action="append", default=[], help="bench name (repeatable); --list shows them")
     p.add_argument("-k", type=int, default=1, help="samples per problem (pass@1..k, mean@k)")
-    p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE, help="0 = greedy (k must be 1)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help=f"0 = greedy (k must be 1). Default: a run's own choice (greedy at k 1, as its held-out "
+        f"figures are played; its trainer.eval_temperature at k > 1, as its avg@k evaluations), "
+        f"else {defaults.TEMPERATURE}",
+    )
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "openai"])
     p.add_argument("--out", help="output folder (samples/, results.json, results.md, results.png)")
     p.add_argument(
@@ -287,18 +294,23 @@ def _cmd_eval(a: argparse.Namespace) -> int:
         raise ConfigError("--out: the output folder is required")
     try:
         run_config = _run_config(a.checkpoints)
-        if run_config is not None and (a.dtype is None or a.concurrency is None):
-            # evaluate as the run's own held-out evaluations did: same dtype, same batch of episodes
+        if run_config is not None and None in (a.dtype, a.concurrency, a.temperature):
+            # evaluate as the run's own evaluations did: same dtype, same batch of episodes, and
+            # greedy at k 1 (its held-out figures, trainer/evaluate.py) or its eval_temperature at k > 1
             from fr_agents.config import load_config
 
             run_cfg = load_config(str(run_config))
             a.dtype = run_cfg.engine_dtype if a.dtype is None else a.dtype
             a.concurrency = max(1, run_cfg.rollout.concurrency) if a.concurrency is None else a.concurrency
+            if a.temperature is None:
+                a.temperature = 0.0 if a.k == 1 else run_cfg.trainer.eval_temperature
             print(
                 f"eval: as the run at {run_config.parent} evaluated: {a.dtype}, "
-                f"{a.concurrency} episodes at once",
+                f"{a.concurrency} episodes at once, "
+                + ("greedy" if a.temperature == 0 else f"temperature {a.temperature:g}"),
                 file=sys.stderr,
             )
+        a.temperature = defaults.TEMPERATURE if a.temperature is None else a.temperature
         a.dtype = "float32" if a.dtype is None else a.dtype
         a.concurrency = 32 if a.concurrency is None else a.concurrency
         settings = EvalSettings(

@@ -76,12 +76,13 @@ def test_eval_list_and_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "accepted forms" in capsys.readouterr().err
 
 
-def test_eval_of_a_run_samples_in_the_dtype_and_batch_its_own_evaluations_used(
+def test_eval_of_a_run_plays_as_its_own_held_out_evaluations_did(
     checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`fr-agents eval RUN`: the run's rollout.dtype and rollout.concurrency, as its held-out
-    evaluations had them (its samples are those of the checkpoint evaluated with both given
-    explicitly), unless --dtype / --concurrency say otherwise; a bare checkpoint keeps float32 and 32."""
+    """`fr-agents eval RUN` with no sampling flags: greedy (the run's held-out figures are greedy), in
+    the run's rollout.dtype and rollout.concurrency; its samples are those of the checkpoint evaluated
+    with all three given explicitly. At -k > 1 it samples at the run's trainer.eval_temperature (its
+    avg@k evaluations). Each flag still wins; a bare checkpoint keeps temperature 1, float32 and 32."""
     import shutil
 
     from fr_agents.config import load_config
@@ -92,33 +93,29 @@ def test_eval_of_a_run_samples_in_the_dtype_and_batch_its_own_evaluations_used(
     step = run / "checkpoints" / "step_000001"
     shutil.copytree(checkpoints["after"], step)
     (step / STATE_FILE).write_bytes(b"")  # marks the checkpoint complete (latest_checkpoint reads no more)
-    cfg = load_config("math-tiny", ["rollout.dtype=bfloat16", "rollout.concurrency=3"])
+    cfg = load_config(
+        "math-tiny", ["rollout.dtype=bfloat16", "rollout.concurrency=3", "trainer.eval_temperature=0.7"]
+    )
     dump_config(cfg, run / "config.yaml")
 
-    def samples(*argv: str) -> tuple[str, list[dict]]:
+    def samples(*argv: str) -> tuple[str, float, list[dict]]:
         out = tmp_path / f"eval{len(list(tmp_path.iterdir()))}"
-        common = [
-            "--bench",
-            "arithmetic",
-            "--limit",
-            "6",
-            "--temperature",
-            "0",
-            "--label",
-            "x",
-            "--out",
-            str(out),
-        ]
+        common = ["--bench", "arithmetic", "--limit", "6", "--label", "x", "--out", str(out)]
         assert main(["eval", *argv, *common]) == 0
         err = capsys.readouterr().err
-        rows = [json.loads(r) for r in (out / "samples" / "x" / "arithmetic.jsonl").read_text().splitlines()]
-        return err, [{k: r[k] for k in ("task_id", "actions", "reward")} for r in rows]
+        where = out / "samples" / "x"
+        meta = json.loads((where / "arithmetic.meta.json").read_text())
+        rows = [json.loads(r) for r in (where / "arithmetic.jsonl").read_text().splitlines()]
+        return err, meta["temperature"], [{k: r[k] for k in ("task_id", "actions", "reward")} for r in rows]
 
-    err, from_run = samples(str(run))
-    assert "as the run at" in err and "bfloat16, 3 episodes at once" in err
-    _, explicit = samples(str(step), "--dtype", "bfloat16", "--concurrency", "3")
+    err, temperature, from_run = samples(str(run))
+    assert "as the run at" in err and "bfloat16, 3 episodes at once, greedy" in err
+    assert temperature == 0.0
+    _, _, explicit = samples(str(step), "--dtype", "bfloat16", "--concurrency", "3", "--temperature", "0")
     assert from_run == explicit
-    err, _ = samples(str(run), "--dtype", "float32")
-    assert "float32, 3 episodes at once" in err
-    err, _ = samples(str(checkpoints["after"]))
-    assert "as the run at" not in err
+    err, temperature, _ = samples(str(run), "-k", "2")
+    assert "temperature 0.7" in err and temperature == 0.7
+    err, temperature, _ = samples(str(run), "--dtype", "float32", "--temperature", "1")
+    assert "float32, 3 episodes at once, temperature 1" in err and temperature == 1.0
+    err, temperature, _ = samples(str(checkpoints["after"]))
+    assert "as the run at" not in err and temperature == 1.0
