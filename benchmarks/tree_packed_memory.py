@@ -29,7 +29,11 @@ a subset.
 
 Prints the peak of each form, the ratio packed/flat (goal <= 0.5), the time ratio of each flat form
 over each packed form against the ideal ratio logical/packed tokens (goal >= 0.8 of it), from the
-median of ``--repeat`` steps per form. Ratios are the result, not absolute times.
+median of each form's steps (``--repeat`` a process, its first left out when it ran more than one: that
+one pays the process's allocations and kernel set-up). ``--rounds N`` runs every form's process N
+times in alternating order (flat, packed, packed, flat, ...) and also prints the per-token ratio
+round by round: step times drift by +-10% on a shared VM, and a ratio from one process per form
+cannot tell a few percent from that drift. Ratios are the result, not absolute times.
 """
 
 from __future__ import annotations
@@ -230,7 +234,21 @@ def main() -> None:
     )
     p.add_argument("--micro-batch-tokens", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--repeat", type=int, default=3, help="steps per form; the median time is reported")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="steps per form process; the median of those after its first is reported",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="> 1: run every form's process this many times, in alternating order (ABBA...), so that a "
+        "drift of the machine's speed falls on both forms alike; each process's first step (its one-time "
+        "allocations and kernel set-up) is left out of the medians when --repeat >= 2, and the time "
+        "per token of each packed form over flat is printed per round",
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument(
         "--swap-gib",
@@ -286,53 +304,95 @@ def main() -> None:
     forms = a.forms or [f for f in FORMS if f != "flat-chunked" or a.flat_chunk_tokens]
     if "flat-chunked" in forms and a.flat_chunk_tokens <= 0:
         p.error("--forms flat-chunked: needs --flat-chunk-tokens > 0")
-    out = {}
+    if a.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {a.rounds}")
+    out: dict[str, dict] = {}
+    rounds: list[dict[str, dict]] = []
+    order = [forms if r % 2 == 0 else forms[::-1] for r in range(a.rounds)]
     with swap_file(Path(a.swap_file), a.swap_gib):
-        for form in forms:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--form",
-                form,
-                "--roots",
-                str(a.roots),
-                "--leaves",
-                str(a.leaves),
-                "--tokens",
-                str(a.tokens),
-                "--shared",
-                str(a.shared),
-                "--opening",
-                str(a.opening),
-                "--model",
-                a.model,
-                "--micro-batch-tokens",
-                str(a.micro_batch_tokens),
-                "--flat-chunk-tokens",
-                str(a.flat_chunk_tokens),
-                "--device",
-                a.device,
-                "--repeat",
-                str(a.repeat),
-            ]
-            env = dict(os.environ)
-            if a.keep_freed_memory:
-                env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**62))
-            t0 = time.perf_counter()
-            res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if res.returncode != 0:
-                sys.exit(f"the {form} step failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
-            out[form] = json.loads(res.stdout.strip().splitlines()[-1])
-            print(
-                f"  {form}: peak {out[form]['peak_bytes'] / 2**20:,.0f} MiB (swapped at most "
-                f"{out[form]['swapped_peak_bytes'] / 2**20:,.0f} MiB), steps "
-                + ", ".join(f"{t:.2f}" for t in out[form]["all_seconds"])
-                + f" s, {time.perf_counter() - t0:.0f} s "
-                f"in all ({load()})",
-                file=sys.stderr,
-                flush=True,
-            )
+        for r, round_forms in enumerate(order):
+            if a.rounds > 1:
+                print(f"round {r + 1} of {a.rounds}: {', '.join(round_forms)}", file=sys.stderr, flush=True)
+            rounds.append(run_forms(round_forms, a))
+    for form in forms:
+        runs = [one[form] for one in rounds]
+        steps = [t for one in runs for t in steady(one["all_seconds"])]
+        out[form] = {
+            **runs[0],
+            "peak_bytes": max(one["peak_bytes"] for one in runs),
+            "swapped_peak_bytes": max(one["swapped_peak_bytes"] for one in runs),
+            "seconds": statistics.median(steps),
+            "all_seconds": steps,
+        }
     report(out, a)
+    if a.rounds > 1 and "flat" in out:
+
+        def per_token(one: dict) -> float:
+            return statistics.median(steady(one["all_seconds"])) / one["forward_tokens"]
+
+        for form in PACKED_FORMS:
+            if form in out:
+                each = [per_token(one[form]) / per_token(one["flat"]) for one in rounds]
+                print(
+                    f"  {form} / flat, time per token the model ran, round by round: "
+                    + ", ".join(f"{x:.2f}" for x in each)
+                )
+
+
+def steady(seconds: list[float]) -> list[float]:
+    """A process's step times without its first (one-time allocations and kernel set-up) when it
+    ran more than one."""
+    return seconds[1:] if len(seconds) > 1 else seconds
+
+
+def run_forms(forms: list[str], a: argparse.Namespace) -> dict[str, dict]:
+    """One process per form, one after another; each returns :func:`one_step`'s figures."""
+    out = {}
+    for form in forms:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--form",
+            form,
+            "--roots",
+            str(a.roots),
+            "--leaves",
+            str(a.leaves),
+            "--tokens",
+            str(a.tokens),
+            "--shared",
+            str(a.shared),
+            "--opening",
+            str(a.opening),
+            "--model",
+            a.model,
+            "--micro-batch-tokens",
+            str(a.micro_batch_tokens),
+            "--flat-chunk-tokens",
+            str(a.flat_chunk_tokens),
+            "--device",
+            a.device,
+            "--repeat",
+            str(a.repeat),
+        ]
+        env = dict(os.environ)
+        if a.keep_freed_memory:
+            env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**62))
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if res.returncode != 0:
+            sys.exit(f"the {form} step failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+        out[form] = json.loads(res.stdout.strip().splitlines()[-1])
+        print(
+            f"  {form}: peak {out[form]['peak_bytes'] / 2**20:,.0f} MiB (swapped at most "
+            f"{out[form]['swapped_peak_bytes'] / 2**20:,.0f} MiB), steps "
+            + ", ".join(f"{t:.2f}" for t in out[form]["all_seconds"])
+            + f" s, {time.perf_counter() - t0:.0f} s "
+            f"in all ({load()})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
 
 
 def report(out: dict[str, dict], a: argparse.Namespace) -> None:
