@@ -7,13 +7,16 @@ The command parses its flags and resolves the benches; this module runs them::
     print(report(results, "/tmp/eval"))
 
 Each (checkpoint, bench) pair goes through :func:`fr_agents.eval.runner.run_bench_async` with a
-progress bar; an expert (``--agent expert``) plays instead of a model with :func:`evaluate_expert`.
+progress bar on a terminal, else a log line per tenth of its samples (:class:`LogProgress`); an
+expert (``--agent expert``) plays instead of a model with :func:`evaluate_expert`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,25 +43,51 @@ def eval_labels(checkpoints: Sequence[str], given: Sequence[str]) -> list[str]:
     return out
 
 
+class LogProgress:
+    """Progress as log lines, for a stderr that is not a terminal (a log file, CI), where a live bar
+    draws nothing: one line each time another tenth of ``total`` samples is done, with the mean
+    reward so far and the minutes since the start."""
+
+    def __init__(self, name: str, total: int) -> None:
+        self.name, self.total = name, max(1, total)
+        self.done, self.reward = 0, 0.0
+        self.started = time.monotonic()
+
+    def advance(self, row: dict[str, Any]) -> None:
+        tenth = self.done * 10 // self.total
+        self.done += 1
+        self.reward += float(row.get("reward", 0.0))
+        if self.done * 10 // self.total > tenth:
+            log.info(
+                "%s: %d/%d samples, mean reward %.3f, %.1f min",
+                self.name,
+                self.done,
+                self.total,
+                self.reward / self.done,
+                (time.monotonic() - self.started) / 60,
+            )
+
+
 def _run(
     engine: Any, tokenizer: Any, bench: Any, settings: EvalSettings, label: str, out_dir: str, **kw: Any
 ) -> Any:
     from rich.progress import Progress
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task(f"{label} · {bench.name}", total=len(bench.items) * settings.k)
-        res = asyncio.run(
+    name, total = f"{label} · {bench.name}", len(bench.items) * settings.k
+
+    def run(on_sample: Any) -> Any:
+        return asyncio.run(
             run_bench_async(
-                engine,
-                tokenizer,
-                bench,
-                settings,
-                label=label,
-                out_dir=out_dir,
-                on_sample=lambda row: bar.advance(task),
-                **kw,
+                engine, tokenizer, bench, settings, label=label, out_dir=out_dir, on_sample=on_sample, **kw
             )
         )
+
+    if sys.stderr.isatty():
+        with Progress(transient=True) as bar:
+            task = bar.add_task(name, total=total)
+            res = run(lambda row: bar.advance(task))
+    else:
+        res = run(LogProgress(name, total).advance)
     log.info("%s on %s: %s", label, bench.name, {m: round(v, 4) for m, v in res.metrics.items()})
     return res
 

@@ -119,3 +119,18 @@ def test_eval_of_a_run_plays_as_its_own_held_out_evaluations_did(
     assert "float32, 3 episodes at once, temperature 1" in err and temperature == 1.0
     err, temperature, _ = samples(str(checkpoints["after"]))
     assert "as the run at" not in err and temperature == 1.0
+
+
+def test_eval_without_a_terminal_logs_its_progress_each_tenth_of_the_samples(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under pytest stderr is no terminal (as in a log file or CI, where a live bar draws nothing):
+    the command logs a line each time another tenth of the samples is done."""
+    import logging
+
+    argv = ["eval", "tiny", "--bench", "arithmetic", "--limit", "20", "--label", "x", "--out", str(tmp_path)]
+    with caplog.at_level(logging.INFO, logger="fr_agents.eval.suite"):
+        assert main(argv) == 0
+    lines = [r.getMessage() for r in caplog.records if "samples, mean reward" in r.getMessage()]
+    assert [line.split(": ")[1].split(" ")[0] for line in lines] == [f"{2 * i}/20" for i in range(1, 11)]
+    assert all(line.startswith("x · arithmetic: ") and line.endswith(" min") for line in lines)
