@@ -18,14 +18,13 @@ the mean reward, and the mean turns and tool calls per episode; the samples land
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fr_agents.config import TrainConfig
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.periodic import evaluate_live
-from fr_agents.eval.runner import EvalSettings
+from fr_agents.eval.runner import EvalSettings, LogProgress
 from fr_agents.run_layout import EVALS_DIR
 
 if TYPE_CHECKING:
@@ -87,19 +86,6 @@ class HeldOutEval:
         have groups (ALFWorld). ``during``: an evaluation every ``eval_every`` steps, on the first
         ``trainer.eval_during_episodes`` problems of the sample."""
         bench = self.during if during else self.bench
-        total, done, started = len(bench.items), [0], time.perf_counter()
-
-        def progress(_row: dict) -> None:  # a 134-game ALFWorld evaluation takes minutes: say how far it is
-            done[0] += 1
-            if done[0] % max(1, total // 4) == 0 and done[0] < total:
-                log.info(
-                    "held-out %s: %d/%d episodes in %.0f s",
-                    name,
-                    done[0],
-                    total,
-                    time.perf_counter() - started,
-                )
-
         res = evaluate_live(
             model,
             tokenizer,
@@ -107,7 +93,7 @@ class HeldOutEval:
             self.settings,
             label=f"{name}_step{step:06d}",
             out_dir=self.out_dir,
-            on_sample=progress,
+            on_sample=LogProgress(f"held-out {name}", len(bench.items), parts=4).advance,
         )
         per_episode = res.extra["per_episode"]
         figures = {

@@ -309,6 +309,32 @@ def _json_safe(value: Any, max_chars: int = 2000) -> Any:
         return repr(value)[:max_chars]
 
 
+class LogProgress:
+    """An ``on_sample`` for :func:`run_bench_async` that reports progress as log lines (where a live
+    bar draws nothing: a log file, CI, a training run's log): one line each time another
+    ``1/parts`` of ``total`` samples is done, with the mean reward so far and the minutes since the
+    start. ``fr-agents eval`` without a terminal and the trainer's held-out evaluations use it."""
+
+    def __init__(self, name: str, total: int, parts: int = 10) -> None:
+        self.name, self.total, self.parts = name, max(1, total), max(1, parts)
+        self.done, self.reward = 0, 0.0
+        self.started = time.monotonic()
+
+    def advance(self, row: dict[str, Any]) -> None:
+        part = self.done * self.parts // self.total
+        self.done += 1
+        self.reward += float(row.get("reward", 0.0))
+        if self.done * self.parts // self.total > part:
+            log.info(
+                "%s: %d/%d samples, mean reward %.3f, %.1f min",
+                self.name,
+                self.done,
+                self.total,
+                self.reward / self.done,
+                (time.monotonic() - self.started) / 60,
+            )
+
+
 async def run_bench_async(
     engine: Engine | None,
     tokenizer: Any,

@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fr_agents.config import ConfigError
-from fr_agents.eval.runner import EvalSettings, run_bench_async
+from fr_agents.eval.runner import EvalSettings, LogProgress, run_bench_async
 
 log = logging.getLogger(__name__)
 
@@ -41,31 +40,6 @@ def eval_labels(checkpoints: Sequence[str], given: Sequence[str]) -> list[str]:
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
     return out
-
-
-class LogProgress:
-    """Progress as log lines, for a stderr that is not a terminal (a log file, CI), where a live bar
-    draws nothing: one line each time another tenth of ``total`` samples is done, with the mean
-    reward so far and the minutes since the start."""
-
-    def __init__(self, name: str, total: int) -> None:
-        self.name, self.total = name, max(1, total)
-        self.done, self.reward = 0, 0.0
-        self.started = time.monotonic()
-
-    def advance(self, row: dict[str, Any]) -> None:
-        tenth = self.done * 10 // self.total
-        self.done += 1
-        self.reward += float(row.get("reward", 0.0))
-        if self.done * 10 // self.total > tenth:
-            log.info(
-                "%s: %d/%d samples, mean reward %.3f, %.1f min",
-                self.name,
-                self.done,
-                self.total,
-                self.reward / self.done,
-                (time.monotonic() - self.started) / 60,
-            )
 
 
 def _run(

@@ -129,7 +129,7 @@ def test_eval_without_a_terminal_logs_its_progress_each_tenth_of_the_samples(
     import logging
 
     argv = ["eval", "tiny", "--bench", "arithmetic", "--limit", "20", "--label", "x", "--out", str(tmp_path)]
-    with caplog.at_level(logging.INFO, logger="fr_agents.eval.suite"):
+    with caplog.at_level(logging.INFO, logger="fr_agents.eval.runner"):
         assert main(argv) == 0
     lines = [r.getMessage() for r in caplog.records if "samples, mean reward" in r.getMessage()]
     assert [line.split(": ")[1].split(" ")[0] for line in lines] == [f"{2 * i}/20" for i in range(1, 11)]
