@@ -303,7 +303,9 @@ def _cmd_eval(a: argparse.Namespace) -> int:
             a.dtype = run_cfg.engine_dtype if a.dtype is None else a.dtype
             a.concurrency = max(1, run_cfg.rollout.concurrency) if a.concurrency is None else a.concurrency
             if a.temperature is None:
-                a.temperature = 0.0 if a.k == 1 else run_cfg.trainer.eval_temperature
+                a.temperature = (
+                    defaults.HELD_OUT_TEMPERATURE if a.k == 1 else run_cfg.trainer.eval_temperature
+                )
             print(
                 f"eval: as the run at {run_config.parent} evaluated: {a.dtype}, "
                 f"{a.concurrency} episodes at once, "

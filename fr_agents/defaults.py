@@ -9,6 +9,7 @@ A preset or a flag overrides any of them; these are what applies when nothing do
 from __future__ import annotations
 
 TEMPERATURE = 1.0  # sampling temperature; behaviour log-probs are taken after it
+HELD_OUT_TEMPERATURE = 0.0  # a run's held-out figures are greedy; `fr-agents eval RUN` at k 1 plays them so
 MAX_NEW_TOKENS = 64  # tokens the policy may sample per turn
 MAX_CONTEXT = 2048  # prompt + reply tokens an episode may hold; longer ones end truncated
 MAX_TURNS = 8  # turns per episode of `rollout`/`play` (training: env.max_turns)

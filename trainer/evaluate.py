@@ -17,11 +17,11 @@ the mean reward, and the mean turns and tool calls per episode; the samples land
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fr_agents.config import TrainConfig
+from fr_agents.defaults import HELD_OUT_TEMPERATURE
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.periodic import evaluate_live
 from fr_agents.eval.runner import EvalSettings, LogProgress
@@ -29,8 +29,6 @@ from fr_agents.run_layout import EVALS_DIR
 
 if TYPE_CHECKING:
     from trainer.types import PolicyModel, Tokenizer
-
-log = logging.getLogger(__name__)
 
 
 class HeldOutEval:
@@ -52,7 +50,12 @@ class HeldOutEval:
         self.during = bench.limited(during_episodes) if 0 < during_episodes < len(bench.items) else bench
         self.out_dir = Path(out_dir)
         self.settings = EvalSettings(
-            k=1, temperature=0.0, seed=seed, concurrency=max(1, concurrency), compact=compact, dtype=dtype
+            k=1,
+            temperature=HELD_OUT_TEMPERATURE,
+            seed=seed,
+            concurrency=max(1, concurrency),
+            compact=compact,
+            dtype=dtype,
         )
 
     @classmethod
