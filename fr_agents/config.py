@@ -275,8 +275,10 @@ class RolloutConfig:
     )
     reward: str = _opt(
         "env",
-        help="reward of a leaf: env (the env's reward) or partial (info.partial_score when cut short)",
-        choices=("env", "partial"),
+        help="reward of a leaf: env (the env's reward), partial (info.partial_score when cut short, "
+        "paid to the whole row) or progress (that score paid only to the replies up to its last rise, "
+        "the later ones earning 0; the batch baseline)",
+        choices=("env", "partial", "progress"),  # fr_agents.tree.nodes.REWARD_MODES
     )
     turn_reward: str = _opt(
         "sum",
@@ -673,6 +675,12 @@ def _validate(cfg: TrainConfig) -> None:
                 f"{t.batch_size} must be a multiple of the leaves per scheduled prompt, {per_tree} "
                 f"(group size x branch_factor ** len(branch_at))",
             )
+    if r.reward == "progress" and (o.algo != "flashreinforce" or o.baseline != "batch"):
+        bad(
+            "rollout.reward",
+            f"progress pays each token against the batch mean; objective.algo={o.algo} "
+            f"objective.baseline={o.baseline} computes its own advantages (use flashreinforce, batch)",
+        )
     if o.baseline in ("tree", "nodes") and o.algo != "flashreinforce":
         bad(
             "objective.baseline",

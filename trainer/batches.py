@@ -148,7 +148,7 @@ def export_batch(
     partial = sum(
         1
         for t in trajs
-        if reward_mode == "partial" and t.status != "finished" and t.partial_score is not None
+        if reward_mode != "env" and t.status != "finished" and t.partial_score is not None
     )
     info = BatchTrees(
         len(per_episode),

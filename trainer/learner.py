@@ -288,6 +288,7 @@ class Learner:
                     root_ids=flat.root_ids,
                     node_spans=flat.node_spans,
                     width=int(flat.token_ids.shape[1]),
+                    credit_ends=flat.credit_ends,
                 )
             )
         except NonFiniteLossError as e:

@@ -65,6 +65,17 @@ computes them, once per step on the full batch (before any micro-batch), under `
 
 Batch baseline (``batch``, the default). ``A_i = R_i - mean_j R_j`` over the whole batch.
 
+Credit up to progress (``rollout.reward: progress``, batch baseline only). A row cut before its
+end is paid its partial score ``R_i``, but only its replies up to the one after which that score
+last rose earned it; the replies after (a loop once a sub-goal is met) made none. Token ``t`` of row
+``i`` gets::
+
+    A_it = R_i - mean_j R_j       t < c_i    (c_i: the row's ``credit_ends``, the first token of
+    A_it = 0   - mean_j R_j       t >= c_i    the reply after its last progress)
+
+so the baseline is the batch's mean outcome as above, and a tail that made no progress is measured
+like a row that earned nothing. Rows without a cut (``c_i = T_i``) are the batch baseline's.
+
 Tree baseline (``objective.baseline: tree``). With branching episodes, leaves that share a
 branching node (the deepest node of a leaf's path that another leaf of the batch also passes
 through; :func:`fr_agents.tree.batch.branching_nodes`) started from the same state, so their mean
@@ -562,6 +573,21 @@ def centered_advantages(rewards: Tensor, weights: Tensor | None = None) -> Tenso
     return (r - weighted_mean(r, weights)).detach()
 
 
+def progress_advantages(
+    rewards: Tensor, credit_ends: Tensor, width: int, weights: Tensor | None = None
+) -> Tensor:
+    """Per-token advantages ``[B, width]`` of rows paid up to their last progress (module
+    docstring): ``R_i - mean`` before ``credit_ends[i]``, ``0 - mean`` from there on; detached."""
+    r = rewards.detach()
+    ends = credit_ends.to(r.device)
+    if ends.shape != r.shape:
+        raise ValueError(f"credit_ends: expected one per row ({r.shape[0]}), got shape {list(ends.shape)}")
+    if weights is not None:
+        validate_weights(weights, r.shape[0], r.device)
+    paid = torch.arange(width, device=r.device)[None, :] < ends[:, None]
+    return (torch.where(paid, r[:, None], torch.zeros_like(r)[:, None]) - weighted_mean(r, weights)).detach()
+
+
 def tree_advantages(
     rewards: Tensor, branch_rows: Sequence[Sequence[int]], weights: Tensor | None = None
 ) -> Tensor:
@@ -670,19 +696,29 @@ def batch_advantages(
     root_ids: Sequence[int] | None = None,
     node_spans: Sequence[Sequence[tuple[int, int, int]]] | None = None,
     width: int = 0,
+    credit_ends: Tensor | None = None,
 ) -> Tensor:
     """The full batch's advantages under ``cfg`` (computed once per step, before any micro-batch).
 
     FlashREINFORCE: against the batch mean, the tree baseline (``cfg.baseline == "tree"``, which
     needs each row's ``branch_rows``), or per token against the tree's node values
     (``cfg.baseline == "nodes"``: each row's ``node_spans`` and the batch's ``width``;
-    ``[B, width]``). GRPO: group-normalised, the groups being ``root_ids`` (one prompt id per row)
-    when given for every row, else ``cfg.grpo_group_size`` consecutive rows.
+    ``[B, width]``). With ``credit_ends`` (``[B]``, rows paid up to their last progress), per token
+    against the batch mean (``[B, width]``; the batch baseline only). GRPO: group-normalised, the
+    groups being ``root_ids`` (one prompt id per row) when given for every row, else
+    ``cfg.grpo_group_size`` consecutive rows.
     """
     r = rewards.to(torch.float64)
+    if credit_ends is not None and (cfg.algo != "flashreinforce" or cfg.baseline != "batch"):
+        raise ValueError(
+            f"credit_ends: rewards paid up to progress (rollout.reward=progress) take the batch baseline, "
+            f"not objective.algo={cfg.algo} baseline={cfg.baseline}"
+        )
     if cfg.algo == "flashreinforce":
         if not bool(torch.isfinite(r).all()):
             raise ValueError("rewards: every reward must be finite")
+        if credit_ends is not None:
+            return progress_advantages(r, credit_ends, width, weights)
         if cfg.baseline == "tree":
             groups = list(branch_rows or [])
             if len(groups) != r.shape[0]:

@@ -82,6 +82,10 @@ class _Branch:
     engine: Any = None  # this branch's engine view (None: the episode's engine)
     budget: float = float("inf")  # this branch's share of the tree's policy-token budget
     surprisal: float = 0.0  # mean -log p of the last sampled action (0 for scripted replies)
+    # the env's progress as its steps report it (info["partial_score"]; None: no step reported one):
+    # the last score, and how many replies had been made when it last rose (0: it never rose)
+    partial_seen: float | None = None
+    progress_turn: int | None = None
 
     def fork(self, env: Any) -> _Branch:
         """A continuation of this branch with ``env``: the same state, with its own copy of every

@@ -26,7 +26,9 @@ Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token s
 ``max_turns`` caps the replies. A branch cut by one of these budgets ends ``truncated`` with a
 partial score: the env's last ``info["partial_score"]``, or, when that step reported none, what the
 env's own ``env.unwrapped.partial_score()`` says now (an env whose progress is costly to measure,
-like RepoCoding-v0 running its tests, scores only the branches that are cut).
+like RepoCoding-v0 running its tests, scores only the branches that are cut). When the env's steps
+report a partial score, the leaf's ``info["progress_turn"]`` says after how many replies it last
+rose (0: never), so that ``rollout.reward: progress`` pays a cut leaf's score to those replies only.
 
 Branching. At the turns of ``branch_at`` an episode forks into branches that share their prefix
 in the tree, before a reply or inside it, within a tree token budget: :mod:`fr_agents.rollout.branching`.
@@ -225,6 +227,13 @@ class _Episode(Branching):
         b.rewards.append(float(reward))
         b.info = dict(info or {})
         b.turn += 1
+        score = _partial(b.info)
+        if score is not None:
+            if score > (b.partial_seen or 0.0):
+                b.progress_turn = b.turn  # the replies so far, this one included, made the progress
+            elif b.progress_turn is None:
+                b.progress_turn = 0
+            b.partial_seen = score
         self.emit(
             "observation", turn=b.turn - 1, text=obs, reward=float(reward), done=terminated or truncated
         )
@@ -364,6 +373,8 @@ class _Episode(Branching):
             except InfrastructureFailure as e:  # the cut branch cannot be scored: no outcome
                 status, failure = "aborted", e
         info = {"turns": b.turn, "rewards": b.rewards}
+        if b.progress_turn is not None:
+            info["progress_turn"] = b.progress_turn
         if reason:
             info["truncated_by"] = reason
         if failure is not None:

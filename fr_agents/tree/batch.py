@@ -21,8 +21,11 @@ micro-batches. The whole-batch ``[N, N]`` mask (:meth:`PackedBatch.attention_mas
 small checks only.
 
 Rewards: ``reward="env"`` uses the env reward, ``"partial"`` the partial score of unfinished
-(truncated/aborted) leaves that have one. ``failures[i]`` is True when leaf ``i`` did not finish
-normally (status truncated/aborted) or its env reward is <= 0.
+(truncated/aborted) leaves that have one, ``"progress"`` that score too, paid only to the replies up
+to the one after which it last rose: ``credit_ends[i]`` is where row ``i``'s reward stops paying
+(:meth:`~fr_agents.tree.nodes.Trajectory.credit_end`; the advantages in ``trainer/objective.py``).
+``failures[i]`` is True when leaf ``i`` did not finish normally (status truncated/aborted) or its env
+reward is <= 0.
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class FlatBatch:
     # float32 [B]: the sampled leaves each row stands for (identical siblings merged into one row,
     # trained as that many samples; see trainer/objective.py); None: one each
     weights: Tensor | None = None
+    # long [B]: row i's reward pays its tokens before credit_ends[i], later ones earn 0
+    # (reward="progress"); None: every row pays every token
+    credit_ends: Tensor | None = None
     _consumed: bool = field(default=False, repr=False)
 
     @property
@@ -337,7 +343,17 @@ def build_flat(
         branch_rows=sharing_rows(trajs, nodes),
         node_spans=node_spans(trajs),
         weights=row_weights(weights, b),
+        credit_ends=credit_ends(trajs, reward),
     )
+
+
+def credit_ends(trajs: Sequence[Trajectory], reward: str) -> Tensor | None:
+    """Each row's :meth:`~fr_agents.tree.nodes.Trajectory.credit_end` as a long ``[B]`` tensor, or
+    None when every row's reward pays all its tokens."""
+    ends = [t.credit_end(reward) for t in trajs]
+    if all(e == len(t.token_ids) for e, t in zip(ends, trajs, strict=True)):
+        return None
+    return torch.tensor(ends, dtype=torch.long)
 
 
 def node_spans(trajs: Sequence[Trajectory]) -> list[list[tuple[int, int, int]]]:

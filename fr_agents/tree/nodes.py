@@ -405,7 +405,9 @@ def check_reward(value: float, field: str, *, unit: bool = False) -> float:
 # aborted: its grading could not happen (fr_agents.errors.InfrastructureFailure): stored as sampled,
 # never trained on (docs/DESIGN.md, "Infrastructure failures")
 STATUSES = ("finished", "truncated", "aborted")
-REWARD_MODES = ("env", "partial")
+# env: the env's reward; partial: a cut leaf's partial score on its whole row; progress: that score
+# on the replies up to its last rise only (Trajectory.credit_end)
+REWARD_MODES = ("env", "partial", "progress")
 
 
 @dataclass
@@ -427,13 +429,35 @@ class Trajectory:
     offsets: list[int] = field(default_factory=list)  # start of each path node on the path
 
     def learner_reward(self, mode: str = "env") -> float:
-        """The reward the learner sees: the env reward, or (``"partial"``) the partial score of an
-        unfinished (truncated/aborted) leaf when it has one."""
+        """The reward the learner sees: the env reward, or (``"partial"``, ``"progress"``) the
+        partial score of an unfinished (truncated/aborted) leaf when it has one."""
         if mode not in REWARD_MODES:
             raise ValueError(f"reward: must be one of {REWARD_MODES}, got {mode!r}")
-        if mode == "partial" and self.status != "finished" and self.partial_score is not None:
+        if mode != "env" and self.status != "finished" and self.partial_score is not None:
             return float(self.partial_score)
         return float(self.reward)
+
+    def credit_end(self, mode: str = "env") -> int:
+        """The token index where this row's reward stops paying: ``len(token_ids)`` (every token)
+        except under ``"progress"`` for a cut leaf paid its partial score whose steps said when
+        the score last rose (``info["progress_turn"]``, :mod:`fr_agents.rollout.episode`): then the
+        first token of the reply after that one. The replies from there on made no progress;
+        they earn 0 where the ones before earn the score (a loop after a sub-goal is not paid
+        as the sub-goal was)."""
+        if mode not in REWARD_MODES:
+            raise ValueError(f"reward: must be one of {REWARD_MODES}, got {mode!r}")
+        turn = self.info.get("progress_turn")
+        n = len(self.token_ids)
+        paid_partial = self.status != "finished" and self.partial_score is not None
+        if mode != "progress" or not paid_partial or not isinstance(turn, int):
+            return n
+        replies = 0  # the replies are the runs of policy tokens, observations between them
+        for i, (policy, before) in enumerate(zip(self.policy_mask, [False, *self.policy_mask], strict=False)):
+            if policy and not before:
+                if replies == turn:
+                    return i
+                replies += 1
+        return n
 
     @property
     def failed(self) -> bool:

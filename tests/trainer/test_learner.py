@@ -303,6 +303,32 @@ def test_a_step_raises_rewarded_log_probs_and_lowers_penalised_ones() -> None:
     assert gain[1:].mean() < 0
 
 
+def test_a_progress_paid_row_trains_its_replies_after_the_last_progress_as_unpaid() -> None:
+    """``rollout.reward: progress``: every row paid 1 leaves nothing to learn, except the reply that
+    a cut row made after its last progress (paid 0, so measured against the batch mean of 1): that
+    reply alone becomes less likely. Under ``partial`` the same batch is all zero advantages."""
+    model = tiny_model()
+    trajs = make_trajectories(model, noise=0.0, rewards=[1.0] * 8)
+    cut = trajs[2]  # prompt, reply 1 (tokens 5-8), an observation (9-11), reply 2 (12-14)
+    cut.status, cut.partial_score, cut.info = "truncated", 1.0, {"progress_turn": 1}
+    batch = build_flat(trajs, "progress")
+    assert batch.credit_ends.tolist() == [len(t.token_ids) for t in trajs[:2]] + [12] + [
+        len(t.token_ids) for t in trajs[3:]
+    ]
+    before = build_flat(trajs, "progress")
+    learner = make_learner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), grad_clip=0.0)
+    stats = learner.step(batch)
+    # logged per row (the mean over its policy tokens): the cut row's 4 paid and 3 unpaid tokens
+    assert stats["adv_min"] == pytest.approx(-3 / 7) and stats["adv_max"] == pytest.approx(0.0)
+    with torch.no_grad():
+        after = before.gather_logprobs(model(input_ids=before.token_ids).logits)
+    gain = (after - before.behavior_logprobs.double()) * before.action_mask
+    assert gain[2, 12:15].sum() < -1e-3  # the unpaid reply
+    assert gain[2, 12:15].sum() < gain[2, 5:9].sum()  # below the paid reply of the same row
+    flat = make_learner(tiny_model(), grad_clip=0.0).step(build_flat(trajs, "partial"))
+    assert flat["grad_norm"] == 0.0
+
+
 def test_non_finite_loss_is_refused_before_stepping() -> None:
     model = tiny_model()
     snapshot = copy.deepcopy(model)

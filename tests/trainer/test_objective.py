@@ -588,3 +588,36 @@ def test_property_invariant_to_row_permutation(case: dict, rnd) -> None:
     p_loss, p_grad = run_vectorised(permuted)
     assert p_loss.item() == pytest.approx(loss.item(), rel=1e-9, abs=1e-12)
     torch.testing.assert_close(p_grad, grad[perm], rtol=1e-9, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- credit up to progress
+
+
+def test_progress_advantages_pay_each_row_before_its_credit_end_and_nothing_after() -> None:
+    """``A_it = R_i - mean`` before ``credit_ends[i]``, ``0 - mean`` from there on (the tail of a
+    cut row that made no progress is measured like a row that earned nothing), with merged rows'
+    weights in the mean; any other baseline or algorithm refuses the cut, naming it."""
+    from fr_agents.config import ConfigError, load_config
+    from fr_agents.objective_config import ObjectiveConfig
+    from trainer.objective import batch_advantages
+
+    rewards = torch.tensor([1.0, 0.5, 0.0], dtype=torch.float64)
+    ends = torch.tensor([5, 2, 5])
+    got = batch_advantages(ObjectiveConfig(), rewards, credit_ends=ends, width=5)
+    mean = 0.5
+    assert got.tolist() == [
+        [0.5] * 5,
+        [0.5 - mean] * 2 + [-mean] * 3,
+        [-mean] * 5,
+    ]
+    weighted = batch_advantages(
+        ObjectiveConfig(), rewards, credit_ends=ends, width=5, weights=torch.tensor([2.0, 1.0, 1.0])
+    )
+    assert weighted[1].tolist() == pytest.approx([0.5 - 0.625] * 2 + [-0.625] * 3)
+    for cfg in (ObjectiveConfig(baseline="nodes"), ObjectiveConfig(algo="grpo")):
+        with pytest.raises(ValueError, match="credit_ends"):
+            batch_advantages(cfg, rewards, credit_ends=ends, width=5, root_ids=[0, 0, 1])
+    load_config("math-tiny", ["rollout.reward=progress"])
+    for bad in (["objective.baseline=nodes"], ["objective.algo=grpo", "objective.grpo_group_size=2"]):
+        with pytest.raises(ConfigError, match="rollout.reward"):
+            load_config("math-tiny", ["rollout.reward=progress", *bad])

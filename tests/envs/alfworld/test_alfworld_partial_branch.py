@@ -26,3 +26,44 @@ def test_cut_alfworld_branches_carry_their_partial_score(games_root: str, tok: A
         env, tok, "<action>look</action>", ["<action>inventory</action>", "<action>look</action>"], seed=1
     )
     assert len({x.leaf_id for x in leaves}) == 2
+
+
+def test_a_cut_alfworld_episode_records_the_reply_after_which_its_score_last_rose(
+    games_root: str, tok: Any
+) -> None:
+    """The leaf's ``info["progress_turn"]`` is the number of replies made when the env's partial
+    score last rose (here: the walkthrough's first take, then "look" until the cut), the same turn
+    a replay of the commands on a fresh engine shows; ``rollout.reward: progress`` pays the
+    replies up to it."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from envs.alfworld.env import ALFWorldEnv
+    from envs.alfworld.generate import find_games
+    from fr_agents.rollout import RolloutOptions, run_episode
+    from fr_agents.tree import TrajectoryTree
+
+    game = next(
+        g
+        for g in find_games(games_root, "valid_seen")
+        if json.loads((Path(g).parent / "traj_data.json").read_text())["task_type"] == "pick_and_place_simple"
+    )
+    probe = ALFWorldEnv(game_files=[game])
+    probe.reset(seed=0)
+    take = next(i for i, c in enumerate(probe.walkthrough) if c.startswith("take "))
+    commands = [*probe.walkthrough[: take + 1], "look", "look", "look"]
+    scores = [probe.step(c)[4]["partial_score"] for c in commands]
+    probe.close()
+    rises = [k + 1 for k in range(len(scores)) if scores[k] > (scores[k - 1] if k else 0.0)]
+    assert rises == [take + 1] and scores[-1] > 0, scores  # the take pays; the looks do not
+
+    replies = iter(f"<action>{c}</action>" for c in commands)
+    tree = TrajectoryTree()
+    opts = RolloutOptions(max_turns=len(commands), max_context=4096)
+    env = ALFWorldEnv(game_files=[game])
+    result = asyncio.run(run_episode(env, None, tok, tree, opts, seed=0, actor=lambda _env: next(replies)))
+    (leaf,) = result.leaves
+    assert leaf.status == "truncated" and leaf.partial_score == scores[-1]
+    assert leaf.info["progress_turn"] == take + 1
+    assert tree.trajectory(leaf.leaf_id).info["progress_turn"] == take + 1

@@ -277,6 +277,33 @@ def test_partial_reward_and_failures_in_export(tree):
         tree.export_flat([ok], reward="best")
 
 
+def test_progress_reward_pays_a_cut_row_up_to_the_reply_after_which_its_score_last_rose(tree):
+    """``reward="progress"``: a cut leaf's partial score pays its replies up to ``progress_turn``
+    (the runs of policy tokens, observations between them); a won leaf, a cut leaf whose steps
+    reported no progress turn, and the other reward modes pay every token."""
+    r = tree.add_root([1, 1])  # prompt: tokens 0-1
+
+    first = iter(range(100, 1000, 100))
+
+    def episode(replies: int, **finish) -> int:
+        node, own = r, next(first)  # each episode its own first token: no shared node
+        for k in range(replies):  # reply k: 2 policy tokens, then a 1-token observation
+            node = tree.append(node, [own + k, 20 + k], [-0.1, -0.1], True, 0)
+            node = tree.append(node, [30 + k], None, False, -1)
+        return tree.finish(node, **finish)
+
+    # 4 replies, the score last rose after the 2nd: replies 3 and 4 (from token 2 + 2*3 = 8) earn 0
+    looped = episode(4, reward=0.0, partial_score=0.5, status="truncated", info={"progress_turn": 2})
+    won = episode(2, reward=1.0, info={"progress_turn": 2})
+    unknown = episode(3, reward=0.0, partial_score=0.5, status="truncated", info={})
+    never = episode(3, reward=0.0, partial_score=0.0, status="truncated", info={"progress_turn": 0})
+    batch = tree.export_flat([looped, won, unknown, never], reward="progress")
+    assert batch.rewards.tolist() == pytest.approx([0.5, 1.0, 0.5, 0.0])
+    assert batch.credit_ends.tolist() == [8, 8, 11, 2]  # won: its 8 tokens; never: from its first reply
+    assert tree.export_flat([looped, won], reward="partial").credit_ends is None
+    assert tree.export_packed([looped, won], reward="progress").flat.credit_ends.tolist() == [8, 8]
+
+
 def test_flat_batch_consumed_flag(tree):
     r = tree.add_root([1])
     leaf = tree.finish(tree.append(r, [2], [-0.1], True, 0), 1.0)
