@@ -146,9 +146,7 @@ def export_batch(
         tree.mark_pruned(dropped)
     trajs = [by_leaf[leaf] for leaf in leaves]
     partial = sum(
-        1
-        for t in trajs
-        if reward_mode != "env" and t.status != "finished" and t.partial_score is not None
+        1 for t in trajs if reward_mode != "env" and t.status != "finished" and t.partial_score is not None
     )
     info = BatchTrees(
         len(per_episode),

@@ -581,8 +581,22 @@ def episodes_plan(cfg: TrainConfig) -> list[str]:
         credit = f"credit: objective.baseline={o.baseline}: {_CREDIT[o.baseline]}"
         if o.baseline != "batch" and leaves == 1:
             credit += " (with one path per episode there is no fork to measure against: the batch baseline)"
+        if r.reward == "progress":  # the config allows it with the batch baseline only
+            credit = (
+                f"credit: objective.baseline={o.baseline}, rollout.reward=progress: each row's reward "
+                "minus the batch's mean reward; a cut row's partial score pays its replies up to the one "
+                "after which the score last rose, and the replies after it count as earning 0"
+            )
         lines.append(credit)
+    lines.append(f"reward: {_REWARD[r.reward]} (rollout.reward={r.reward})")
     return lines
+
+
+_REWARD = {
+    "env": "the env's reward (an episode cut by a budget: what its env paid, no partial score)",
+    "partial": "the env's reward; an episode cut by a budget is paid its partial score (info.partial_score)",
+    "progress": "the env's reward; an episode cut by a budget is paid its partial score, up to its last rise",
+}
 
 
 def _packed_rule(t: TrainerConfig) -> str:

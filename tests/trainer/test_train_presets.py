@@ -32,6 +32,24 @@ def test_every_preset_dry_runs(preset: str, capsys: pytest.CaptureFixture[str], 
     assert not any(tmp_path.iterdir()), "a dry run must not create the run directory"
 
 
+@pytest.mark.parametrize("reward", ["env", "partial", "progress"])
+def test_the_dry_run_says_how_a_cut_episode_is_paid_and_credited(
+    reward: str, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    """The plan names ``rollout.reward``'s rule, and under ``progress`` the credit line says that a cut
+    row's replies after its last progress earn 0 (not "on all its tokens", the batch baseline's rule)."""
+    assert (
+        main(["train", "math-tiny", f"rollout.reward={reward}", "--dry-run", f"run.out_dir={tmp_path}"]) == 0
+    )
+    plan = capsys.readouterr().out.split("# placement plan")[1]
+    assert f"(rollout.reward={reward})" in plan
+    on_all = (
+        "credit: objective.baseline=batch: each row's reward minus the batch's mean reward, on all its tokens"
+    )
+    assert (on_all in plan) == (reward != "progress")
+    assert ("the replies after it count as earning 0" in plan) == (reward == "progress")
+
+
 def test_dry_run_that_would_refuse_exits_nonzero(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     for override in ("model.name=/nonexistent/model", "tasks.source=no-such-source"):
         rc = main(["train", "math-tiny", override, "--dry-run", f"run.out_dir={tmp_path}"])
