@@ -320,6 +320,8 @@ def test_a_progress_paid_row_trains_its_replies_after_the_last_progress_as_unpai
     stats = learner.step(batch)
     # logged per row (the mean over its policy tokens): the cut row's 4 paid and 3 unpaid tokens
     assert stats["adv_min"] == pytest.approx(-3 / 7) and stats["adv_max"] == pytest.approx(0.0)
+    policy = sum(sum(t.policy_mask) for t in trajs)
+    assert stats["unpaid_tokens"] == pytest.approx(3 / policy)  # reply 2's tokens of all the batch's
     with torch.no_grad():
         after = before.gather_logprobs(model(input_ids=before.token_ids).logits)
     gain = (after - before.behavior_logprobs.double()) * before.action_mask
