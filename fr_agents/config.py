@@ -276,8 +276,8 @@ class RolloutConfig:
     reward: str = _opt(
         "env",
         help="reward of a leaf: env (the env's reward), partial (info.partial_score when cut short, "
-        "paid to the whole row) or progress (that score paid only to the replies up to its last rise, "
-        "the later ones earning 0; the batch baseline)",
+        "paid to the whole row) or progress (that score paid only to the replies up to the one that "
+        "reached its best, the later ones earning 0; the batch baseline)",
         choices=("env", "partial", "progress"),  # fr_agents.tree.nodes.REWARD_MODES
     )
     turn_reward: str = _opt(

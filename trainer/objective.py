@@ -67,8 +67,8 @@ Batch baseline (``batch``, the default). ``A_i = R_i - mean_j R_j`` over the who
 
 Credit up to progress (``rollout.reward: progress``, batch baseline only). A row cut before its
 end is paid its partial score ``R_i``, but only its replies up to the one after which that score
-last rose earned it; the replies after (a loop once a sub-goal is met) made none. Token ``t`` of row
-``i`` gets::
+first reached its best earned it; the replies after (a loop once a sub-goal is met) made none.
+Token ``t`` of row ``i`` gets::
 
     A_it = R_i - mean_j R_j       t < c_i    (c_i: the row's ``credit_ends``, the first token of
     A_it = 0   - mean_j R_j       t >= c_i    the reply after its last progress)

@@ -585,7 +585,7 @@ def episodes_plan(cfg: TrainConfig) -> list[str]:
             credit = (
                 f"credit: objective.baseline={o.baseline}, rollout.reward=progress: each row's reward "
                 "minus the batch's mean reward; a cut row's partial score pays its replies up to the one "
-                "after which the score last rose, and the replies after it count as earning 0"
+                "after which the score first reached its best, and the replies after it count as earning 0"
             )
         lines.append(credit)
     lines.append(f"reward: {_REWARD[r.reward]} (rollout.reward={r.reward})")
@@ -595,7 +595,7 @@ def episodes_plan(cfg: TrainConfig) -> list[str]:
 _REWARD = {
     "env": "the env's reward (an episode cut by a budget: what its env paid, no partial score)",
     "partial": "the env's reward; an episode cut by a budget is paid its partial score (info.partial_score)",
-    "progress": "the env's reward; an episode cut by a budget is paid its partial score, up to its last rise",
+    "progress": "the env's reward; an episode cut by a budget is paid its partial score, up to its best",
 }
 
 

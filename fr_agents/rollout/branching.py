@@ -83,8 +83,9 @@ class _Branch:
     budget: float = float("inf")  # this branch's share of the tree's policy-token budget
     surprisal: float = 0.0  # mean -log p of the last sampled action (0 for scripted replies)
     # the env's progress as its steps report it (info["partial_score"]; None: no step reported one):
-    # the last score, and how many replies had been made when it last rose (0: it never rose)
-    partial_seen: float | None = None
+    # the best score so far, and how many replies had been made when it first reached it (0: never
+    # above 0); a score that falls and comes back (take, put back, take again) is no new progress
+    partial_best: float | None = None
     progress_turn: int | None = None
 
     def fork(self, env: Any) -> _Branch:

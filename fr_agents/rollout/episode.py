@@ -27,8 +27,9 @@ Limits. ``max_new_tokens`` caps one turn; ``max_context`` caps the whole token s
 partial score: the env's last ``info["partial_score"]``, or, when that step reported none, what the
 env's own ``env.unwrapped.partial_score()`` says now (an env whose progress is costly to measure,
 like RepoCoding-v0 running its tests, scores only the branches that are cut). When the env's steps
-report a partial score, the leaf's ``info["progress_turn"]`` says after how many replies it last
-rose (0: never), so that ``rollout.reward: progress`` pays a cut leaf's score to those replies only.
+report a partial score, the leaf's ``info["progress_turn"]`` says after how many replies it first
+reached its best (0: never above 0; a score that falls and comes back is no new progress), so that
+``rollout.reward: progress`` pays a cut leaf's score to those replies only.
 
 Branching. At the turns of ``branch_at`` an episode forks into branches that share their prefix
 in the tree, before a reply or inside it, within a tree token budget: :mod:`fr_agents.rollout.branching`.
@@ -229,11 +230,10 @@ class _Episode(Branching):
         b.turn += 1
         score = _partial(b.info)
         if score is not None:
-            if score > (b.partial_seen or 0.0):
-                b.progress_turn = b.turn  # the replies so far, this one included, made the progress
+            if score > (b.partial_best or 0.0):  # above every score before: the replies so far made it
+                b.partial_best, b.progress_turn = score, b.turn
             elif b.progress_turn is None:
-                b.progress_turn = 0
-            b.partial_seen = score
+                b.partial_best, b.progress_turn = score, 0
         self.emit(
             "observation", turn=b.turn - 1, text=obs, reward=float(reward), done=terminated or truncated
         )

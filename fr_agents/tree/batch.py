@@ -22,7 +22,7 @@ small checks only.
 
 Rewards: ``reward="env"`` uses the env reward, ``"partial"`` the partial score of unfinished
 (truncated/aborted) leaves that have one, ``"progress"`` that score too, paid only to the replies up
-to the one after which it last rose: ``credit_ends[i]`` is where row ``i``'s reward stops paying
+to the one after which it first reached its best: ``credit_ends[i]`` is where row ``i``'s reward stops paying
 (:meth:`~fr_agents.tree.nodes.Trajectory.credit_end`; the advantages in ``trainer/objective.py``).
 ``failures[i]`` is True when leaf ``i`` did not finish normally (status truncated/aborted) or its env
 reward is <= 0.

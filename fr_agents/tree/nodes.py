@@ -406,7 +406,7 @@ def check_reward(value: float, field: str, *, unit: bool = False) -> float:
 # never trained on (docs/DESIGN.md, "Infrastructure failures")
 STATUSES = ("finished", "truncated", "aborted")
 # env: the env's reward; partial: a cut leaf's partial score on its whole row; progress: that score
-# on the replies up to its last rise only (Trajectory.credit_end)
+# on the replies up to the one that reached its best only (Trajectory.credit_end)
 REWARD_MODES = ("env", "partial", "progress")
 
 
@@ -439,9 +439,9 @@ class Trajectory:
 
     def credit_end(self, mode: str = "env") -> int:
         """The token index where this row's reward stops paying: ``len(token_ids)`` (every token)
-        except under ``"progress"`` for a cut leaf paid its partial score whose steps said when
-        the score last rose (``info["progress_turn"]``, :mod:`fr_agents.rollout.episode`): then the
-        first token of the reply after that one. The replies from there on made no progress;
+        except under ``"progress"`` for a cut leaf paid its partial score whose steps said when the
+        score first reached its best (``info["progress_turn"]``, :mod:`fr_agents.rollout.episode`):
+        then the first token of the reply after that one. The replies from there on made no progress;
         they earn 0 where the ones before earn the score (a loop after a sub-goal is not paid
         as the sub-goal was)."""
         if mode not in REWARD_MODES:

@@ -28,13 +28,13 @@ def test_cut_alfworld_branches_carry_their_partial_score(games_root: str, tok: A
     assert len({x.leaf_id for x in leaves}) == 2
 
 
-def test_a_cut_alfworld_episode_records_the_reply_after_which_its_score_last_rose(
+def test_a_cut_alfworld_episode_records_the_reply_after_which_its_score_first_reached_its_best(
     games_root: str, tok: Any
 ) -> None:
     """The leaf's ``info["progress_turn"]`` is the number of replies made when the env's partial
-    score last rose (here: the walkthrough's first take, then "look" until the cut), the same turn
-    a replay of the commands on a fresh engine shows; ``rollout.reward: progress`` pays the
-    replies up to it."""
+    score first reached its best, as a replay of the commands on a fresh engine shows: the
+    walkthrough's first take, not the same take again after putting the object back (no new
+    progress), nor the looks until the cut. ``rollout.reward: progress`` pays the replies up to it."""
     import asyncio
     import json
     from pathlib import Path
@@ -52,11 +52,15 @@ def test_a_cut_alfworld_episode_records_the_reply_after_which_its_score_last_ros
     probe = ALFWorldEnv(game_files=[game])
     probe.reset(seed=0)
     take = next(i for i, c in enumerate(probe.walkthrough) if c.startswith("take "))
-    commands = [*probe.walkthrough[: take + 1], "look", "look", "look"]
+    obj, recep = probe.walkthrough[take][len("take ") :].split(" from ")
+    put_back = f"move {obj} to {recep}"
+    commands = [*probe.walkthrough[: take + 1], put_back, probe.walkthrough[take], "look", "look"]
     scores = [probe.step(c)[4]["partial_score"] for c in commands]
     probe.close()
     rises = [k + 1 for k in range(len(scores)) if scores[k] > (scores[k - 1] if k else 0.0)]
-    assert rises == [take + 1] and scores[-1] > 0, scores  # the take pays; the looks do not
+    # the take pays, putting it back takes it away, the second take pays the same again, the looks
+    # nothing: the score first reached its best with the first take
+    assert rises == [take + 1, take + 3] and scores[take] == scores[-1] > 0, scores
 
     replies = iter(f"<action>{c}</action>" for c in commands)
     tree = TrajectoryTree()

@@ -277,7 +277,7 @@ def test_partial_reward_and_failures_in_export(tree):
         tree.export_flat([ok], reward="best")
 
 
-def test_progress_reward_pays_a_cut_row_up_to_the_reply_after_which_its_score_last_rose(tree):
+def test_progress_reward_pays_a_cut_row_up_to_the_reply_after_which_its_score_reached_its_best(tree):
     """``reward="progress"``: a cut leaf's partial score pays its replies up to ``progress_turn``
     (the runs of policy tokens, observations between them); a won leaf, a cut leaf whose steps
     reported no progress turn, and the other reward modes pay every token."""
@@ -292,7 +292,7 @@ def test_progress_reward_pays_a_cut_row_up_to_the_reply_after_which_its_score_la
             node = tree.append(node, [30 + k], None, False, -1)
         return tree.finish(node, **finish)
 
-    # 4 replies, the score last rose after the 2nd: replies 3 and 4 (from token 2 + 2*3 = 8) earn 0
+    # 4 replies, the score reached its best after the 2nd: replies 3 and 4 (from token 2 + 2*3 = 8) earn 0
     looped = episode(4, reward=0.0, partial_score=0.5, status="truncated", info={"progress_turn": 2})
     won = episode(2, reward=1.0, info={"progress_turn": 2})
     unknown = episode(3, reward=0.0, partial_score=0.5, status="truncated", info={})
