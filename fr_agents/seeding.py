@@ -15,7 +15,7 @@ before this module existed is drawn again exactly (``tests/test_seeding.py`` pin
 =====================================  =======  =====  =========  =========
 caller                                 sep      bits   algorithm  byteorder
 =====================================  =======  =====  =========  =========
-``fr_agents.eval.seeding``             ``\\x1f``  31     blake2b    little
+``fr_agents.eval.runner`` samples      ``\\x1f``  31     blake2b    little
 ``trainer.batches.derive_seed``       ``/``    63     blake2b    little
 ``fr_agents.policy.seeded`` branches   ``/``    63     blake2b    little
 ``envs.alfworld.generate`` games       ``|``    64     sha256     big

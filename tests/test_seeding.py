@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envs.alfworld.generate import _rng
-from fr_agents.eval.seeding import item_seed, sample_seed
+from fr_agents.eval.runner import item_seed, sample_seed
 from fr_agents.policy.seeded import _mix
 from fr_agents.seeding import stable_seed
 from trainer.batches import derive_seed

@@ -15,10 +15,17 @@ the result holds the mean turns and tool calls per episode.
 
 Resuming. Rows already in that file are skipped: a run that was killed picks up where it stopped,
 and a second run with a larger ``k`` only samples the new indices (seeds do not depend on ``k``,
-see :mod:`fr_agents.eval.seeding`). The settings that change what a sample *is* (temperature,
+see "Seeds" below). The settings that change what a sample *is* (temperature,
 seed, token limits, env kwargs, system prompt) are kept in ``<bench>.meta.json`` next to the rows;
 resuming with different ones is an :class:`EvalSettingsMismatch` naming the fields, never a
 silent mix.
+
+Seeds. Sample ``s`` of problem ``task_id`` on bench ``bench`` gets ``sample_seed(seed, bench, task_id,
+s)``, a hash of those parts (the env is reset with :func:`item_seed`, shared by the k samples): it
+does not depend on the order samples run in, on ``k`` (raising ``k`` from 4 to 8 reuses samples 0..3
+as they are) or on which other problems are evaluated. Every request of the episode is then seeded
+from it by :class:`fr_agents.policy.seeded.SeededEngine`, so an engine that honours
+``SamplingOptions.seed`` (HFEngine does) reproduces the tokens.
 
 Determinism. Given the seeds, each request samples with its own generator. The HF engine batches
 concurrent requests; batch composition can move logits in the last float bits, which on rare
@@ -42,7 +49,6 @@ import gymnasium
 
 from fr_agents.eval.bench import Bench
 from fr_agents.eval.metrics import pass_at_k
-from fr_agents.eval.seeding import item_seed, sample_seed
 from fr_agents.policy.base import Engine
 from fr_agents.policy.seeded import SeededEngine
 from fr_agents.seeding import stable_seed
@@ -52,6 +58,17 @@ log = logging.getLogger(__name__)
 GREEDY_TEMPERATURE = 1e-6
 """``temperature=0`` (greedy) samples at this temperature: every non-argmax token has probability
 ``exp(-gap / 1e-6)``, zero in float32, so the draw is the argmax."""
+
+
+def sample_seed(seed: int, bench: str, task_id: str, sample: int) -> int:
+    """The sampling seed of sample ``sample`` of ``task_id`` (see "Seeds" in the module docstring)."""
+    return stable_seed("fr-eval", seed, bench, task_id, sample)
+
+
+def item_seed(seed: int, bench: str, task_id: str) -> int:
+    """The env's ``reset`` seed for ``task_id``: the same for all k samples, so they face one problem
+    (this matters for envs that draw the problem, or randomise it, from the reset seed)."""
+    return stable_seed("fr-eval-env", seed, bench, task_id)
 
 
 class EvalSettingsMismatch(ValueError):

@@ -15,9 +15,9 @@ The modules, one concern each (each module's docstring says more):
   uncertain tokens), the tree token budget, env forks and replays;
 * :mod:`.env_thread` — the thread pool every env call runs on, and how messages name an env;
 * :mod:`.batch`    — :func:`run_episodes` (many at once, one engine), :func:`reset_args`;
-* :mod:`.encoding` — :func:`encode_prompt`, the one prompt encoder, and the round-trip check
-  (:class:`TokenDriftError`), through the fast tokenizer's backend where that is exact;
-* :mod:`.stops`    — :func:`default_stop_ids`: the tokens that end a turn;
+* :mod:`.encoding` — :func:`encode_prompt`, the one prompt encoder, the round-trip check
+  (:class:`TokenDriftError`), through the fast tokenizer's backend where that is exact, and
+  :func:`default_stop_ids`, the tokens that end a turn;
 * :mod:`.experts`  — :func:`expert_actor`: scripted replies from the env's own expert;
 * :mod:`.writer`   — the tree-writer thread: the episodes' store writes, group-committed.
 
@@ -32,11 +32,16 @@ and nothing here is called a runner.
 
 from fr_agents.rollout.batch import reset_args, run_episodes, run_episodes_sync
 from fr_agents.rollout.branching import ForkMismatchError
-from fr_agents.rollout.encoding import TokenDriftError, encode_prompt, example_turns, prompt_messages
+from fr_agents.rollout.encoding import (
+    TokenDriftError,
+    default_stop_ids,
+    encode_prompt,
+    example_turns,
+    prompt_messages,
+)
 from fr_agents.rollout.episode import ObservationTypeError, run_episode
 from fr_agents.rollout.experts import NoExpertError, expert_actor, has_expert, require_expert
 from fr_agents.rollout.options import Actor, EpisodeResult, EventFn, LeafResult, RolloutOptions
-from fr_agents.rollout.stops import default_stop_ids
 
 __all__ = [
     "Actor",

@@ -60,6 +60,7 @@ from fr_agents.rollout.branching import Branching, _Branch
 from fr_agents.rollout.encoding import (
     TokenDriftError,
     decode,
+    default_stop_ids,
     encode_exact,
     encode_prompt,
     prompt_messages,
@@ -67,7 +68,6 @@ from fr_agents.rollout.encoding import (
 )
 from fr_agents.rollout.env_thread import env_name, in_env_thread
 from fr_agents.rollout.options import Actor, EpisodeResult, EventFn, LeafResult, RolloutOptions
-from fr_agents.rollout.stops import default_stop_ids
 from fr_agents.rollout.writer import tree_write, tree_write_durable
 
 log = logging.getLogger(__name__)
