@@ -145,9 +145,7 @@ def export_batch(
     if dropped:
         tree.mark_pruned(dropped)
     trajs = [by_leaf[leaf] for leaf in leaves]
-    partial = sum(
-        1 for t in trajs if reward_mode != "env" and t.status != "finished" and t.partial_score is not None
-    )
+    partial = sum(1 for t in trajs if reward_mode != "env" and t.cut_with_score)
     info = BatchTrees(
         len(per_episode),
         len(rows),

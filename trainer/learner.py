@@ -322,13 +322,10 @@ class Learner:
             raise
         stats = merge_stats(chunks, flat, rewards, advantages, self.objective.algo, self.version)
         stats["packed"] = float(use_packed)
-        if (
-            flat.credit_ends is not None
-        ):  # rollout.reward=progress: the policy tokens after a row's last progress
+        if flat.credit_ends is not None:  # rollout.reward=progress: policy tokens after their row's progress
             after = torch.arange(flat.token_ids.shape[1])[None, :] >= flat.credit_ends[:, None]
-            stats["unpaid_tokens"] = float((flat.action_mask & after).sum()) / max(
-                1, int(flat.action_mask.sum())
-            )
+            unpaid = int((flat.action_mask & after).sum())
+            stats["unpaid_tokens"] = unpaid / max(1, int(flat.action_mask.sum()))
         # the share of the packed forwards (root chunks) that ran tree attention
         stats["tree_attention"] = (
             sum(c["tree_attention"] for c in chunks) / len(chunks) if use_packed and chunks else 0.0

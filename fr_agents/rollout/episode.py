@@ -230,10 +230,10 @@ class _Episode(Branching):
         b.turn += 1
         score = _partial(b.info)
         if score is not None:
-            if score > (b.partial_best or 0.0):  # above every score before: the replies so far made it
+            if score > b.partial_best:  # above every score before: the replies so far made it
                 b.partial_best, b.progress_turn = score, b.turn
             elif b.progress_turn is None:
-                b.partial_best, b.progress_turn = score, 0
+                b.progress_turn = 0
         self.emit(
             "observation", turn=b.turn - 1, text=obs, reward=float(reward), done=terminated or truncated
         )

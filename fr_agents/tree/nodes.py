@@ -433,8 +433,8 @@ class Trajectory:
         partial score of an unfinished (truncated/aborted) leaf when it has one."""
         if mode not in REWARD_MODES:
             raise ValueError(f"reward: must be one of {REWARD_MODES}, got {mode!r}")
-        if mode != "env" and self.status != "finished" and self.partial_score is not None:
-            return float(self.partial_score)
+        if mode != "env" and self.cut_with_score:
+            return float(self.partial_score)  # type: ignore[arg-type]
         return float(self.reward)
 
     def credit_end(self, mode: str = "env") -> int:
@@ -448,8 +448,7 @@ class Trajectory:
             raise ValueError(f"reward: must be one of {REWARD_MODES}, got {mode!r}")
         turn = self.info.get("progress_turn")
         n = len(self.token_ids)
-        paid_partial = self.status != "finished" and self.partial_score is not None
-        if mode != "progress" or not paid_partial or not isinstance(turn, int):
+        if mode != "progress" or not self.cut_with_score or not isinstance(turn, int):
             return n
         replies = 0  # the replies are the runs of policy tokens, observations between them
         for i, (policy, before) in enumerate(zip(self.policy_mask, [False, *self.policy_mask], strict=False)):
@@ -458,6 +457,11 @@ class Trajectory:
                     return i
                 replies += 1
         return n
+
+    @property
+    def cut_with_score(self) -> bool:
+        """Unfinished (truncated/aborted) with a partial score: what ``partial`` and ``progress`` pay."""
+        return self.status != "finished" and self.partial_score is not None
 
     @property
     def failed(self) -> bool:
