@@ -146,7 +146,9 @@ class ObjectiveConfig:
     )
     negative_token_fraction: float = option(
         1.0,
-        help="share of a failed row's tokens (highest entropy first) that get the negative signal",
+        help="share of a failed row's tokens (highest entropy first) that keep a gradient; a row is "
+        "failed when it did not finish or its env reward is <= 0, whatever its advantage, so at 0 "
+        "only won rows train (a cut row paid above the batch mean by its partial score too gets none)",
         rule=rule_fraction,
     )
     negative_min_prob: float = option(
