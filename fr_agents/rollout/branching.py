@@ -82,9 +82,10 @@ class _Branch:
     engine: Any = None  # this branch's engine view (None: the episode's engine)
     budget: float = float("inf")  # this branch's share of the tree's policy-token budget
     surprisal: float = 0.0  # mean -log p of the last sampled action (0 for scripted replies)
-    # the env's progress as its steps report it (info["partial_score"]): the best score so far, and
-    # how many replies had been made when it first reached it (0: never above 0; None: no step
-    # reported a score); a score that falls and comes back (take, put back, take again) is no new progress
+    # the env's progress as its steps report it (info["partial_score"]): partial_best is the best score
+    # so far; progress_turn how many replies had been made when it was first reached (0: no score above
+    # 0 yet; None: no step reported a score). A score that falls and comes back (take, put back, take
+    # again) is no new progress.
     partial_best: float = 0.0
     progress_turn: int | None = None
 
