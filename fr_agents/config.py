@@ -404,7 +404,8 @@ class TrainerConfig:
         0,
         help=(
             "also evaluate every N steps (greedy figures, and avg@k when "
-            "eval_k > 0); 0: before and after only"
+            "eval_k > 0) while trainer.max_minutes lasts (a step that ends past it leaves its "
+            "evaluation to the one after RL); 0: before and after only"
         ),
         rule=_at_least(0),
     )

@@ -150,6 +150,41 @@ def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
     assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
 
 
+def test_a_step_that_ends_past_the_time_budget_runs_no_periodic_evaluation(tmp_path: Path) -> None:
+    """``trainer.eval_every`` evaluations run only while ``trainer.max_minutes`` lasts: the step that
+    ends past the budget leaves its evaluation to the held-out one after RL (which follows at once)."""
+    import time as _time
+
+    from trainer.loop import Trainer, TrainerHooks
+
+    class SlowSteps(TrainerHooks):
+        def around_step(self, step):
+            _time.sleep(3.0)
+            return step()
+
+    torch.set_num_threads(1)
+    cfg = load_config(
+        "math-tiny",
+        [
+            *BASE,
+            "rollout.max_policy_lag=2",
+            "trainer.steps=40",
+            "trainer.max_minutes=0.1",
+            "trainer.eval_every=1",
+            "trainer.eval_episodes=2",
+            "trainer.eval_during_episodes=2",
+        ],
+    )
+    res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
+    assert res.ok and res.stop_reason == "time budget"
+    rows = _rows(tmp_path)
+    ended = {r["step"]: r["elapsed_s"] for r in rows if r["kind"] == "step"}
+    during = [r["step"] for r in rows if r["kind"] == "eval" and r.get("name") == "during"]
+    assert ended[max(ended)] >= 6.0  # the last step ended past the 6-s budget ...
+    assert max(ended) not in during  # ... and ran no evaluation
+    assert all(ended[s] < 6.0 for s in during)
+
+
 def test_the_warm_start_uses_the_cores_it_is_given_and_rl_uses_trainer_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
