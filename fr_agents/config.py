@@ -118,12 +118,11 @@ class ModelConfig:
         True,
         help="run fr_agents.models.compact where it applies (Qwen2/Llama in float32): in "
         "the learner's steps, flat and tree-packed (a shared prefix once, the last layer only where "
-        "logits are kept, fused projections), in the warm start's supervised steps, and in the HF "
-        "engine's waves of the rollout and the held-out evaluations (right-padded prefill, a "
-        "preallocated cache); the same logits and gradients as transformers' forward up to float "
-        "rounding, for less compute (benchmarks/compact_forward.py). false (to compare with "
-        "transformers' forward, or to rule it out when a model misbehaves), or any other model: "
-        "transformers' forward; the dry-run plan and the run's log say which",
+        "logits are kept, fused projections) and in the HF engine's waves of the rollout and the held-out "
+        "evaluations (right-padded prefill, a preallocated cache); the same logits and gradients "
+        "as transformers' forward up to float rounding, for less compute (benchmarks/compact_forward.py). "
+        "false (to compare with transformers' forward, or to rule it out when a model misbehaves), "
+        "or any other model: transformers' forward; the dry-run plan and the run's log say which",
     )
 
 

@@ -614,8 +614,7 @@ def _packed_rule(t: TrainerConfig) -> str:
 
 
 def forward_plan(cfg: TrainConfig) -> str:
-    """Which forward the learner's flat and tree-packed steps, the warm start's steps and the hf engine's
-    running batches would run
+    """Which forward the learner's flat and tree-packed steps and the hf engine's running batches would run
     (``model.compact_forward``; :func:`fr_agents.models.compact.compact_reason`), from the config
     and the model's config.json alone: no weights are loaded, the tiny model is not built."""
     reason = None
@@ -649,8 +648,6 @@ def _forward_parts(cfg: TrainConfig, compact: str | None) -> str:
     """The parts the forward plan speaks of; with ``compact`` (the model qualifies), the plan
     itself, each part by the dtype it runs in (the compact forward takes float32 or bfloat16)."""
     parts = [("the learner's flat and tree-packed steps", "model.dtype", cfg.model.dtype)]
-    if cfg.warm_start.examples > 0:
-        parts.append(("the warm start's steps", "model.dtype", cfg.model.dtype))
     if cfg.rollout.engine == "hf":
         parts.append(
             (

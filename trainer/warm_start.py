@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fr_agents.models.compact import compact_logits_at, compact_reason
-from fr_agents.models.forward import shared_prefix
 from fr_agents.run_layout import DEMO_STORE
 
 if TYPE_CHECKING:
@@ -109,7 +107,6 @@ def warm_start(
     max_minutes: float = 0.0,
     schedule: str = "constant",
     autocast: str = "",
-    compact: bool = False,
 ) -> WarmStartResult:
     """Train ``model`` in place on ``demos`` with AdamW and token cross-entropy on their loss spans
     (a pair's target, a :class:`SpanDemo`'s spans).
@@ -123,11 +120,7 @@ def warm_start(
     Its optimizer is private (discarded afterwards): the RL optimizer starts fresh, as it would
     from any pretrained checkpoint. ``autocast`` (``"bfloat16"``): the forward's products run in
     that dtype under ``torch.autocast``, as the learner's do (``trainer.autocast``); the loss,
-    gradients and optimizer stay in the parameters' dtype. ``compact`` (``model.compact_forward``):
-    the forward is :func:`~fr_agents.models.compact.compact_logits_at` where the model qualifies
-    (:func:`~fr_agents.models.compact.compact_reason`), as in the learner's steps: each demo runs
-    through its last loss position only, the opening every demo of a batch shares once, and the
-    output head at the loss positions only; the same loss and gradients up to float rounding.
+    gradients and optimizer stay in the parameters' dtype.
     """
     if not demos:
         return WarmStartResult(0, 0, float("nan"), 0.0)
@@ -146,7 +139,7 @@ def warm_start(
         for start in range(0, len(order), batch_size):
             chunk = [demos[i] for i in order[start : start + batch_size]]
             opt.zero_grad(set_to_none=True)
-            loss = _demo_loss_backward(model, chunk, pad_id, device, autocast, compact)
+            loss = _demo_loss_backward(model, chunk, pad_id, device, autocast)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
@@ -171,27 +164,20 @@ runs in one piece, exactly as before."""
 
 
 def _demo_loss_backward(
-    model: torch.nn.Module,
-    chunk: Sequence[Demo],
-    pad_id: int,
-    device: torch.device,
-    autocast: str,
-    compact: bool = False,
+    model: torch.nn.Module, chunk: Sequence[Demo], pad_id: int, device: torch.device, autocast: str
 ) -> torch.Tensor:
     """Backpropagate the mean token cross-entropy over the loss spans of ``chunk``; return it.
 
     At most :data:`SFT_CHUNK_TOKENS` padded tokens in one forward: a batch over that is split into
     groups of demos whose gradients add up to the whole batch's (each group's summed loss over the
-    batch's count of loss tokens), the logits taken at the loss positions only. ``compact``: each
-    group through the compact forward (see :func:`warm_start`) when the model qualifies."""
+    batch's count of loss tokens), the logits taken at the loss positions only."""
     cast = (
         (lambda: torch.autocast(device.type, dtype=getattr(torch, autocast)))
         if autocast
         else contextlib.nullcontext
     )
-    compact = compact and compact_reason(model) is None
     ids, attn, labels = (t.to(device) for t in _collate(chunk, pad_id))
-    if ids.numel() <= SFT_CHUNK_TOKENS and not compact:
+    if ids.numel() <= SFT_CHUNK_TOKENS:
         with cast():
             out = model(input_ids=ids, attention_mask=attn)
         logits = out.logits[:, :-1].float()
@@ -216,13 +202,8 @@ def _demo_loss_backward(
         targets = labels[:, 1:]
         where = targets != -100
         with cast():
-            if compact:  # logits at column c predict the target at c + 1
-                rows_at, cols_at = where.nonzero(as_tuple=True)
-                prefix = shared_prefix(ids, attn.bool(), int(cols_at.min())) if ids.shape[0] > 1 else 0
-                logits = compact_logits_at(model, ids, rows_at, cols_at, prefix if prefix >= 2 else 0)
-            else:
-                hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
-                logits = model.get_output_embeddings()(hidden[where])
+            hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+            logits = model.get_output_embeddings()(hidden[where])
         part = torch.nn.functional.cross_entropy(logits.float(), targets[where], reduction="sum") / count
         part.backward()
         total += part.detach()
@@ -337,7 +318,6 @@ def run_warm_start(
         max_minutes=ws.max_minutes,
         schedule=ws.schedule,
         autocast=cfg.learner_autocast,
-        compact=cfg.model.compact_forward,
     )
     model.train()
     threads = torch.get_num_threads()

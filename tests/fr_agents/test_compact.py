@@ -402,10 +402,6 @@ def test_the_dry_run_plan_names_the_forward_a_run_takes(tmp_path) -> None:
         "flat and tree-packed steps (float32); transformers' in the hf engine's running batches "
         "(rollout.dtype is float16; the compact forward needs float32 or bfloat16)"
     )
-    assert forward_plan(config_from_dict({"warm_start": {"examples": 8}})) == (
-        "forward: fr_agents.models.compact (model.compact_forward) in the learner's flat and tree-packed "
-        "steps (float32) and the warm start's steps (float32) and the hf engine's running batches (float32)"
-    )
     assert "(model.compact_forward is false)" in forward_plan(
         config_from_dict({"model": {"compact_forward": False}})
     )

@@ -39,36 +39,3 @@ def test_a_long_batch_in_groups_has_the_whole_batchs_loss_and_gradients(
     assert split.keys() == whole.keys()
     for name in whole:
         torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_the_compact_forward_gives_the_warm_starts_loss_and_gradients() -> None:
-    """model.compact_forward in the warm start: demos through the compact forward (each through its
-    last loss position, their shared opening once, the head at the loss positions) have the loss and
-    gradients of transformers' forward; a model it does not take (float64) runs transformers'."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model, _ = load_policy("tiny")  # a Qwen2 model with grouped-query attention (4 heads, 2 key/value)
-    assert model.config.num_attention_heads > model.config.num_key_value_heads
-    vocab = model.get_output_embeddings().weight.shape[0]
-    opening = torch.randint(3, vocab, (12,)).tolist()  # every demo opens the same way
-    demos: list = []
-    for i in range(4):
-        ids = opening + torch.randint(3, vocab, (60 + 25 * i,)).tolist()
-        demos.append(ws.SpanDemo(ids, [(20, 30), (40 + i, 55), (len(ids) - 9, len(ids))]))
-    demos.append((opening + [5, 6, 7], [8, 9]))
-
-    model.zero_grad()
-    plain = ws._demo_loss_backward(model, demos, 0, torch.device("cpu"), "", compact=False)
-    want = grads(model)
-    model.zero_grad()
-    fast = ws._demo_loss_backward(model, demos, 0, torch.device("cpu"), "", compact=True)
-    got = grads(model)
-    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
-    assert got.keys() == want.keys()
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
-
-    wide = model.to(torch.float64)
-    wide.zero_grad()
-    refused = ws._demo_loss_backward(wide, demos, 0, torch.device("cpu"), "", compact=True)
-    torch.testing.assert_close(refused.float(), plain, rtol=1e-4, atol=1e-5)
