@@ -293,13 +293,13 @@ class Trainer:
         self.last_row = row
         ls.metrics.step(row)
         spent = self.clock.spent(state, cfg.trainer.max_minutes)
-        if spent and cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
-            # the held-out evaluation after RL follows at once, at these weights, on a superset of the games
-            log.info(
-                "RL budget spent at step %d: its periodic evaluation is left to the final one", state.step
-            )
-        elif cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
-            evaluate_held_out(ls, "during", state.step, during=True)
+        if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
+            if spent:  # the held-out evaluation after RL follows at once, at these weights, on more games
+                log.info(
+                    "RL budget spent at step %d: its periodic evaluation is left to the final one", state.step
+                )
+            else:
+                evaluate_held_out(ls, "during", state.step, during=True)
         if not spent and ls.periodic is not None and ls.periodic.due(state.step):
             ls.metrics.event("eval_at_k", **ls.periodic.run(state.step, ls.model, ls.tokenizer))
         if rows and self.guards.collapsed(row["reward"], state):
@@ -541,7 +541,7 @@ class RLClock:
     def spent(self, state: TrainerState, max_minutes: float) -> bool:
         """Whether ``max_minutes`` of RL (resumed runs included) are spent: a step that ends past the
         budget runs no periodic evaluation (a 32-game ALFWorld one took 5 min past a 20-min budget)."""
-        return max_minutes > 0 and self.elapsed(state) >= max_minutes * 60
+        return time.monotonic() >= self.deadline(state, max_minutes)
 
     def lap(self) -> float:
         """Seconds since the previous step ended (or the start): this step's share of the wall."""

@@ -114,11 +114,11 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     b, h, length, d = q.shape
     kv = k.shape[1]
     group = h // kv
-    m = mask if mask.dim() == 2 else mask.view(b, 1, length, -1)
+    m = (mask if mask.dim() == 2 else mask.view(b, 1, length, -1)).to(q.dtype)
     if group > 1:
         m = m.repeat(group, 1) if m.dim() == 2 else m.repeat(1, 1, group, 1)
         q = q.reshape(b, kv, group * length, d)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=m.to(q.dtype))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
     return out.view(b, h, length, d)
 
 
