@@ -372,7 +372,11 @@ class TrainerConfig:
     )
     steps: int = _opt(100, help="optimizer steps of RL", rule=_at_least(0))
     max_minutes: float = _opt(
-        0.0, help="wall-time cap of RL, resumed runs included (0: none)", rule=_at_least(0)
+        0.0,
+        help="wall-time cap of RL, resumed runs included (0: none); a step expected to end past it "
+        "(it takes what the last step took) is not started, so RL ends within the cap up to the "
+        "variation of a step's time",
+        rule=_at_least(0),
     )
     micro_batch_tokens: int = _opt(
         8192,

@@ -25,9 +25,10 @@ Batches follow one path (:mod:`trainer.batches`), every backend runs one batch l
 (:mod:`trainer.rollout_batch`), and a run is extended by a list of hooks (:class:`TrainerHooks`, below;
 the elastic runtime is one).
 
-Stops: ``trainer.steps`` reached, ``trainer.max_minutes`` elapsed, a non-finite loss (the batch is
-saved to ``RUN_DIR/nan_batch_step<k>.pt``), or the collapse guard (batch reward below half its
-start); after a guard the run's result is its last good checkpoint, evaluated as ``after_rl``.
+Stops: ``trainer.steps`` reached, ``trainer.max_minutes`` elapsed (or the next step, expected to take
+what the last one took, would end past it: a step is never cut once started), a non-finite loss (the
+batch is saved to ``RUN_DIR/nan_batch_step<k>.pt``), or the collapse guard (batch reward below half
+its start); after a guard the run's result is its last good checkpoint, evaluated as ``after_rl``.
 
 Also here, the pieces only the loop uses: :func:`before_rl` (a new run's set-up: the held-out
 figures before, the warm start, the figures after; a resumed run skips it, its checkpoint holds
@@ -260,7 +261,9 @@ class Trainer:
             if batch is None:  # every episode of batch k aborted: the version advances, nothing is learnt
                 stats = {"loss": float("nan"), **ls.learner.skip_step()}
             else:
+                began = time.monotonic()
                 stats = self.hooks.around_step(lambda: ls.learner.step(batch))
+                self.clock.step_s = time.monotonic() - began
         except NonFiniteLossError as e:
             path = save_bad_batch(self.run_dir, k, batch, leaves, e)
             log.error(
@@ -394,6 +397,16 @@ class Trainer:
                     if not self.ready.wait(state.step, rollout, deadline, waiting=self.hooks.waiting):
                         stop_reason = "time budget"
                         break
+                    if not self.clock.fits(deadline):
+                        log.info(
+                            "RL budget: step %d would end %.0f s past it (the last step took %.0f s); "
+                            "not started, its batch stays in the store",
+                            state.step + 1,
+                            time.monotonic() + self.clock.step_s - deadline,
+                            self.clock.step_s,
+                        )
+                        stop_reason = "time budget"
+                        break
                     if failed := self.learn(state.step, state):
                         stop_reason, ok = failed, False
                         break
@@ -522,6 +535,13 @@ class RLClock:
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.last_step_end = time.perf_counter()
+        self.step_s = 0.0  # the last learner step's seconds, its hooks included: the next one's expected time
+
+    def fits(self, deadline: float) -> bool:
+        """Whether a step started now is expected to end by ``deadline`` (it takes what the last one
+        took; the first step always starts). A step is not cut once started, so without this an
+        ALFWorld step of ~4 min that starts a minute before the budget ends 3 min past it."""
+        return time.monotonic() + self.step_s <= deadline
 
     def deadline(self, state: TrainerState, max_minutes: float) -> float:
         """``time.monotonic()`` at which ``max_minutes`` of RL (resumed runs included) are spent

@@ -249,8 +249,12 @@ def run_training_ray(
     deadline = time.perf_counter() + budget
     done, stop, ok = first, "steps", True
     try:
+        step_s = 0.0  # the last learner step's seconds: a step expected to end past the budget is not started
         for k in range(first, steps):
             ray.get(pending.pop(k))
+            if time.perf_counter() + step_s > deadline:
+                stop = "time budget"
+                break
             row, failed, w_ref, plateau = learner.step.options(num_returns=4).remote(k)
             failed = ray.get(failed)
             if failed:
@@ -263,7 +267,9 @@ def run_training_ray(
             if k + 1 + lag < steps:
                 launch(k + 1 + lag)
             done = k + 1
-            log.info("ray step %d: reward %.3f", done, ray.get(row)["reward"])
+            row = ray.get(row)
+            step_s = row.get("step_seconds", 0.0)
+            log.info("ray step %d: reward %.3f", done, row["reward"])
             for v in [v for v in weights if v < done - lag]:
                 del weights[v]
             if time.perf_counter() > deadline:

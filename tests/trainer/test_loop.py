@@ -150,16 +150,48 @@ def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
     assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
 
 
-def test_a_step_that_ends_past_the_time_budget_runs_no_periodic_evaluation(tmp_path: Path) -> None:
-    """``trainer.eval_every`` evaluations run only while ``trainer.max_minutes`` lasts: the step that
-    ends past the budget leaves its evaluation to the held-out one after RL (which follows at once)."""
+def test_a_step_expected_to_end_past_the_time_budget_is_not_started(tmp_path: Path) -> None:
+    """A step is never cut once started, so ``trainer.max_minutes`` does not start one that would end
+    past it by the last step's time: with 2.5-s steps and a 6-s budget, the third is not started
+    (it would end at ~7.5 s) and every step that ran ended inside the budget."""
     import time as _time
 
     from trainer.loop import Trainer, TrainerHooks
 
     class SlowSteps(TrainerHooks):
         def around_step(self, step):
-            _time.sleep(3.0)
+            _time.sleep(2.5)
+            return step()
+
+    torch.set_num_threads(1)
+    cfg = load_config(
+        "math-tiny", [*BASE, "rollout.max_policy_lag=2", "trainer.steps=40", "trainer.max_minutes=0.1"]
+    )
+    res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
+    assert res.ok and res.stop_reason == "time budget"
+    ended = {r["step"]: r["elapsed_s"] for r in _rows(tmp_path) if r["kind"] == "step"}
+    assert 1 <= len(ended) <= 2 and res.steps == len(ended)
+    assert all(e < 6.0 for e in ended.values())  # without the check the last one ends past 6 s
+    assert ended[max(ended)] + 2.5 > 6.0  # and the next would have ended past the budget
+
+
+def test_a_step_that_ends_past_the_time_budget_runs_no_periodic_evaluation(tmp_path: Path) -> None:
+    """``trainer.eval_every`` evaluations run only while ``trainer.max_minutes`` lasts: a step that
+    ends past the budget (here it takes far longer than the step before, so it was started) leaves its
+    evaluation to the held-out one after RL (which follows at once)."""
+    import time as _time
+
+    from trainer.loop import Trainer, TrainerHooks
+
+    class SlowerSteps(TrainerHooks):
+        """The first step takes 0.5 s more, every later one 7 s more (a real sleep)."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def around_step(self, step):
+            self.calls += 1
+            _time.sleep(0.5 if self.calls == 1 else 7.0)
             return step()
 
     torch.set_num_threads(1)
@@ -175,7 +207,7 @@ def test_a_step_that_ends_past_the_time_budget_runs_no_periodic_evaluation(tmp_p
             "trainer.eval_during_episodes=2",
         ],
     )
-    res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
+    res = Trainer(cfg, tmp_path, console=False, hooks=SlowerSteps()).run()
     assert res.ok and res.stop_reason == "time budget"
     rows = _rows(tmp_path)
     ended = {r["step"]: r["elapsed_s"] for r in rows if r["kind"] == "step"}
