@@ -496,7 +496,11 @@ def placement_plan(cfg: TrainConfig) -> list[str]:
     )
     lines.append(
         f"batches: B={t.batch_size} trajectories/step, {t.steps} steps"
-        + (f" or {t.max_minutes} min" if t.max_minutes else "")
+        + (
+            f" or {t.max_minutes} min of RL (no step starts that the last step's time would end past it)"
+            if t.max_minutes
+            else ""
+        )
         + (
             f" or a plateau (the {t.plateau_window}-step mean batch reward gains < {t.plateau_min_delta} in "
             f"{t.plateau_patience} steps)"

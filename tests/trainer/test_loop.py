@@ -175,6 +175,19 @@ def test_a_step_expected_to_end_past_the_time_budget_is_not_started(tmp_path: Pa
     assert ended[max(ended)] + 2.5 > 6.0  # and the next would have ended past the budget
 
 
+def test_the_dry_run_plan_states_the_time_budget_rule() -> None:
+    """The plan says what the run does with ``trainer.max_minutes``: no step starts that would end past it."""
+    from trainer.preflight import placement_plan
+
+    def batches_line(minutes: str) -> str:
+        plan = placement_plan(load_config("math-tiny", [f"trainer.max_minutes={minutes}"]))
+        (line,) = [ln for ln in plan if ln.startswith("batches:")]
+        return line
+
+    assert "3.0 min of RL (no step starts that the last step's time would end past it)" in batches_line("3")
+    assert "min" not in batches_line("0")
+
+
 def test_a_step_that_ends_past_the_time_budget_runs_no_periodic_evaluation(tmp_path: Path) -> None:
     """``trainer.eval_every`` evaluations run only while ``trainer.max_minutes`` lasts: a step that
     ends past the budget (here it takes far longer than the step before, so it was started) leaves its
