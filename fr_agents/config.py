@@ -408,7 +408,8 @@ class TrainerConfig:
         help=(
             "also evaluate every N steps (greedy figures, and avg@k when "
             "eval_k > 0) while trainer.max_minutes lasts (a step that ends past it leaves its "
-            "evaluation to the one after RL); 0: before and after only"
+            "evaluation to the one after RL, as the last step leaves its greedy one); 0: before and "
+            "after only"
         ),
         rule=_at_least(0),
     )

@@ -297,9 +297,12 @@ class Trainer:
         ls.metrics.step(row)
         spent = self.clock.spent(state, cfg.trainer.max_minutes)
         if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
-            if spent:  # the held-out evaluation after RL follows at once, at these weights, on more games
+            # the held-out evaluation after RL follows at once, at these weights, on the same games and more
+            if spent or state.step >= cfg.trainer.steps:
                 log.info(
-                    "RL budget spent at step %d: its periodic evaluation is left to the final one", state.step
+                    "%s at step %d: its periodic evaluation is left to the one after RL",
+                    "RL budget spent" if spent else "last step",
+                    state.step,
                 )
             else:
                 evaluate_held_out(ls, "during", state.step, during=True)

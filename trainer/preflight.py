@@ -529,7 +529,7 @@ def phases_plan(cfg: TrainConfig) -> str:
     rl = "RL"
     if n and t.eval_every:
         during = t.eval_during_episodes if 0 < t.eval_during_episodes < n else n
-        rl += f" (every {t.eval_every} steps: held-out on the first {during} of them)"
+        rl += f" (every {t.eval_every} steps but the last: held-out on the first {during} of them)"
     phases.append(rl)
     if n:
         phases.append(f"{held} after RL")

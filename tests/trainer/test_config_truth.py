@@ -367,12 +367,13 @@ def test_run_level_keys_take_effect(tmp_path: Path) -> None:
 
 def test_the_dry_run_phases_are_the_evaluations_a_run_makes(tmp_path: Path) -> None:
     """The plan's phases line names each held-out evaluation a real run then logs, in order, with
-    its number of problems (the periodic ones on trainer.eval_during_episodes of them)."""
+    its number of problems (the periodic ones on trainer.eval_during_episodes of them, at every step
+    but the last: the evaluation after RL follows it at the same weights on the same games and more)."""
     from trainer.loop import main_train
     from trainer.preflight import phases_plan
 
     overrides = [
-        "trainer.steps=2",
+        "trainer.steps=3",
         "trainer.eval_every=1",
         "trainer.eval_episodes=6",
         "trainer.eval_during_episodes=2",
@@ -383,10 +384,16 @@ def test_the_dry_run_phases_are_the_evaluations_a_run_makes(tmp_path: Path) -> N
     plan = phases_plan(load_config("math-tiny", overrides))
     assert main_train("math-tiny", overrides, run_dir=str(tmp_path / "run")) == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    evals = [(r["name"], r["episodes"]) for r in rows if r.get("kind") == "eval"]
-    assert evals == [("before", 6), ("after_warm_start", 6), ("during", 2), ("during", 2), ("after_rl", 6)]
+    evals = [(r["name"], r["step"], r["episodes"]) for r in rows if r.get("kind") == "eval"]
+    assert evals == [
+        ("before", 0, 6),
+        ("after_warm_start", 0, 6),
+        ("during", 1, 2),
+        ("during", 2, 2),
+        ("after_rl", 3, 6),
+    ]
     assert plan == (
         "phases: held-out (6 test tasks, greedy) before -> warm start (16 gold demos x 1 epochs) -> "
-        "held-out (6 test tasks, greedy) after the warm start -> RL (every 1 steps: held-out on the "
-        "first 2 of them) -> held-out (6 test tasks, greedy) after RL"
+        "held-out (6 test tasks, greedy) after the warm start -> RL (every 1 steps but the last: held-out "
+        "on the first 2 of them) -> held-out (6 test tasks, greedy) after RL"
     )
