@@ -34,6 +34,14 @@ the conditions they met (to check that the partial score pays only for progress)
 
     python benchmarks/alfworld.py --paid RUN_DIR [--sample 12]
 
+``--credit RUN_DIR`` reads which way a run's loss pushed each kind of command: every RL row of a full batch
+with its advantage under the batch baseline (learner reward minus the batch's mean), its replies by kind
+(``open``, ``use``, ``go``, ``take``, ``move``, and object commands without the object's number, which the
+engine refuses), and per kind its share of the replies of rows above and below the mean and the sum over
+rows of advantage x the kind's share of the row's replies (the sign the sample-mean loss gives that kind)::
+
+    python benchmarks/alfworld.py --credit RUN_DIR
+
 ``--forks RUN_DIR`` reads where a tree run's (``alfworld-smollm2-tree``) RL tokens went: its trees and leaves,
 the forks (nodes with more than one child) where two children began with the same command (the fork resampled
 the reply it forked on, so the siblings differ only later), the trees whose leaves all scored the same (the
@@ -47,10 +55,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 # `python benchmarks/alfworld.py` puts this folder first on sys.path, where this file would shadow
@@ -183,7 +193,6 @@ def paid(a: argparse.Namespace) -> None:
     """What the run's unwon but partially paid RL episodes did (see the module docstring)."""
     import collections
     import random
-    import re
 
     from fr_agents.config import load_config
     from fr_agents.models import resolve_model
@@ -224,11 +233,73 @@ def paid(a: argparse.Namespace) -> None:
         print("  " + " | ".join(cmds))
 
 
+CREDIT_KINDS = ("go", "open", "take", "move", "use", "number-less")
+"""Reply kinds ``--credit`` counts: a command's verb, or ``number-less`` for an object command without the
+object's number (``take pen from dresser 1``)."""
+
+
+def reply_kind(command: str) -> str:
+    """The :data:`CREDIT_KINDS` entry of one reply (its verb when it is not listed there)."""
+    if re.match(r"(take|move|clean|heat|cool|examine) \S+ (?!\d)", command + " "):
+        return "number-less"
+    words = command.split()
+    return words[0] if words else ""
+
+
+def credit(a: argparse.Namespace) -> None:
+    """Which way the loss pushed each kind of reply (see the module docstring)."""
+    import collections
+    import sqlite3
+
+    from fr_agents.config import load_config
+    from fr_agents.ledger import batch_rows
+    from fr_agents.models import resolve_model
+    from fr_agents.run_layout import CONFIG_FILE, LEDGER_FILE, STORE_FILE
+    from fr_agents.tree import TrajectoryTree
+    from fr_agents.view.decode import TokenText
+
+    run = Path(a.credit)
+    cfg = load_config(str(run / CONFIG_FILE))
+    dec = TokenText.load(resolve_model(cfg.model.name))
+    side_counts = {"above": collections.Counter(), "below": collections.Counter()}
+    rows_per_side = collections.Counter()
+    push = collections.Counter()
+    with closing(sqlite3.connect(run / LEDGER_FILE)) as con, TrajectoryTree.open(run / STORE_FILE) as tree:
+        batches = [b for (b,) in con.execute("SELECT DISTINCT batch FROM episode_leaves ORDER BY batch")]
+        for b in batches:
+            rows = batch_rows(con, b)
+            if len(rows) < cfg.trainer.batch_size:  # a batch the run did not finish
+                continue
+            trajs = tree.trajectories([r.leaf for r in rows])
+            rewards = [t.learner_reward(cfg.rollout.reward) for t in trajs]
+            mean = sum(rewards) / len(rewards)
+            for t, r in zip(trajs, rewards, strict=True):
+                kinds = ["policy" if m else "env" for m in t.policy_mask]
+                replies = [
+                    re.sub(r"</?action>", "", x["text"]).strip()
+                    for x in dec.turns(list(t.token_ids), kinds)
+                    if x["kind"] == "policy"
+                ]
+                side = "above" if r > mean else "below"
+                rows_per_side[side] += 1
+                c = collections.Counter(reply_kind(x) for x in replies)
+                side_counts[side].update(c)
+                for k, n in c.items():
+                    push[k] += (r - mean) * n / len(replies)
+    print(
+        f"# {run}: {sum(rows_per_side.values())} RL rows of full batches, {rows_per_side['above']} above "
+        f"their batch's mean reward, {rows_per_side['below']} at or below"
+    )
+    print(f"{'kind':<13}{'share above':>13}{'share below':>13}{'push':>9}")
+    for k in CREDIT_KINDS:
+        shares = [side_counts[s][k] / max(1, sum(side_counts[s].values())) for s in ("above", "below")]
+        print(f"{k:<13}{shares[0]:>13.1%}{shares[1]:>13.1%}{push[k]:>+9.2f}")
+
+
 def fork_report(a: argparse.Namespace) -> None:
     """Where a tree run's RL tokens went (see the module docstring)."""
     import collections
     import json
-    import re
 
     from fr_agents.config import load_config
     from fr_agents.models import resolve_model
@@ -336,6 +407,9 @@ def main() -> None:
     )
     ap.add_argument("--sample", type=int, default=12, help="--paid: episodes to print")
     ap.add_argument(
+        "--credit", default=None, help="a run directory: which way its loss pushed each kind of command"
+    )
+    ap.add_argument(
         "--forks",
         default=None,
         help="a tree run's directory: its forks, those that repeated an action, its trees' reward spread",
@@ -349,6 +423,9 @@ def main() -> None:
         return
     if a.forks:
         fork_report(a)
+        return
+    if a.credit:
+        credit(a)
         return
     for flag, mode, batch in (("--split", split, 16), ("--schedule", schedule, 8)):
         if getattr(a, flag[2:]):
