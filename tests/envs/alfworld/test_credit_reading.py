@@ -24,4 +24,14 @@ from tests.benchmark_scripts import load_benchmark
     ],
 )
 def test_reply_kind_names_the_verb_or_a_number_less_object_command(reply: str, kind: str) -> None:
-    assert load_benchmark("alfworld").reply_kind(reply) == kind
+    bench = load_benchmark("alfworld", as_name="alfworld_benchmark")  # not "alfworld": the package's name
+    assert bench.reply_kind(reply) == kind
+
+
+def test_loading_the_benchmark_leaves_the_alfworld_package_importable() -> None:
+    import alfworld
+
+    load_benchmark("alfworld", as_name="alfworld_benchmark")
+    import alfworld as again
+
+    assert again is alfworld and again.__file__.endswith("__init__.py")
