@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from fr_agents.config import ConfigError, load_config
 from fr_agents.ledger import EpisodeLedger
 from fr_agents.tree import TrajectoryTree
 from trainer.checkpoint import latest_checkpoint
-from trainer.loop import run_training
+from trainer.loop import TrainerHooks, run_training
 
 BASE = [
     "model.tiny_size=nano",
@@ -126,26 +127,36 @@ def test_a_stopped_run_evaluates_the_last_good_checkpoint_it_hands_back(tmp_path
     assert "the last good checkpoint (step 2)" in res.summary()
 
 
-def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
-    """``trainer.max_minutes`` ends the run even when every batch is ready before the learner asks
-    (a learner slower than its rollout never waits, and the budget must still be checked)."""
-    import time as _time
+class _SlowSteps(TrainerHooks):
+    """Learner steps ``sleeps[i]`` seconds longer (a real sleep) at step ``i``, the last value for every
+    later step, so the rollout, two batches ahead, is always done first."""
 
-    from trainer.loop import Trainer, TrainerHooks
+    def __init__(self, *sleeps: float) -> None:
+        self.sleeps = sleeps
+        self.calls = 0
 
-    class SlowSteps(TrainerHooks):
-        """Every learner step takes 3 s longer (a real sleep), so rollout, two batches ahead, is
-        always done first."""
+    def around_step(self, step):
+        time.sleep(self.sleeps[min(self.calls, len(self.sleeps) - 1)])
+        self.calls += 1
+        return step()
 
-        def around_step(self, step):
-            _time.sleep(3.0)
-            return step()
+
+def _budget_run(tmp_path: Path, hooks, *overrides: str):
+    """math-tiny, 40 steps at lag 2 under a 6-s RL budget (``trainer.max_minutes=0.1``), with ``hooks``."""
+    from trainer.loop import Trainer
 
     torch.set_num_threads(1)
     cfg = load_config(
-        "math-tiny", [*BASE, "rollout.max_policy_lag=2", "trainer.steps=40", "trainer.max_minutes=0.1"]
+        "math-tiny",
+        [*BASE, "rollout.max_policy_lag=2", "trainer.steps=40", "trainer.max_minutes=0.1", *overrides],
     )
-    res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
+    return Trainer(cfg, tmp_path, console=False, hooks=hooks).run()
+
+
+def test_time_budget_stops_a_learner_that_never_waits(tmp_path: Path) -> None:
+    """``trainer.max_minutes`` ends the run even when every batch is ready before the learner asks
+    (a learner slower than its rollout never waits, and the budget must still be checked)."""
+    res = _budget_run(tmp_path, _SlowSteps(3.0))
     assert res.ok and res.stop_reason == "time budget"
     assert res.steps <= 3  # 6 s of budget, 3 s and more per step (without the check: all 40)
 
@@ -154,20 +165,7 @@ def test_a_step_expected_to_end_past_the_time_budget_is_not_started(tmp_path: Pa
     """A step is never cut once started, so ``trainer.max_minutes`` does not start one that would end
     past it by the last step's time: with 2.5-s steps and a 6-s budget, the third is not started
     (it would end at ~7.5 s) and every step that ran ended inside the budget."""
-    import time as _time
-
-    from trainer.loop import Trainer, TrainerHooks
-
-    class SlowSteps(TrainerHooks):
-        def around_step(self, step):
-            _time.sleep(2.5)
-            return step()
-
-    torch.set_num_threads(1)
-    cfg = load_config(
-        "math-tiny", [*BASE, "rollout.max_policy_lag=2", "trainer.steps=40", "trainer.max_minutes=0.1"]
-    )
-    res = Trainer(cfg, tmp_path, console=False, hooks=SlowSteps()).run()
+    res = _budget_run(tmp_path, _SlowSteps(2.5))
     assert res.ok and res.stop_reason == "time budget"
     ended = {r["step"]: r["elapsed_s"] for r in _rows(tmp_path) if r["kind"] == "step"}
     assert 1 <= len(ended) <= 2 and res.steps == len(ended)
@@ -192,35 +190,13 @@ def test_a_step_that_ends_past_the_time_budget_runs_no_periodic_evaluation(tmp_p
     """``trainer.eval_every`` evaluations run only while ``trainer.max_minutes`` lasts: a step that
     ends past the budget (here it takes far longer than the step before, so it was started) leaves its
     evaluation to the held-out one after RL (which follows at once)."""
-    import time as _time
-
-    from trainer.loop import Trainer, TrainerHooks
-
-    class SlowerSteps(TrainerHooks):
-        """The first step takes 0.5 s more, every later one 7 s more (a real sleep)."""
-
-        def __init__(self) -> None:
-            self.calls = 0
-
-        def around_step(self, step):
-            self.calls += 1
-            _time.sleep(0.5 if self.calls == 1 else 7.0)
-            return step()
-
-    torch.set_num_threads(1)
-    cfg = load_config(
-        "math-tiny",
-        [
-            *BASE,
-            "rollout.max_policy_lag=2",
-            "trainer.steps=40",
-            "trainer.max_minutes=0.1",
-            "trainer.eval_every=1",
-            "trainer.eval_episodes=2",
-            "trainer.eval_during_episodes=2",
-        ],
+    res = _budget_run(
+        tmp_path,
+        _SlowSteps(0.5, 7.0),  # the first step 0.5 s longer, every later one 7 s
+        "trainer.eval_every=1",
+        "trainer.eval_episodes=2",
+        "trainer.eval_during_episodes=2",
     )
-    res = Trainer(cfg, tmp_path, console=False, hooks=SlowerSteps()).run()
     assert res.ok and res.stop_reason == "time budget"
     rows = _rows(tmp_path)
     ended = {r["step"]: r["elapsed_s"] for r in rows if r["kind"] == "step"}
